@@ -1,0 +1,1 @@
+"""Queue backends behind the Backend/Lease seam (see base.py)."""

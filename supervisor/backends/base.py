@@ -1,0 +1,128 @@
+"""The only seam the core sees: Backend and Lease, and the errors a backend may raise.
+
+Every backend maps its SDK's errors onto these:
+
+* ``LeaseLost`` -- definitive: the broker says this worker no longer holds the message
+  (404/410, MessageLockLostError, PopReceiptMismatch, a fencing-token mismatch).  The task
+  must die at once and the lease must never be settled afterwards.
+* ``BackendError`` -- transient: network, timeouts, a busy database.  Callers retry.
+* ``BackendConfigError`` -- the configuration can never work (bad credentials, a path
+  that is not a database, a malformed URL).  The CLI turns it into exit status 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+from ..task import Task
+
+
+class BackendError(Exception):
+    """A transient backend failure; the operation may succeed if retried."""
+
+
+class LeaseLost(BackendError):
+    """The broker says the lease is gone; never settle this lease again."""
+
+
+class BackendConfigError(Exception):
+    """The backend cannot work with this configuration (exit status 2)."""
+
+
+@dataclass
+class FailedRecord:
+    """A task that ended in the failed state / dead-letter queue (for ``jobq-ctl failed``)."""
+
+    id: str
+    attempts: int
+    reason: str
+    command: str
+    output_tail: str = ""
+    exit_status: int | None = None
+    worker: str | None = None
+    failed_at: float | None = None  # wall-clock epoch seconds
+    body: str = ""
+
+
+@dataclass
+class QueueStatus:
+    """Counts per state plus the running tasks (for ``jobq-ctl status``)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    running: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Lease(Protocol):
+    """One received message, held by this worker until settled or lost.
+
+    ``renew`` is called only by the lease's own LeaseKeeper thread; the settlement methods
+    (``complete``/``release``/``dead_letter``) are called by that same thread once the task
+    is over, so a backend needs no lock between renew and settle of one lease.  Different
+    leases are used from different threads at once.
+    """
+
+    task: Task | None  # None when the body is poison (then format_error is set)
+    format_error: str | None
+    raw_body: str
+    attempt: int  # 1 on the first delivery; counted when the lease is taken
+    message_id: str
+    lock_duration: float  # seconds of lock granted at receive time
+
+    def renew(self, timeout: float) -> float:
+        """Extend the lock; return the seconds of lock granted from the time the call was sent.
+
+        Must give up (BackendError) within ``timeout`` seconds.  Raises LeaseLost when the
+        broker says the lease is gone.
+        """
+        ...
+
+    def complete(self) -> None:
+        """The task succeeded: remove the message for good."""
+        ...
+
+    def release(self, count_attempt: bool, delay: float = 0.0) -> None:
+        """Put the message back, visible after ``delay`` seconds.
+
+        ``count_attempt=False`` (preemption) gives back the attempt taken at receive time.
+        """
+        ...
+
+    def dead_letter(self, reason: str, output_tail: str, exit_status: int | None = None) -> None:
+        """Give up on the message: failed state / dead-letter queue with the reason."""
+        ...
+
+
+class Backend(Protocol):
+    """A queue.  Methods are called from the main thread unless a docstring says otherwise."""
+
+    name: str
+    # Seconds after a lost lease's lock expiry until the message is visible again
+    # (SQLite: its reaper's delay; Azure: 0).  --exit-when-empty waits that long.
+    lost_lease_return_delay: float
+
+    def receive(self, max_messages: int, lock_duration: float) -> list[Lease]: ...
+
+    def push(self, tasks: Sequence[Task]) -> list[str]: ...
+
+    def size(self) -> int: ...
+
+    def peek(self, n: int) -> list[Task | str]: ...
+
+    def status(self) -> QueueStatus: ...
+
+    def failed(self) -> list[FailedRecord]: ...
+
+    def requeue(self, ids: Sequence[str] | None) -> int:
+        """Move failed tasks back to pending (``None`` = all failed); return how many."""
+        ...
+
+    def clear(self, failed: bool) -> int:
+        """Delete pending tasks (or, with ``failed``, the failed ones); return how many."""
+        ...
+
+    def maintenance(self) -> None:
+        """Periodic housekeeping on the main thread (SQLite: the stale-lock reaper)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,174 @@
+"""Task: the message body -- parse, validate, serialize.
+
+Wire format is the ai4s-jobq v1 envelope (plain JSON text)::
+
+    {"version": 1, "reply_requested": false, "num_retries": 0, "id": "<hex>",
+     "kwargs": "<JSON string of {cmd, env?, cwd?}>",
+     "jobq_max_attempts": 5, "jobq_preemptions": 0}
+
+ai4s-jobq's worker rejects unknown keys inside ``kwargs``, so our own fields live at the top
+level, where it ignores them.  Our simpler own format ``{"cmd": ..., "env": ..., "cwd": ...}``
+is accepted on input too.  Nothing here raises anything but TaskFormatError.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+MAX_BODY_BYTES = 60 * 1024  # Storage Queue allows 64 KiB per message; keep headroom
+MAX_COMMAND_BYTES = 32 * 1024
+_KWARGS_KEYS = {"cmd", "env", "cwd", "bg_dirsync_to"}
+
+
+class TaskFormatError(ValueError):
+    """The message body is not a task we can run (poison)."""
+
+
+def new_task_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class Task:
+    cmd: str
+    id: str = field(default_factory=new_task_id)
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    max_attempts: int | None = None  # None: the worker's --max-attempts
+    preemptions: int = 0  # times released by preemption (not counted as attempts)
+    num_retries: int = 0  # ai4s-jobq's field, carried through unchanged
+
+    def __post_init__(self) -> None:
+        _validate(self.cmd, self.env, self.cwd, self.max_attempts, self.id)
+
+    def with_preemption(self) -> Task:
+        return replace(self, preemptions=self.preemptions + 1)
+
+    def to_json(self) -> str:
+        """Serialize as the ai4s-jobq v1 envelope."""
+        kwargs: dict[str, Any] = {"cmd": self.cmd}
+        if self.env:
+            kwargs["env"] = dict(self.env)
+        if self.cwd is not None:
+            kwargs["cwd"] = self.cwd
+        body: dict[str, Any] = {
+            "version": 1,
+            "reply_requested": False,
+            "kwargs": json.dumps(kwargs),
+            "num_retries": self.num_retries,
+            "id": self.id,
+            "jobq_preemptions": self.preemptions,
+        }
+        if self.max_attempts is not None:
+            body["jobq_max_attempts"] = self.max_attempts
+        text = json.dumps(body)
+        if len(text.encode("utf-8")) > MAX_BODY_BYTES:
+            raise TaskFormatError(f"task body is {len(text)} bytes, more than {MAX_BODY_BYTES}")
+        return text
+
+    @classmethod
+    def parse(cls, body: str | bytes) -> Task:
+        """Parse a message body; raise TaskFormatError with a short reason if it is poison."""
+        try:
+            if isinstance(body, bytes):
+                if len(body) > MAX_BODY_BYTES:
+                    raise TaskFormatError(f"body is {len(body)} bytes, more than {MAX_BODY_BYTES}")
+                body = body.decode("utf-8")
+            if len(body) > MAX_BODY_BYTES:
+                raise TaskFormatError(f"body is {len(body)} characters, more than {MAX_BODY_BYTES}")
+            data = json.loads(body)
+        except TaskFormatError:
+            raise
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise TaskFormatError(f"body is not JSON text: {_short(exc)}") from None
+        try:
+            return cls._from_dict(data)
+        except TaskFormatError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+            raise TaskFormatError(f"malformed task: {_short(exc)}") from None
+
+    @classmethod
+    def _from_dict(cls, data: Any) -> Task:
+        if not isinstance(data, dict):
+            raise TaskFormatError("body is not a JSON object")
+        if "version" in data:
+            if data["version"] not in (0, 1) or isinstance(data["version"], bool):
+                raise TaskFormatError(f"unknown envelope version {data['version']!r}")
+            raw_kwargs = data.get("kwargs")
+            if isinstance(raw_kwargs, str):
+                try:
+                    kwargs = json.loads(raw_kwargs)
+                except ValueError as exc:
+                    raise TaskFormatError(f"kwargs is not JSON: {_short(exc)}") from None
+            elif isinstance(raw_kwargs, dict):
+                kwargs = raw_kwargs
+            else:
+                raise TaskFormatError("envelope has no kwargs object")
+            if not isinstance(kwargs, dict):
+                raise TaskFormatError("kwargs is not a JSON object")
+            unknown = set(kwargs) - _KWARGS_KEYS
+            if unknown:
+                raise TaskFormatError(f"unknown kwargs keys: {', '.join(sorted(unknown))}")
+            task_id = data.get("id") or new_task_id()
+            num_retries = data.get("num_retries", 0)
+            max_attempts = data.get("jobq_max_attempts")
+            preemptions = data.get("jobq_preemptions", 0)
+        else:
+            kwargs = data
+            task_id = data.get("id") or new_task_id()
+            num_retries = 0
+            max_attempts = data.get("max_attempts")
+            preemptions = data.get("preemptions", 0)
+        if "cmd" not in kwargs:
+            raise TaskFormatError("task has no command (cmd)")
+        env = kwargs.get("env") or {}
+        if not isinstance(env, dict):
+            raise TaskFormatError("env is not an object")
+        if not all(isinstance(v, str) for v in env.values()):
+            raise TaskFormatError("env values must be strings")
+        if not isinstance(num_retries, int) or isinstance(num_retries, bool):
+            raise TaskFormatError("num_retries is not an integer")
+        if not isinstance(preemptions, int) or isinstance(preemptions, bool) or preemptions < 0:
+            raise TaskFormatError("preemption count is not a non-negative integer")
+        return cls(
+            cmd=kwargs["cmd"],
+            id=str(task_id),
+            env=dict(env),
+            cwd=kwargs.get("cwd"),
+            max_attempts=max_attempts,
+            preemptions=preemptions,
+            num_retries=num_retries,
+        )
+
+
+def _validate(cmd: Any, env: Any, cwd: Any, max_attempts: Any, task_id: Any) -> None:
+    if not isinstance(cmd, str) or not cmd.strip():
+        raise TaskFormatError("command (cmd) must be a non-empty string")
+    if "\x00" in cmd:
+        raise TaskFormatError("command contains a NUL byte")
+    if len(cmd.encode("utf-8", "surrogatepass")) > MAX_COMMAND_BYTES:
+        raise TaskFormatError(f"command is longer than {MAX_COMMAND_BYTES} bytes")
+    if not isinstance(task_id, str) or not task_id or len(task_id) > 128:
+        raise TaskFormatError("id must be a non-empty string of at most 128 characters")
+    if not isinstance(env, dict):
+        raise TaskFormatError("env is not an object")
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\x00" in key:
+            raise TaskFormatError(f"bad environment variable name {key!r}")
+        if not isinstance(value, str) or "\x00" in value:
+            raise TaskFormatError(f"environment variable {key} must be a string without NUL")
+    if cwd is not None and (not isinstance(cwd, str) or not cwd or "\x00" in cwd):
+        raise TaskFormatError("cwd must be a non-empty string")
+    if max_attempts is not None and (
+        not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
+    ):
+        raise TaskFormatError("max attempts must be a positive integer")
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
