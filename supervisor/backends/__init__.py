@@ -1,1 +1,27 @@
 """Queue backends behind the Backend/Lease seam (see base.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .base import Backend, BackendConfigError
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+
+def open_backend(settings: Settings, for_ctl: bool = False) -> Backend:
+    """Construct the configured backend (main thread).  Raises BackendConfigError/BackendError."""
+    if settings.backend == "sqlite":
+        from .sqlite import CTL_BUSY_TIMEOUT, MAIN_BUSY_TIMEOUT, SqliteBackend
+
+        return SqliteBackend(
+            settings.sqlite_path,
+            settings.queue,
+            settings.worker_id,
+            max_attempts=settings.max_attempts,
+            stale_lock_age=settings.stale_age,
+            reaper_interval=settings.reaper_interval,
+            busy_timeout=CTL_BUSY_TIMEOUT if for_ctl else MAIN_BUSY_TIMEOUT,
+        )
+    raise BackendConfigError(f"--backend: {settings.backend} is not available yet")

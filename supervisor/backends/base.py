@@ -12,8 +12,9 @@ Every backend maps its SDK's errors onto these:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from ..task import Task
 
@@ -101,7 +102,7 @@ class Backend(Protocol):
     # (SQLite: its reaper's delay; Azure: 0).  --exit-when-empty waits that long.
     lost_lease_return_delay: float
 
-    def receive(self, max_messages: int, lock_duration: float) -> list[Lease]: ...
+    def receive(self, max_messages: int, lock_duration: float) -> Sequence[Lease]: ...
 
     def push(self, tasks: Sequence[Task]) -> list[str]: ...
 

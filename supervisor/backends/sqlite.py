@@ -1,0 +1,362 @@
+"""The embedded SQLite store: a jobs table, leases with fencing tokens, a stale-lock reaper.
+
+Every lease write is ``... WHERE seq=? AND token=? AND status='running'``: the token changes
+on each receive, so a worker whose lease was reaped and handed out again can never write.
+WAL mode lets readers (``jobq-ctl status``) run beside a writer; several supervisors share a
+file.  Timestamps in the table are wall-clock epoch seconds because several processes share
+them; each process's own lease deadline is monotonic (see lease.py).
+
+Threads: ``receive``/``maintenance``/``push`` and the ctl queries run on the main thread with
+its own connection and a short busy timeout (the main loop must not block).  Lease renewals
+and settlements run on the lease threads through one shared connection guarded by a lock whose
+wait is bounded by each call's timeout -- SQLite serialises writers anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from ..task import Task, TaskFormatError
+from .base import BackendConfigError, BackendError, FailedRecord, LeaseLost, QueueStatus
+
+log = logging.getLogger("jobq.sqlite")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+    id           TEXT    NOT NULL,
+    queue        TEXT    NOT NULL,
+    body         TEXT    NOT NULL,
+    status       TEXT    NOT NULL
+                 CHECK (status IN ('pending', 'running', 'succeeded', 'failed')),
+    attempt      INTEGER NOT NULL DEFAULT 0,
+    max_attempts INTEGER,
+    preemptions  INTEGER NOT NULL DEFAULT 0,
+    token        INTEGER NOT NULL DEFAULT 0,
+    locked_by    TEXT,
+    locked_at    REAL,
+    locked_until REAL,
+    visible_at   REAL    NOT NULL DEFAULT 0,
+    created_at   REAL    NOT NULL,
+    updated_at   REAL    NOT NULL,
+    reason       TEXT,
+    output_tail  TEXT,
+    exit_status  INTEGER,
+    UNIQUE (queue, id)
+);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (queue, status, visible_at, seq);
+"""
+
+MAIN_BUSY_TIMEOUT = 0.5  # the main loop retries on its next turn rather than block
+CTL_BUSY_TIMEOUT = 30.0
+
+
+def _connect(path: str, busy_timeout: float) -> sqlite3.Connection:
+    # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a write never has to
+    # upgrade a read lock (which SQLite answers with SQLITE_BUSY without waiting).
+    conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
+                           check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    return conn
+
+
+def _is_lock_error(exc: sqlite3.Error) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+class SqliteLease:
+    """A running job held by this worker.  Used from its LeaseKeeper thread only."""
+
+    def __init__(self, backend: SqliteBackend, seq: int, job_id: str, body: str, attempt: int,
+                 token: int, max_attempts: int | None, lock_duration: float) -> None:
+        self._backend = backend
+        self._seq = seq
+        self._token = token
+        self.message_id = job_id
+        self.raw_body = body
+        self.attempt = attempt
+        self.lock_duration = lock_duration
+        self.task: Task | None = None
+        self.format_error: str | None = None
+        try:
+            task = Task.parse(body)
+            if max_attempts is not None and task.max_attempts is None:
+                from dataclasses import replace
+
+                task = replace(task, max_attempts=max_attempts)
+            self.task = task
+        except TaskFormatError as exc:
+            self.format_error = str(exc)
+
+    def _write(self, sql: str, args: tuple, timeout: float) -> int:
+        """One fenced UPDATE; returns rowcount.  Raises BackendError on a busy database."""
+        return self._backend._lease_write(sql, args + (self._seq, self._token), timeout)
+
+    def renew(self, timeout: float) -> float:
+        now = time.time()
+        n = self._write(
+            "UPDATE jobs SET locked_until=?, updated_at=? "
+            "WHERE seq=? AND token=? AND status='running'",
+            (now + self.lock_duration, now), timeout)
+        if n == 0:
+            raise LeaseLost(f"job {self.message_id}: lease token {self._token} no longer valid")
+        return self.lock_duration
+
+    def complete(self) -> None:
+        now = time.time()
+        self._settle("status='succeeded', exit_status=0, reason=NULL", (), now)
+
+    def release(self, count_attempt: bool, delay: float = 0.0) -> None:
+        now = time.time()
+        if count_attempt:
+            self._settle("status='pending', visible_at=?", (now + delay,), now)
+        else:
+            self._settle("status='pending', visible_at=?, attempt=MAX(attempt - 1, 0), "
+                         "preemptions=preemptions + 1", (now + delay,), now)
+
+    def dead_letter(self, reason: str, output_tail: str, exit_status: int | None = None) -> None:
+        now = time.time()
+        self._settle("status='failed', reason=?, output_tail=?, exit_status=?",
+                     (reason, output_tail, exit_status), now)
+
+    def _settle(self, assignments: str, args: tuple, now: float) -> None:
+        n = self._write(
+            f"UPDATE jobs SET {assignments}, locked_by=NULL, locked_until=NULL, updated_at=? "
+            "WHERE seq=? AND token=? AND status='running'",
+            args + (now,), self._backend.settle_timeout)
+        if n == 0:
+            raise LeaseLost(f"job {self.message_id}: lease token {self._token} no longer valid")
+
+
+class SqliteBackend:
+    name = "sqlite"
+
+    def __init__(self, path: str, queue: str, worker_id: str, *, max_attempts: int = 5,
+                 stale_lock_age: float = 2700.0, reaper_interval: float = 300.0,
+                 busy_timeout: float = MAIN_BUSY_TIMEOUT) -> None:
+        self.path = path
+        self.queue = queue
+        self.worker_id = worker_id
+        self.max_attempts = max_attempts
+        self.stale_lock_age = stale_lock_age
+        self.reaper_interval = reaper_interval
+        self.settle_timeout = 10.0
+        # A lost lease comes back when some worker's reaper sees it stale.
+        self.lost_lease_return_delay = stale_lock_age + reaper_interval if reaper_interval else 0.0
+        self._next_reap = 0.0
+        self._lease_lock = threading.Lock()
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise BackendConfigError(f"--sqlite-path: directory {parent} does not exist")
+        try:
+            self._conn = _connect(path, busy_timeout)
+            self._conn.executescript(SCHEMA)
+            self._lease_conn = _connect(path, busy_timeout)
+        except sqlite3.DatabaseError as exc:
+            if _is_lock_error(exc):
+                raise BackendError(f"SQLite database {path} is busy: {exc}") from None
+            raise BackendConfigError(f"--sqlite-path: {path} is not a usable SQLite database "
+                                     f"({exc})") from None
+
+    # -- plumbing ----------------------------------------------------------------------
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction on the main connection; busy -> BackendError."""
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise BackendError(f"SQLite busy: {exc}") from None
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            conn.execute("ROLLBACK")
+            raise BackendError(f"SQLite commit failed: {exc}") from None
+
+    def _lease_write(self, sql: str, args: tuple, timeout: float) -> int:
+        """Lease threads: one UPDATE under the shared lease connection, bounded by timeout."""
+        deadline = time.monotonic() + timeout
+        if not self._lease_lock.acquire(timeout=max(timeout, 0.0)):
+            raise BackendError("SQLite lease connection busy")
+        try:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BackendError("SQLite renewal timed out")
+            conn = self._lease_conn
+            conn.execute(f"PRAGMA busy_timeout={max(1, int(left * 1000))}")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                cur = conn.execute(sql, args)
+                conn.execute("COMMIT")
+                return cur.rowcount
+            except sqlite3.OperationalError as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise BackendError(f"SQLite: {exc}") from None
+        finally:
+            self._lease_lock.release()
+
+    # -- worker side -------------------------------------------------------------------
+    def receive(self, max_messages: int, lock_duration: float) -> list[SqliteLease]:
+        now = time.time()
+        leases = []
+        try:
+            with self._tx() as conn:
+                rows = conn.execute(
+                    "SELECT seq, id, body, attempt, token, max_attempts FROM jobs "
+                    "WHERE queue=? AND status='pending' AND visible_at<=? ORDER BY seq LIMIT ?",
+                    (self.queue, now, max_messages)).fetchall()
+                for seq, job_id, body, attempt, token, max_att in rows:
+                    conn.execute(
+                        "UPDATE jobs SET status='running', attempt=attempt+1, token=token+1, "
+                        "locked_by=?, locked_at=?, locked_until=?, updated_at=? WHERE seq=?",
+                        (self.worker_id, now, now + lock_duration, now, seq))
+                    leases.append(SqliteLease(self, seq, job_id, body, attempt + 1, token + 1,
+                                              max_att, lock_duration))
+        except sqlite3.DatabaseError as exc:
+            raise BackendError(f"SQLite receive failed: {exc}") from None
+        return leases
+
+    def maintenance(self) -> None:
+        """The stale-lock reaper, every --reaper-interval (main thread)."""
+        if not self.reaper_interval or time.monotonic() < self._next_reap:
+            return
+        self._next_reap = time.monotonic() + self.reaper_interval
+        try:
+            self.reap()
+        except (BackendError, sqlite3.DatabaseError) as exc:
+            log.warning("stale-lock reaper skipped this round: %s", exc)
+            self._next_reap = time.monotonic() + min(self.reaper_interval, 5.0)
+
+    def reap(self) -> int:
+        now = time.time()
+        cutoff = now - self.stale_lock_age
+        with self._tx() as conn:
+            failed = conn.execute(
+                "UPDATE jobs SET status='failed', locked_by=NULL, locked_until=NULL, "
+                "updated_at=?, reason='lease expired on the last attempt (worker ' || "
+                "COALESCE(locked_by, '?') || ' stopped renewing)' "
+                "WHERE queue=? AND status='running' AND locked_until < ? "
+                "AND attempt >= COALESCE(max_attempts, ?)",
+                (now, self.queue, cutoff, self.max_attempts)).rowcount
+            released = conn.execute(
+                "UPDATE jobs SET status='pending', locked_by=NULL, locked_until=NULL, "
+                "updated_at=?, visible_at=? WHERE queue=? AND status='running' "
+                "AND locked_until < ?", (now, now, self.queue, cutoff)).rowcount
+        if released:
+            log.info("released stale running jobs count=%d", released)
+        if failed:
+            log.warning("stale running jobs past their attempts marked failed count=%d", failed)
+        return released + failed
+
+    # -- producer / operator side ----------------------------------------------------------
+    def push(self, tasks: Sequence[Task]) -> list[str]:
+        now = time.time()
+        try:
+            with self._tx() as conn:
+                for task in tasks:
+                    conn.execute(
+                        "INSERT INTO jobs (id, queue, body, status, max_attempts, created_at, "
+                        "updated_at, visible_at) VALUES (?, ?, ?, 'pending', ?, ?, ?, 0)",
+                        (task.id, self.queue, task.to_json(), task.max_attempts, now, now))
+        except sqlite3.IntegrityError:
+            raise BackendError("a task with one of these ids is already in the queue; "
+                               "nothing was pushed") from None
+        except sqlite3.DatabaseError as exc:
+            raise BackendError(f"SQLite push failed: {exc}") from None
+        return [t.id for t in tasks]
+
+    def push_raw(self, body: str, job_id: str) -> None:
+        """Store a body as is (tests and repair tools: lets poison reach the worker)."""
+        now = time.time()
+        with self._tx() as conn:
+            conn.execute("INSERT INTO jobs (id, queue, body, status, created_at, updated_at) "
+                         "VALUES (?, ?, ?, 'pending', ?, ?)", (job_id, self.queue, body, now, now))
+
+    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        try:
+            return self._conn.execute(sql, args).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise BackendError(f"SQLite query failed: {exc}") from None
+
+    def size(self) -> int:
+        return self._query("SELECT COUNT(*) FROM jobs WHERE queue=? AND status='pending'",
+                           (self.queue,))[0][0]
+
+    def peek(self, n: int) -> list[Task | str]:
+        out: list[Task | str] = []
+        for (body,) in self._query("SELECT body FROM jobs WHERE queue=? AND status='pending' "
+                                   "ORDER BY seq LIMIT ?", (self.queue, n)):
+            try:
+                out.append(Task.parse(body))
+            except TaskFormatError:
+                out.append(body)
+        return out
+
+    def status(self) -> QueueStatus:
+        counts = {s: 0 for s in ("pending", "running", "succeeded", "failed")}
+        for state, count in self._query("SELECT status, COUNT(*) FROM jobs WHERE queue=? "
+                                        "GROUP BY status", (self.queue,)):
+            counts[state] = count
+        running = [
+            {"id": i, "worker": w, "attempt": a, "locked_at": la, "locked_until": lu}
+            for i, w, a, la, lu in self._query(
+                "SELECT id, locked_by, attempt, locked_at, locked_until FROM jobs "
+                "WHERE queue=? AND status='running' ORDER BY seq", (self.queue,))
+        ]
+        return QueueStatus(counts=counts, running=running)
+
+    def failed(self) -> list[FailedRecord]:
+        records = []
+        for job_id, attempt, reason, body, tail, status, worker, ts in self._query(
+                "SELECT id, attempt, reason, body, output_tail, exit_status, locked_by, "
+                "updated_at FROM jobs WHERE queue=? AND status='failed' ORDER BY seq",
+                (self.queue,)):
+            try:
+                command = Task.parse(body).cmd
+            except TaskFormatError:
+                command = ""
+            records.append(FailedRecord(id=job_id, attempts=attempt, reason=reason or "",
+                                        command=command, output_tail=tail or "",
+                                        exit_status=status, worker=worker, failed_at=ts,
+                                        body=body))
+        return records
+
+    def requeue(self, ids: Sequence[str] | None) -> int:
+        now = time.time()
+        sql = ("UPDATE jobs SET status='pending', attempt=0, visible_at=?, reason=NULL, "
+               "updated_at=? WHERE queue=? AND status='failed'")
+        args: tuple = (now, now, self.queue)
+        if ids is not None:
+            if not ids:
+                return 0
+            sql += f" AND id IN ({','.join('?' * len(ids))})"
+            args += tuple(ids)
+        with self._tx() as conn:
+            return conn.execute(sql, args).rowcount
+
+    def clear(self, failed: bool) -> int:
+        state = "failed" if failed else "pending"
+        with self._tx() as conn:
+            return conn.execute("DELETE FROM jobs WHERE queue=? AND status=?",
+                                (self.queue, state)).rowcount
+
+    def close(self) -> None:
+        for conn in (self._conn, self._lease_conn):
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass

@@ -1,0 +1,255 @@
+"""Command lines: ``jobq-supervisor`` (the worker) and ``jobq-ctl`` (producers and operators).
+
+Every worker option is a long flag, a key of the same name in the ``--config`` INI file and an
+environment variable ``JOBQ_<NAME>``; precedence: flag > environment > config file > default
+(configargparse).  Errors are one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from typing import Any, NoReturn
+
+import configargparse
+
+from . import __version__
+from .settings import BACKENDS, LOG_FORMATS, Settings, SettingsError, parse_duration
+
+EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_FAILURES = 0, 1, 2, 3
+
+
+class UsageError(Exception):
+    """Bad command line or configuration: one line on stderr, exit status 2."""
+
+
+class _Parser(configargparse.ArgParser):
+    """argparse prints usage plus the message; we want exactly one line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+    return value
+
+
+def _add_backend_options(p: Any, suppress: bool = False) -> None:
+    """Options shared by both commands (on jobq-ctl sub-commands with SUPPRESS defaults)."""
+
+    def d(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    p.add_argument("--backend", choices=BACKENDS, default=d("sqlite"),
+                   help="queue backend (default: sqlite)")
+    p.add_argument("--queue", default=d("default"), help="queue name (default: default)")
+    p.add_argument("--sqlite-path", default=d("jobq.db"),
+                   help="SQLite database file (default: jobq.db)")
+    p.add_argument("--connection-string", default=d(None),
+                   help="Azure connection string (secret: prefer env JOBQ_CONNECTION_STRING)")
+    p.add_argument("--account-url", default=d(None),
+                   help="Storage account queue URL, with DefaultAzureCredential")
+    p.add_argument("--namespace", default=d(None),
+                   help="Service Bus namespace NAME.servicebus.windows.net, with "
+                        "DefaultAzureCredential")
+
+
+def worker_parser() -> _Parser:
+    p = _Parser(
+        prog="jobq-supervisor",
+        description="Run shell tasks from a queue under renewed leases.",
+        auto_env_var_prefix="JOBQ_",
+        config_file_parser_class=configargparse.DefaultConfigFileParser,
+        args_for_setting_config_path=["-c", "--config"],
+        config_arg_help_message="INI config file; keys are the long option names",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    _add_backend_options(p)
+    p.add_argument("-n", "--num-workers", type=int, default=1, help="tasks run at once")
+    p.add_argument("--lock-duration", type=_duration, default=None,
+                   help="lease length in seconds (SQLite 2700, Storage Queue 600)")
+    p.add_argument("--visibility-timeout", dest="lock_duration", type=_duration,
+                   default=argparse.SUPPRESS, help="alias of --lock-duration (Storage Queue)")
+    p.add_argument("--renew-interval", type=_duration, default=None,
+                   help="seconds between lease renewals (SQLite 120, else lock/3)")
+    p.add_argument("--renew-before", type=_duration, default=10.0,
+                   help="renew at the latest this long before the lock ends")
+    p.add_argument("--reaper-interval", type=_duration, default=300.0,
+                   help="SQLite stale-lock reaper period; 0 disables it")
+    p.add_argument("--stale-lock-age", type=_duration, default=None,
+                   help="reap running jobs whose lock expired this long ago (default: lock)")
+    p.add_argument("--kill-timeout", type=_duration, default=600.0,
+                   help="SIGTERM to SIGKILL escalation delay; 0 never escalates")
+    p.add_argument("--lock-lost-behavior", choices=("sigkill", "sigterm"), default="sigkill",
+                   help="signal sent to a task whose lease is lost")
+    p.add_argument("--max-attempts", type=int, default=5,
+                   help="attempts per task before it is failed (a task may set its own)")
+    p.add_argument("--retry-delay", type=_duration, default=10.0,
+                   help="first retry backoff; doubles per attempt")
+    p.add_argument("--retry-delay-max", type=_duration, default=600.0,
+                   help="upper bound of the retry backoff")
+    p.add_argument("--task-time-limit", type=_duration, default=None,
+                   help="SIGTERM a task running longer than this")
+    p.add_argument("--time-limit", type=_duration, default=None,
+                   help="worker lifetime: then requeue running tasks and exit 0")
+    p.add_argument("--max-consecutive-failures", type=_positive_int, default=0,
+                   help="exit 3 after this many failed tasks in a row (0 = off)")
+    p.add_argument("--exit-when-empty", action="store_true", default=False,
+                   help="exit 0 once nothing is pending and nothing runs")
+    p.add_argument("--idle-timeout", type=_duration, default=None,
+                   help="exit 0 after this long without a task")
+    p.add_argument("--poll-interval", type=_duration, default=1.0,
+                   help="seconds between receives while the queue is empty")
+    p.add_argument("--task-log-dir", default=None,
+                   help="also write each task's output to DIR/<task id>.<attempt>.log")
+    p.add_argument("--worker-id", default=None, help="name of this worker (default host:pid)")
+    p.add_argument("--log-level", default="INFO", type=str.upper,
+                   choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    p.add_argument("--log-format", choices=LOG_FORMATS, default="text")
+    return p
+
+
+def parse_worker_settings(argv: list[str]) -> Settings:
+    ns = worker_parser().parse_args(argv)
+    try:
+        return Settings.from_namespace(ns)
+    except SettingsError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _fail_usage(prog: str, message: str) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def worker_main(argv: list[str] | None = None) -> int:
+    """Entry point of ``jobq-supervisor`` (main thread)."""
+    from .backends import open_backend
+    from .backends.base import BackendConfigError
+    from .logs import setup_logging
+    from .worker import Worker
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        settings = parse_worker_settings(argv)
+    except UsageError as exc:
+        return _fail_usage("jobq-supervisor", str(exc))
+    setup_logging(settings.log_level, settings.log_format)
+    try:
+        backend = open_backend(settings)
+    except BackendConfigError as exc:
+        return _fail_usage("jobq-supervisor", str(exc))
+    try:
+        return Worker(settings, backend).run()
+    except BackendConfigError as exc:
+        return _fail_usage("jobq-supervisor", str(exc))
+    except Exception:
+        logging.getLogger("jobq").exception("unexpected error; exiting")
+        return EXIT_UNEXPECTED
+    finally:
+        backend.close()
+
+
+# --------------------------------------------------------------------------- jobq-ctl
+def ctl_parser() -> _Parser:
+    p = _Parser(
+        prog="jobq-ctl",
+        description="Push tasks and inspect or repair a queue.",
+        auto_env_var_prefix="JOBQ_",
+        config_file_parser_class=configargparse.DefaultConfigFileParser,
+        args_for_setting_config_path=["--config"],
+        config_arg_help_message="the worker's INI config file (backend and queue are read)",
+        ignore_unknown_config_file_keys=True,
+    )
+    _add_backend_options(p)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def cmd(name: str, help_text: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        _add_backend_options(sp, suppress=True)
+        return sp
+
+    push = cmd("push", "push tasks; prints one task id per line")
+    push.add_argument("-c", "--command", dest="commands", action="append", default=[],
+                      help="shell command (repeatable)")
+    push.add_argument("--file", help="one command per line ('-' = stdin)")
+    push.add_argument("--max-attempts", dest="task_max_attempts", type=int, default=None,
+                      help="attempts for these tasks (default: the worker's --max-attempts)")
+    push.add_argument("--env", action="append", default=[], metavar="K=V")
+    push.add_argument("--cwd", default=None)
+    cmd("size", "number of pending tasks")
+    st = cmd("status", "counts per state and the running tasks")
+    st.add_argument("--json", action="store_true")
+    pk = cmd("peek", "show the next pending tasks")
+    pk.add_argument("-n", type=int, default=10)
+    pk.add_argument("--json", action="store_true")
+    fl = cmd("failed", "list failed (dead-lettered) tasks")
+    fl.add_argument("--json", action="store_true")
+    rq = cmd("requeue", "move failed tasks back to pending")
+    rq.add_argument("ids", nargs="*")
+    rq.add_argument("--all-failed", action="store_true")
+    cl = cmd("clear", "delete pending tasks (or, with --failed, failed ones)")
+    cl.add_argument("--failed", action="store_true")
+    return p
+
+
+def ctl_main(argv: list[str] | None = None) -> int:
+    """Entry point of ``jobq-ctl`` (main thread)."""
+    from .backends import open_backend
+    from .backends.base import BackendConfigError, BackendError
+    from .ctl import run_command
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        ns = ctl_parser().parse_args(argv)
+        ns.worker_id = "jobq-ctl"
+        settings = Settings.from_namespace(ns)
+    except (UsageError, SettingsError) as exc:
+        return _fail_usage("jobq-ctl", str(exc))
+    logging.basicConfig(level=logging.WARNING, format="jobq-ctl: %(message)s")
+    try:
+        backend = open_backend(settings, for_ctl=True)
+    except BackendConfigError as exc:
+        return _fail_usage("jobq-ctl", str(exc))
+    except BackendError as exc:
+        print(f"jobq-ctl: error: {exc}", file=sys.stderr)
+        return EXIT_UNEXPECTED
+    try:
+        return run_command(ns, settings, backend)
+    except UsageError as exc:
+        return _fail_usage("jobq-ctl", str(exc))
+    except BackendConfigError as exc:
+        return _fail_usage("jobq-ctl", str(exc))
+    except BackendError as exc:
+        print(f"jobq-ctl: error: {exc}", file=sys.stderr)
+        return EXIT_UNEXPECTED
+    finally:
+        backend.close()
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, default=str)
+
+
+def iso(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))

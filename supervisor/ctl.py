@@ -1,0 +1,129 @@
+"""``jobq-ctl`` sub-commands, on top of any Backend (main thread)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from .backends.base import Backend
+from .cli import UsageError, dumps, iso
+from .settings import Settings
+from .task import Task, TaskFormatError
+
+
+def _env_pairs(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env: expected K=V, got {pair!r}")
+        env[key] = value
+    return env
+
+
+def _read_commands(path: str) -> list[str]:
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+    except OSError as exc:
+        raise UsageError(f"--file: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--file: {path} is not UTF-8 text") from None
+    return [line for line in text.splitlines() if line.strip() and not line.lstrip()
+            .startswith("#")]
+
+
+def cmd_push(ns: Any, backend: Backend) -> int:
+    commands = list(ns.commands)
+    if ns.file:
+        commands += _read_commands(ns.file)
+    if not commands:
+        raise UsageError("push: give -c CMD or --file F")
+    if ns.task_max_attempts is not None and ns.task_max_attempts < 1:
+        raise UsageError("--max-attempts: must be at least 1")
+    env = _env_pairs(ns.env)
+    try:
+        tasks = [Task(cmd=c, env=env, cwd=ns.cwd, max_attempts=ns.task_max_attempts)
+                 for c in commands]
+        for t in tasks:
+            t.to_json()
+    except TaskFormatError as exc:
+        raise UsageError(f"push: {exc}") from None
+    for task_id in backend.push(tasks):
+        print(task_id)
+    return 0
+
+
+def cmd_status(ns: Any, backend: Backend) -> int:
+    st = backend.status()
+    if ns.json:
+        print(dumps({"counts": st.counts, "running": st.running}))
+        return 0
+    print("  ".join(f"{k}={v}" for k, v in st.counts.items()))
+    if st.running:
+        print(f"{'TASK':34} {'WORKER':30} {'ATTEMPT':>7}  {'SINCE':20}  LOCKED UNTIL")
+        for r in st.running:
+            print(f"{r['id']:34} {str(r.get('worker') or '-'):30} {r.get('attempt', 0):>7}  "
+                  f"{iso(r.get('locked_at')):20}  {iso(r.get('locked_until'))}")
+    return 0
+
+
+def cmd_peek(ns: Any, backend: Backend) -> int:
+    items = backend.peek(ns.n)
+    if ns.json:
+        print(dumps([{"id": t.id, "cmd": t.cmd, "env": t.env, "cwd": t.cwd,
+                      "max_attempts": t.max_attempts} if isinstance(t, Task)
+                     else {"invalid_body": t} for t in items]))
+        return 0
+    for t in items:
+        if isinstance(t, Task):
+            print(f"{t.id}  {t.cmd}")
+        else:
+            print(f"(invalid body)  {t[:200]!r}")
+    return 0
+
+
+def cmd_failed(ns: Any, backend: Backend) -> int:
+    records = backend.failed()
+    if ns.json:
+        print(dumps([vars(r) for r in records]))
+        return 0
+    for r in records:
+        print(f"{r.id}  attempts={r.attempts}  reason: {r.reason}")
+        print(f"    command: {r.command}")
+        if r.output_tail:
+            tail = r.output_tail.splitlines()[-5:]
+            print("    output (last lines):")
+            for line in tail:
+                print(f"      {line}")
+    return 0
+
+
+def cmd_requeue(ns: Any, backend: Backend) -> int:
+    if ns.all_failed == bool(ns.ids):
+        raise UsageError("requeue: give task ids or --all-failed (not both)")
+    n = backend.requeue(None if ns.all_failed else ns.ids)
+    print(f"requeued {n}")
+    return 0
+
+
+def cmd_clear(ns: Any, backend: Backend) -> int:
+    n = backend.clear(failed=ns.failed)
+    print(f"deleted {n}")
+    return 0
+
+
+def run_command(ns: Any, settings: Settings, backend: Backend) -> int:
+    handlers = {
+        "push": cmd_push,
+        "size": lambda ns, b: print(b.size()) or 0,
+        "status": cmd_status,
+        "peek": cmd_peek,
+        "failed": cmd_failed,
+        "requeue": cmd_requeue,
+        "clear": cmd_clear,
+    }
+    return handlers[ns.command](ns, backend)

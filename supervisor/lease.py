@@ -1,0 +1,157 @@
+"""LeaseKeeper: one thread per lease -- renews it, tracks its deadline, settles it at the end.
+
+The deadline rule (DESIGN.md §3): ``deadline = t_sent + granted - margin`` where ``t_sent`` is the
+monotonic time the last *successful* renewal (or the receive) was sent.  A renewal call never
+gets more time than is left before the deadline, and the watchdog acts on the deadline alone,
+so a hung call cannot delay the kill.  A definitive LeaseLost sets ``lock_lost`` at once.
+The keeper never signals a process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Callable
+
+from .backends.base import BackendError, Lease, LeaseLost
+from .settings import safety_margin
+from .threads import start_thread
+
+log = logging.getLogger("jobq.lease")
+
+MAX_CALL_TIMEOUT = 30.0  # even a long lease's renewal call gives up after this
+RETRY_AFTER_FAILURE = 2.0  # a failed renewal is retried this soon (or at renew_interval)
+
+Settlement = Callable[[Lease], None]
+
+
+class LeaseKeeper:
+    """Owns one lease.  ``start`` runs it on its own thread; tests drive ``step`` directly.
+
+    Main thread: ``start``, ``finish``.  Watchdog thread: reads ``deadline``/``lock_lost``.
+    Keeper thread: everything else.
+    """
+
+    def __init__(self, lease: Lease, task_id: str, *, t_sent: float, granted: float,
+                 renew_interval: float, clock: Callable[[], float] = time.monotonic,
+                 on_lost: Callable[[], None] | None = None) -> None:
+        self.lease = lease
+        self.task_id = task_id
+        self.clock = clock
+        self.renew_interval = renew_interval
+        self.granted = granted
+        self.deadline = t_sent + granted - safety_margin(granted)
+        self.expires = t_sent + granted  # earliest the broker may hand the message out
+        self.next_renew = t_sent + renew_interval
+        self.last_success = t_sent
+        self.lock_lost = threading.Event()
+        self.lost_reason = ""
+        self.renewals = 0
+        self.failures = 0
+        self.done = threading.Event()
+        self.settle_result = ""  # what happened at the end, for logs and tests
+        self._on_lost = on_lost
+        self._wake = threading.Event()
+        self._settlement: Settlement | None = None
+        self._finish_requested = False
+        self._thread: threading.Thread | None = None
+
+    # -- main thread ---------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = start_thread(self._run, f"lease-{self.task_id[:12]}")
+
+    def finish(self, settlement: Settlement | None, description: str = "") -> None:
+        """Stop renewing and run ``settlement`` on the keeper thread (None: settle nothing)."""
+        self._settlement = settlement
+        self.settle_result = description
+        self._finish_requested = True
+        self._wake.set()
+
+    def join(self, timeout: float) -> bool:
+        return self.done.wait(timeout)
+
+    # -- keeper thread -------------------------------------------------------------------
+    def lost(self) -> bool:
+        return self.lock_lost.is_set() or self.clock() >= self.deadline
+
+    def _lose(self, reason: str) -> None:
+        if not self.lock_lost.is_set():
+            self.lost_reason = reason
+            self.lock_lost.set()
+            log.error("lock lost: %s", reason, extra={"task_id": self.task_id})
+            if self._on_lost is not None:
+                self._on_lost()
+
+    def step(self) -> None:
+        """One renewal attempt if one is due (keeper thread, or a test with a fake clock)."""
+        now = self.clock()
+        if self.lock_lost.is_set() or now < self.next_renew:
+            return
+        left = self.deadline - now
+        if left <= 0:
+            self._lose(f"deadline passed {-left:.1f}s ago without a successful renewal")
+            return
+        timeout = min(left, MAX_CALL_TIMEOUT)
+        t_sent = now
+        try:
+            granted = self.lease.renew(timeout)
+        except LeaseLost as exc:
+            self._lose(f"broker says the lease is gone: {exc}")
+            return
+        except BackendError as exc:
+            self.failures += 1
+            self.next_renew = self.clock() + min(self.renew_interval, RETRY_AFTER_FAILURE)
+            log.warning("lease renewal failed (%.1fs left before the kill deadline): %s",
+                        max(0.0, self.deadline - self.clock()), exc,
+                        extra={"task_id": self.task_id})
+            return
+        self.renewals += 1
+        self.granted = granted
+        self.deadline = t_sent + granted - safety_margin(granted)
+        self.expires = t_sent + granted
+        self.last_success = t_sent
+        self.next_renew = t_sent + self.renew_interval
+        if log.isEnabledFor(logging.DEBUG):
+            until = datetime.now(timezone.utc) + timedelta(seconds=granted)
+            log.debug("Lock renewed till %s", until.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                      extra={"task_id": self.task_id})
+
+    def settle(self) -> None:
+        """Run the requested settlement unless the lease is lost (keeper thread)."""
+        settlement = self._settlement
+        if settlement is None:
+            return
+        while True:
+            if self.lost():
+                self.settle_result = "not settled: lease lost"
+                log.warning("lease lost before it could be settled; the broker will hand the "
+                            "message out again", extra={"task_id": self.task_id})
+                return
+            try:
+                settlement(self.lease)
+                return
+            except LeaseLost as exc:
+                self._lose(f"broker refused the settlement: {exc}")
+                self.settle_result = "not settled: lease lost"
+                return
+            except BackendError as exc:
+                log.warning("settlement failed, retrying: %s", exc,
+                            extra={"task_id": self.task_id})
+                self._wake.wait(min(1.0, max(0.0, self.deadline - self.clock())))
+
+    def _run(self) -> None:
+        try:
+            while not self._finish_requested:
+                if self.lock_lost.is_set():
+                    self._wake.wait()
+                else:
+                    self._wake.wait(max(0.0, self.next_renew - self.clock()))
+                self._wake.clear()
+                if self._finish_requested:
+                    break
+                self.step()
+            self.settle()
+        finally:
+            self.done.set()

@@ -1,0 +1,323 @@
+"""TaskProcess: spawn a task in its own session, find and signal its whole tree, reap it.
+
+"The task" is its process group **plus** every descendant that left the group (``setsid``,
+``set -o monitor``) **plus** orphans of it that the kernel reparented to the supervisor
+(we are a child subreaper).  Orphans are recognised by the ``JOBQ_LIFELINE`` marker each task
+inherits in its environment; the marker carries a per-task sequence number, so a process
+spawned a moment ago but not yet registered is never mistaken for anybody's orphan.
+
+Who calls what: ``spawn`` and ``poll`` run on the main thread (the only thread that forks and
+reaps); ``signal_tree``/``leftovers`` run on the watchdog thread, the only one that signals.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import errno
+import logging
+import os
+import re
+import signal
+import subprocess
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Callable
+
+import psutil
+
+log = logging.getLogger("jobq.process")
+
+OUTPUT_TAIL_BYTES = 20 * 1024
+MARKER_VAR = "JOBQ_LIFELINE"
+PR_SET_CHILD_SUBREAPER = 36
+
+# Inherited variables a task must never see: the supervisor's own credentials.
+_SECRET_NAME = re.compile(
+    r"(CONNECTION_STRING|SECRET|PASSWORD|PASSWD|ACCOUNT_KEY|ACCESS_KEY|SAS_TOKEN|SIGNING_KEY"
+    r"|CREDENTIAL|_TOKEN$|_KEY$)",
+    re.IGNORECASE,
+)
+
+
+def set_child_subreaper() -> bool:
+    """Make orphaned descendants reparent to us, so psutil still finds them (main thread)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def task_environment(base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
+    """Inherited environment minus secrets, plus ``extra`` (our variables, the message's env)."""
+    env = {k: v for k, v in base.items() if not _SECRET_NAME.search(k)}
+    env.update(extra)
+    return env
+
+
+class OutputTail:
+    """Streams a task's output to the log line by line and keeps the last ~20 KiB.
+
+    Runs one reader thread per task; ``on_eof`` is called from that thread when the pipe closes
+    (all holders of the write end are gone).
+    """
+
+    def __init__(self, task_id: str, pipe, on_eof: Callable[[], None], logger: logging.Logger,
+                 log_file: str | None = None) -> None:
+        self._task_id = task_id
+        self._pipe = pipe
+        self._on_eof = on_eof
+        self._log = logger
+        self._lines: collections.deque[str] = collections.deque()
+        self._size = 0
+        self._lock = threading.Lock()
+        self.closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"output-{task_id[:12]}",
+                                        daemon=True)
+        self._log_file = log_file
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        """Reader thread: read lines until EOF."""
+        out = None
+        try:
+            if self._log_file:
+                try:
+                    out = open(self._log_file, "ab")
+                except OSError as exc:
+                    self._log.warning("cannot open task log %s: %s", self._log_file, exc,
+                                      extra={"task_id": self._task_id})
+            for raw in iter(self._pipe.readline, b""):
+                if out is not None:
+                    try:
+                        out.write(raw)
+                        out.flush()
+                    except OSError as exc:
+                        self._log.warning("task log %s: %s", self._log_file, exc,
+                                          extra={"task_id": self._task_id})
+                        out.close()
+                        out = None
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                self._log.info("%s", line, extra={"task_id": self._task_id, "stream": "output"})
+                self._append(line)
+        except (OSError, ValueError) as exc:
+            self._log.debug("output reader stopped: %s", exc, extra={"task_id": self._task_id})
+        finally:
+            if out is not None:
+                out.close()
+            try:
+                self._pipe.close()
+            except OSError:
+                pass
+            self.closed.set()
+            self._on_eof()
+
+    def _append(self, line: str) -> None:
+        with self._lock:
+            self._lines.append(line)
+            self._size += len(line) + 1
+            while self._size > OUTPUT_TAIL_BYTES and len(self._lines) > 1:
+                self._size -= len(self._lines.popleft()) + 1
+
+    def text(self) -> str:
+        with self._lock:
+            text = "\n".join(self._lines)
+        return text[-OUTPUT_TAIL_BYTES:]
+
+
+@dataclass
+class TaskProcess:
+    """One running task's process: its shell's Popen, its group and its marker."""
+
+    popen: subprocess.Popen
+    marker: str  # value of JOBQ_LIFELINE in the task's environment
+    pgid: int
+    output: OutputTail | None = None
+    returncode: int | None = None
+    known_pids: set[int] = field(default_factory=set)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @classmethod
+    def spawn(cls, cmd: str, env: dict[str, str], cwd: str | None, marker: str) -> TaskProcess:
+        """Start ``bash -c cmd`` in a new session (main thread).  Raises OSError on failure."""
+        env = dict(env)
+        env[MARKER_VAR] = marker
+        popen = subprocess.Popen(
+            ["/bin/bash", "-c", cmd],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+        )
+        # With start_new_session the shell is its group's (and session's) leader.
+        return cls(popen=popen, marker=marker, pgid=popen.pid)
+
+    def poll(self) -> int | None:
+        """Reap the shell if it exited (main thread)."""
+        if self.returncode is None:
+            self.returncode = self.popen.poll()
+        return self.returncode
+
+    def group_alive(self) -> bool:
+        """True while any process is left in the task's process group."""
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"exit status {returncode}"
+
+
+def our_children() -> list[int]:
+    """Pids whose parent is this process (forks and adopted orphans land on the main thread)."""
+    pids: list[int] = []
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/task/{me}/children") as fh:
+            pids = [int(p) for p in fh.read().split()]
+    except OSError:
+        pids = [p.pid for p in psutil.Process(me).children()]
+    return pids
+
+
+def read_marker(pid: int) -> str | None:
+    """The JOBQ_LIFELINE value in a process's environment, or None (gone, zombie, foreign)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    prefix = MARKER_VAR.encode() + b"="
+    for item in data.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix):].decode("ascii", "replace")
+    return None
+
+
+def ppid_map() -> dict[int, list[int]]:
+    """parent pid -> child pids, one pass over /proc (watchdog thread, only when signalling)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for proc in psutil.process_iter(["ppid"]):
+        ppid = proc.info.get("ppid")
+        if ppid is not None:
+            children[ppid].append(proc.pid)
+    return children
+
+
+def descendants(roots: Iterable[int], children: dict[int, list[int]]) -> set[int]:
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        for child in children.get(pid, ()):
+            if child not in seen:
+                seen.add(child)
+                stack.append(child)
+    return seen
+
+
+def task_trees(tasks: Iterable[TaskProcess], shell_pids: set[int]) -> dict[str, set[int]]:
+    """Every pid of every given task except its group members (killpg covers those).
+
+    Descendants of a live shell, plus orphans adopted by us that carry the task's marker, plus
+    their descendants.  ``shell_pids`` are all registered shells; they are never orphans.
+    """
+    tasks = list(tasks)
+    children = ppid_map()
+    by_marker: dict[str, set[int]] = {t.marker: set() for t in tasks}
+    for pid in children.get(os.getpid(), ()):
+        if pid in shell_pids:
+            continue
+        marker = read_marker(pid)
+        if marker in by_marker:
+            by_marker[marker].add(pid)
+    result: dict[str, set[int]] = {}
+    for t in tasks:
+        roots = set(by_marker[t.marker])
+        if t.returncode is None:
+            roots.add(t.pid)
+        pids = descendants(roots, children) | by_marker[t.marker]
+        pids.discard(t.pid)
+        result[t.marker] = pids
+    return result
+
+
+def signal_pids(pids: Iterable[int], sig: int) -> int:
+    """Send ``sig`` to each pid, tolerating ESRCH/EPERM; return how many were signalled."""
+    sent = 0
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            sent += 1
+        except ProcessLookupError:
+            pass
+        except PermissionError as exc:
+            log.warning("cannot signal pid %d: %s", pid, exc)
+    return sent
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError as exc:
+        if exc.errno == errno.EPERM:
+            log.warning("cannot signal process group %d: %s", pgid, exc)
+        return False
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    # comm may hold spaces and parentheses; the fields after the last ')' are fixed.
+    return data[data.rindex(")") + 2:].split()
+
+
+def reap_orphans(registered: set[int]) -> list[int]:
+    """Reap exited orphans of tasks by their own pid (main thread; never waitpid(-1)).
+
+    An orphan is recognised without its (unreadable) zombie environment: every task process
+    lives in a session other than ours, while a helper the SDK spawns (e.g. the az CLI for
+    DefaultAzureCredential) stays in our session and keeps its exit status for its Popen.
+    """
+    my_sid = os.getsid(0)
+    reaped = []
+    for pid in our_children():
+        if pid in registered:
+            continue
+        fields = _stat_fields(pid)
+        if fields is None or fields[0] != "Z" or int(fields[3]) == my_sid:
+            continue
+        try:
+            done, _status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            continue
+        if done:
+            reaped.append(pid)
+    return reaped

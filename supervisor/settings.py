@@ -1,0 +1,166 @@
+"""Settings: the worker's configuration as one frozen value, with defaults and validation.
+
+``cli.py`` parses flags/environment/config file into a Namespace; ``Settings.from_namespace``
+turns it into this value and raises SettingsError -- one clear line naming the option -- for
+anything that cannot work.  Everything after start-up reads Settings, never argv or os.environ.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import uuid
+from dataclasses import dataclass, fields
+from typing import Any
+
+BACKENDS = ("sqlite", "storage-queue", "servicebus")
+LOCK_LOST_BEHAVIORS = ("sigkill", "sigterm")
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+# Per-backend defaults for the lease: (lock duration, renew interval or None = lock/3).
+LOCK_DEFAULTS: dict[str, tuple[float, float | None]] = {
+    "sqlite": (2700.0, 120.0),
+    "storage-queue": (600.0, None),
+    "servicebus": (60.0, None),
+}
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class SettingsError(ValueError):
+    """A configuration value that cannot work; the message names the option."""
+
+
+def parse_duration(text: str) -> float:
+    """``45``, ``45s``, ``10m``, ``2h``, ``1d``, ``0.5`` -> seconds.  Raises ValueError."""
+    match = _DURATION.match(str(text))
+    if not match:
+        raise ValueError(f"invalid duration {text!r} (use e.g. 45, 45s, 10m, 2h, 1d)")
+    return float(match.group(1)) * _UNITS[match.group(2).lower()]
+
+
+def safety_margin(lock: float) -> float:
+    """The lease deadline's margin: max(2 s, 10 % of the lock), capped at lock/3."""
+    return min(max(2.0, 0.1 * lock), lock / 3.0)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    backend: str = "sqlite"
+    queue: str = "default"
+    sqlite_path: str = "jobq.db"
+    connection_string: str | None = None
+    account_url: str | None = None
+    namespace: str | None = None
+    num_workers: int = 1
+    lock_duration: float | None = None  # None: the backend's default
+    renew_interval: float | None = None  # None: the backend's default
+    renew_before: float = 10.0
+    reaper_interval: float = 300.0
+    stale_lock_age: float | None = None  # None: the lock duration
+    kill_timeout: float = 600.0
+    lock_lost_behavior: str = "sigkill"
+    max_attempts: int = 5
+    retry_delay: float = 10.0
+    retry_delay_max: float = 600.0
+    task_time_limit: float | None = None
+    time_limit: float | None = None
+    max_consecutive_failures: int = 0
+    exit_when_empty: bool = False
+    idle_timeout: float | None = None
+    poll_interval: float = 1.0
+    task_log_dir: str | None = None
+    log_level: str = "INFO"
+    log_format: str = "text"
+    worker_id: str = ""
+
+    def __repr__(self) -> str:
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        if shown.get("connection_string"):
+            shown["connection_string"] = "<redacted>"
+        return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+
+    # -- derived values -------------------------------------------------------------------
+    @property
+    def lock(self) -> float:
+        return self.lock_duration if self.lock_duration is not None else LOCK_DEFAULTS[
+            self.backend][0]
+
+    @property
+    def renew_every(self) -> float:
+        """Seconds between renewals: the flag, else the backend default, else lock/3, never
+        later than lock - renew_before (when that is positive)."""
+        if self.renew_interval is not None:
+            return self.renew_interval
+        default = LOCK_DEFAULTS[self.backend][1]
+        lock = self.lock
+        interval = default if default is not None and default < lock / 2 else lock / 3.0
+        if lock - self.renew_before > 0:
+            interval = min(interval, lock - self.renew_before)
+        return interval
+
+    @property
+    def stale_age(self) -> float:
+        return self.stale_lock_age if self.stale_lock_age is not None else self.lock
+
+    @classmethod
+    def from_namespace(cls, ns: Any) -> Settings:
+        values = {f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)}
+        if not values.get("worker_id"):
+            values["worker_id"] = default_worker_id()
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        def bad(option: str, problem: str) -> SettingsError:
+            return SettingsError(f"--{option}: {problem}")
+
+        if self.backend not in BACKENDS:
+            raise bad("backend", f"unknown backend {self.backend!r} (choose {', '.join(BACKENDS)})")
+        if not self.queue or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", self.queue):
+            raise bad("queue", f"invalid queue name {self.queue!r} (letters, digits, . _ -)")
+        if self.num_workers < 1:
+            raise bad("num-workers", "must be at least 1")
+        if self.lock_duration is not None and self.lock_duration <= 0:
+            raise bad("lock-duration", "must be positive")
+        if self.backend == "storage-queue" and not 1 <= self.lock <= 604800:
+            raise bad("lock-duration", "Storage Queue visibility must be 1..604800 seconds")
+        if self.renew_interval is not None and self.renew_interval <= 0:
+            raise bad("renew-interval", "must be positive")
+        lock = self.lock
+        if self.renew_every >= lock - safety_margin(lock):
+            raise bad(
+                "renew-interval",
+                f"{self.renew_every:g}s leaves no time to renew a {lock:g}s lock "
+                f"(must be under {lock - safety_margin(lock):g}s = lock minus safety margin)",
+            )
+        for name in ("reaper_interval", "kill_timeout", "retry_delay", "retry_delay_max",
+                     "renew_before"):
+            if getattr(self, name) < 0:
+                raise bad(name.replace("_", "-"), "must not be negative")
+        if self.stale_lock_age is not None and self.stale_lock_age < 0:
+            raise bad("stale-lock-age", "must not be negative")
+        if self.lock_lost_behavior not in LOCK_LOST_BEHAVIORS:
+            raise bad("lock-lost-behavior", "must be sigkill or sigterm")
+        if self.max_attempts < 1:
+            raise bad("max-attempts", "must be at least 1")
+        if self.max_consecutive_failures < 0:
+            raise bad("max-consecutive-failures", "must not be negative")
+        for name in ("task_time_limit", "time_limit", "idle_timeout"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise bad(name.replace("_", "-"), "must be positive")
+        if self.poll_interval <= 0 or self.poll_interval > 60:
+            raise bad("poll-interval", "must be between 0 and 60 seconds")
+        if self.log_format not in LOG_FORMATS:
+            raise bad("log-format", "must be text or json")
+        if self.log_level.upper() not in LOG_LEVELS:
+            raise bad("log-level", f"must be one of {', '.join(LOG_LEVELS)}")

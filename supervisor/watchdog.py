@@ -1,0 +1,224 @@
+"""The watchdog: the one thread that signals tasks.
+
+It acts on lock loss (the keeper's event, or its monotonic deadline passing -- a hung renewal
+never delays the kill), time limits, stop/kill requests from the main loop (preemption,
+shutdown), SIGTERM -> SIGKILL escalation, and leftovers of a task whose shell has exited.
+It never talks to the backend.  Escalation is explicit state, each transition made once:
+RUNNING -> TERMINATING(deadline = now + kill_timeout) -> KILLED.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .lease import LeaseKeeper
+from .process import TaskProcess, our_children, signal_group, signal_pids, task_trees
+from .threads import start_thread
+
+log = logging.getLogger("jobq.watchdog")
+
+LEFTOVER_GRACE = 2.0  # SIGTERM -> SIGKILL for processes left behind by an exited shell
+MAX_SLEEP = 1.0
+
+
+class Escalation(enum.Enum):
+    RUNNING = "running"
+    TERMINATING = "terminating"
+    KILLED = "killed"
+
+
+@dataclass(eq=False)
+class RunningTask:
+    """A task between spawn and cleanup.  Fields marked (main) are written by the main thread
+    only, (watchdog) by the watchdog only; the others are set once at creation."""
+
+    task_id: str
+    attempt: int
+    proc: TaskProcess
+    keeper: LeaseKeeper
+    started: float
+    time_limit_at: float | None = None
+    lease: Any = None
+    task: Any = None
+    # requests (main)
+    stop_reason: str | None = None  # e.g. "preempted": SIGTERM, escalate after kill_timeout
+    kill_reason: str | None = None  # e.g. "second signal": SIGKILL now
+    exited_at: float | None = None  # the shell was reaped
+    # state (watchdog)
+    state: Escalation = Escalation.RUNNING
+    term_reason: str | None = None
+    term_deadline: float | None = None
+    lock_loss_handled: bool = False
+    cleanup_deadline: float | None = None
+    clean: threading.Event = field(default_factory=threading.Event)
+    signals_sent: list[tuple[float, int]] = field(default_factory=list)
+
+
+class Watchdog:
+    def __init__(self, *, kill_timeout: float, lock_lost_behavior: str,
+                 clock: Callable[[], float] = time.monotonic,
+                 exclude_pids: Callable[[], set[int]] = set) -> None:
+        self.kill_timeout = kill_timeout
+        self.lock_lost_signal = signal.SIGTERM if lock_lost_behavior == "sigterm" \
+            else signal.SIGKILL
+        self.clock = clock
+        self._exclude = exclude_pids
+        self._tasks: dict[str, RunningTask] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- any thread ----------------------------------------------------------------------
+    def add(self, rt: RunningTask) -> None:
+        with self._lock:
+            self._tasks[rt.proc.marker] = rt
+        self._wake.set()
+
+    def remove(self, rt: RunningTask) -> None:
+        with self._lock:
+            self._tasks.pop(rt.proc.marker, None)
+
+    def tasks(self) -> list[RunningTask]:
+        with self._lock:
+            return list(self._tasks.values())
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread = start_thread(self._run, "watchdog")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+
+    # -- watchdog thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                wait = self.tick()
+            except Exception:  # the one thread that kills must not die of a bug
+                log.exception("watchdog tick failed")
+                wait = 0.1
+            self._wake.wait(wait)
+            self._wake.clear()
+
+    def tick(self) -> float:
+        """Check every task once; signal what needs it; return seconds until the next check."""
+        now = self.clock()
+        term: list[RunningTask] = []
+        kill: list[RunningTask] = []
+        next_check = now + MAX_SLEEP
+        for rt in self.tasks():
+            if rt.clean.is_set():
+                continue
+            if rt.exited_at is not None:
+                continue  # handled by _cleanup below
+            keeper = rt.keeper
+            if not rt.lock_loss_handled and (keeper.lock_lost.is_set() or now >= keeper.deadline):
+                rt.lock_loss_handled = True
+                why = keeper.lost_reason or "lease deadline passed while renewal was failing"
+                log.error("lock lost (%s): sending %s to the task's process tree", why,
+                          signal.Signals(self.lock_lost_signal).name,
+                          extra={"task_id": rt.task_id})
+                if self.lock_lost_signal == signal.SIGKILL:
+                    kill.append(rt)
+                    rt.term_reason = rt.term_reason or "lock lost"
+                elif rt.state is Escalation.RUNNING:
+                    self._terminating(rt, now, "lock lost")
+                    term.append(rt)
+            if rt.kill_reason and rt.state is not Escalation.KILLED and rt not in kill:
+                kill.append(rt)
+            if rt.stop_reason and rt.state is Escalation.RUNNING:
+                self._terminating(rt, now, rt.stop_reason)
+                term.append(rt)
+            if (rt.time_limit_at is not None and now >= rt.time_limit_at
+                    and rt.state is Escalation.RUNNING):
+                log.warning("task time limit reached: sending SIGTERM",
+                            extra={"task_id": rt.task_id})
+                self._terminating(rt, now, "time limit")
+                term.append(rt)
+            if (rt.state is Escalation.TERMINATING and self.kill_timeout > 0
+                    and rt.term_deadline is not None and now >= rt.term_deadline
+                    and rt not in kill):
+                log.warning("task ignored SIGTERM for %gs: sending SIGKILL", self.kill_timeout,
+                            extra={"task_id": rt.task_id})
+                kill.append(rt)
+            for t in (keeper.deadline, rt.time_limit_at, rt.term_deadline):
+                if t is not None and rt.state is not Escalation.KILLED:
+                    next_check = min(next_check, t)
+        for rt in kill:
+            rt.state = Escalation.KILLED
+        if term:
+            self.signal_tasks(term, signal.SIGTERM)
+        if kill:
+            self.signal_tasks(kill, signal.SIGKILL)
+        if self._cleanup(now):
+            next_check = min(next_check, now + 0.1)
+        return max(0.0, next_check - self.clock())
+
+    def _terminating(self, rt: RunningTask, now: float, reason: str) -> None:
+        rt.state = Escalation.TERMINATING
+        rt.term_reason = rt.term_reason or reason
+        rt.term_deadline = now + self.kill_timeout
+
+    def _shell_pids(self) -> set[int]:
+        pids = {rt.proc.pid for rt in self.tasks() if rt.exited_at is None}
+        return pids | self._exclude()
+
+    def signal_tasks(self, rts: list[RunningTask], sig: int) -> None:
+        """Signal each task's group at once, then every descendant that left it."""
+        now = self.clock()
+        for rt in rts:
+            rt.signals_sent.append((now, sig))
+            if rt.proc.popen.returncode is None or rt.proc.group_alive():
+                signal_group(rt.proc.pgid, sig)
+        trees = task_trees([rt.proc for rt in rts], self._shell_pids())
+        for rt in rts:
+            pids = trees.get(rt.proc.marker, set())
+            if pids:
+                signal_pids(pids, sig)
+                rt.proc.known_pids |= pids
+        log.debug("sent %s to %d task(s)", signal.Signals(sig).name, len(rts))
+
+    def _cleanup(self, now: float) -> bool:
+        """Leftovers of exited shells: SIGTERM, then SIGKILL after a grace.  True while busy."""
+        pending = [rt for rt in self.tasks() if rt.exited_at is not None
+                   and not rt.clean.is_set()]
+        if not pending:
+            return False
+        exclude = self._shell_pids()
+        strays = [p for p in our_children() if p not in exclude]
+        trees = task_trees([rt.proc for rt in pending], exclude) if strays else {}
+        busy = False
+        for rt in pending:
+            pids = trees.get(rt.proc.marker, set())
+            group = rt.proc.group_alive()
+            if not pids and not group:
+                rt.clean.set()
+                continue
+            busy = True
+            if rt.cleanup_deadline is None:
+                rt.cleanup_deadline = now + LEFTOVER_GRACE
+                log.info("shell exited; sending SIGTERM to %d leftover process(es)%s",
+                         len(pids), " and its process group" if group else "",
+                         extra={"task_id": rt.task_id})
+                sig = signal.SIGTERM
+            elif now >= rt.cleanup_deadline:
+                sig = signal.SIGKILL
+            else:
+                continue
+            rt.signals_sent.append((now, sig))
+            if group:
+                signal_group(rt.proc.pgid, sig)
+            signal_pids(pids, sig)
+        return busy

@@ -1,0 +1,420 @@
+"""The main loop: poll, dispatch, settle, shut down.
+
+Main thread only.  It installs the signal handlers first, then blocks on one SimpleQueue that
+carries signal numbers (from the handlers) and wake-ups (task output closed, lock lost), with a
+timeout no longer than the next thing it has to do.  It never signals a task itself: it sets a
+request on the task and wakes the watchdog.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import queue
+import secrets
+import signal
+import time
+from typing import Any, Callable
+
+from .backends.base import Backend, BackendConfigError, BackendError, Lease
+from .lease import LeaseKeeper
+from .lifeline import Lifeline
+from .preemption import STOP_SIGNALS, SignalQueue
+from .process import (
+    OutputTail,
+    TaskProcess,
+    describe_exit,
+    reap_orphans,
+    set_child_subreaper,
+    task_environment,
+)
+from .settings import Settings
+from .watchdog import RunningTask, Watchdog
+
+log = logging.getLogger("jobq.worker")
+task_log = logging.getLogger("jobq.task")
+
+EXIT_OK, EXIT_UNEXPECTED, EXIT_FAILURES = 0, 1, 3
+OUTPUT_GRACE = 1.0  # after the shell exits, wait this long at most for the output to close
+EXTERNAL_SIGTERM_GRACE = 1.0  # a task killed by SIGTERM from outside: is a stop coming?
+ORPHAN_REAP_EVERY = 5.0
+BACKEND_RETRY_MAX = 30.0
+
+
+class State(enum.Enum):
+    RUNNING = "running"
+    STOPPING = "stopping"
+
+
+class Worker:
+    def __init__(self, settings: Settings, backend: Backend,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.s = settings
+        self.backend = backend
+        self.clock = clock
+        self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.signals = SignalQueue(self.events)
+        self.state = State.RUNNING
+        self.exit_code = EXIT_OK
+        self.stop_reason = ""
+        self.token = secrets.token_hex(8)
+        self._seq = 0
+        self.active: list[RunningTask] = []  # spawned, not yet settled
+        self.cleaning: list[RunningTask] = []  # settled, leftovers being cleaned
+        self.settling: list[LeaseKeeper] = []  # settlement running on the keeper thread
+        self.awaiting_return: dict[str, float] = {}  # released task id -> when it is back
+        self.lifeline: Lifeline | None = None
+        self.watchdog = Watchdog(kill_timeout=settings.kill_timeout,
+                                 lock_lost_behavior=settings.lock_lost_behavior, clock=clock,
+                                 exclude_pids=self._helper_pids)
+        self.consecutive_failures = 0
+        self.counts = {"succeeded": 0, "failed": 0, "retried": 0, "requeued": 0,
+                       "lock_lost": 0, "dead_lettered": 0}
+        self.started_at = clock()
+        self.idle_since = clock()
+        self.next_receive = clock()
+        self.receive_backoff = 0.0
+        self.last_empty_receive: float | None = None
+        self.next_orphan_reap = clock() + ORPHAN_REAP_EVERY
+        self.stop_signals = 0
+
+    # ------------------------------------------------------------------------------ run
+    def run(self) -> int:
+        self.signals.install()
+        try:
+            set_child_subreaper()
+            self.lifeline = Lifeline(self.token)
+            self.watchdog.start()
+            log.info("worker %s started: backend=%s queue=%s slots=%d lock=%gs renew=%gs",
+                     self.s.worker_id, self.s.backend, self.s.queue, self.s.num_workers,
+                     self.s.lock, self.s.renew_every)
+            while not self._finished():
+                self._wait_and_drain()
+                self._turn()
+            log.info("worker stopped (%s): %s", self.stop_reason or "done",
+                     ", ".join(f"{k}={v}" for k, v in self.counts.items()))
+            return self.exit_code
+        finally:
+            self._teardown()
+            self.signals.restore()
+
+    def _helper_pids(self) -> set[int]:
+        return {self.lifeline.pid} if self.lifeline is not None else set()
+
+    def _teardown(self) -> None:
+        for rt in self.active + self.cleaning:
+            rt.kill_reason = rt.kill_reason or "supervisor exiting"
+        if self.active or self.cleaning:
+            self.watchdog.wake()
+            deadline = self.clock() + 5.0
+            while (self.active or self.cleaning) and self.clock() < deadline:
+                self._reap(self.clock())
+                self._settle_exited(self.clock())
+                self.cleaning = [rt for rt in self.cleaning if not rt.clean.is_set()]
+                self._wait(0.05)
+        budget = self.clock() + 30.0
+        for keeper in self.settling:
+            keeper.join(max(0.0, budget - self.clock()))
+        self.watchdog.stop()
+        if self.lifeline is not None:
+            self.lifeline.close()
+
+    def _wait(self, timeout: float) -> list[Any]:
+        items = []
+        try:
+            items.append(self.events.get(timeout=max(0.0, timeout)))
+            while True:
+                items.append(self.events.get_nowait())
+        except queue.Empty:
+            pass
+        return items
+
+    def _wait_and_drain(self) -> None:
+        for item in self._wait(self._next_wakeup()):
+            if isinstance(item, int):
+                self._on_signal(item)
+
+    def _next_wakeup(self) -> float:
+        now = self.clock()
+        t = now + self.s.poll_interval
+        if self.state is State.RUNNING and len(self.active) < self.s.num_workers:
+            t = min(t, self.next_receive)
+        for rt in self.active:
+            if rt.exited_at is not None:
+                t = min(t, now + 0.05)
+        if self.cleaning or self.settling:
+            t = min(t, now + 0.1)
+        if self.s.time_limit is not None:
+            t = min(t, self.started_at + self.s.time_limit)
+        return max(0.0, t - now)
+
+    # ------------------------------------------------------------------------- signals
+    def _on_signal(self, signum: int) -> None:
+        if signum in STOP_SIGNALS:
+            self.stop_signals += 1
+            name = signal.Signals(signum).name
+            if self.stop_signals == 1:
+                self.begin_stop(f"{name} received", EXIT_OK)
+            else:
+                log.warning("%s received again: killing every task now", name)
+                for rt in self.active:
+                    rt.kill_reason = f"second {name}"
+                self.watchdog.wake()
+
+    def begin_stop(self, reason: str, exit_code: int) -> None:
+        """Stop receiving; SIGTERM every task; requeue them as they exit (main thread)."""
+        if self.state is State.STOPPING:
+            return
+        self.state = State.STOPPING
+        self.stop_reason = reason
+        self.exit_code = exit_code
+        log.warning("stopping (%s): %d running task(s) get SIGTERM and go back to the queue",
+                    reason, len(self.active))
+        for rt in self.active:
+            rt.stop_reason = rt.stop_reason or "preempted"
+        self.watchdog.wake()
+
+    # ---------------------------------------------------------------------------- turn
+    def _turn(self) -> None:
+        now = self.clock()
+        self._reap(now)
+        self._settle_exited(now)
+        self.settling = [k for k in self.settling if not k.done.is_set()]
+        still = []
+        for rt in self.cleaning:
+            if rt.clean.is_set():
+                self._forget(rt)
+            else:
+                still.append(rt)
+        self.cleaning = still
+        if self.state is State.RUNNING:
+            self._check_limits(now)
+        if self.state is State.RUNNING:
+            try:
+                self.backend.maintenance()
+            except BackendConfigError:
+                raise
+            except BackendError as exc:
+                log.warning("backend maintenance failed: %s", exc)
+            self._receive(now)
+
+    def _finished(self) -> bool:
+        if self.state is State.STOPPING:
+            return not self.active and not self.settling
+        if self.s.exit_when_empty and self._empty():
+            self.stop_reason = "queue empty"
+            return True
+        return False
+
+    def _empty(self) -> bool:
+        if self.active or self.settling or self.last_empty_receive is None:
+            return False
+        return all(self.last_empty_receive >= t for t in self.awaiting_return.values())
+
+    def _check_limits(self, now: float) -> None:
+        if self.s.time_limit is not None and now >= self.started_at + self.s.time_limit:
+            self.begin_stop("worker time limit reached", EXIT_OK)
+        elif (self.s.idle_timeout is not None and not self.active
+              and now - self.idle_since >= self.s.idle_timeout):
+            self.begin_stop(f"idle for {self.s.idle_timeout:g}s", EXIT_OK)
+
+    # ------------------------------------------------------------------------- receive
+    def _receive(self, now: float) -> None:
+        free = self.s.num_workers - len(self.active)
+        if free <= 0 or now < self.next_receive:
+            return
+        t_sent = self.clock()
+        try:
+            leases = self.backend.receive(free, self.s.lock)
+        except BackendConfigError:
+            raise
+        except BackendError as exc:
+            self.receive_backoff = min(max(1.0, self.receive_backoff * 2), BACKEND_RETRY_MAX)
+            log.warning("receive failed (retrying in %.0fs): %s", self.receive_backoff, exc)
+            self.next_receive = self.clock() + self.receive_backoff
+            return
+        self.receive_backoff = 0.0
+        if len(leases) < free:
+            self.next_receive = t_sent + self.s.poll_interval
+            if not leases:
+                self.last_empty_receive = t_sent
+        for lease in leases:
+            self._dispatch(lease, t_sent)
+
+    def _dispatch(self, lease: Lease, t_sent: float) -> None:
+        task = lease.task
+        task_id = task.id if task is not None else lease.message_id
+        self.awaiting_return.pop(task_id, None)
+        keeper = LeaseKeeper(lease, task_id, t_sent=t_sent, granted=lease.lock_duration,
+                             renew_interval=self.s.renew_every, clock=self.clock,
+                             on_lost=self.watchdog.wake)
+        keeper.start()
+        if task is None:
+            reason = f"bad message: {lease.format_error}"
+            log.error("%s; dead-lettering it", reason, extra={"task_id": task_id})
+            self._settle(keeper, lambda le: le.dead_letter(reason, lease.raw_body[-2000:], None),
+                         "dead-lettered")
+            self.counts["dead_lettered"] += 1
+            return
+        max_attempts = task.max_attempts or self.s.max_attempts
+        log.info("received task (attempt %d of %d): %s", lease.attempt, max_attempts,
+                 _short(task.cmd), extra={"task_id": task_id, "attempt": lease.attempt})
+        if lease.attempt > max_attempts:
+            reason = f"attempts exhausted ({lease.attempt - 1} of {max_attempts} used)"
+            log.error("%s; failing it without a run", reason, extra={"task_id": task_id})
+            self._settle(keeper, lambda le: le.dead_letter(reason, "", None), "failed")
+            self.counts["failed"] += 1
+            return
+        self._seq += 1
+        env = task_environment(dict(os.environ), {
+            "JOBQ_TASK_ID": task.id,
+            "JOBQ_QUEUE_NAME": self.s.queue,
+            "JOBQ_ATTEMPT": str(lease.attempt),
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.update(task.env)
+        marker = f"{self.token}:{self._seq}"
+        try:
+            proc = TaskProcess.spawn(task.cmd, env, task.cwd, marker)
+        except OSError as exc:
+            reason = f"spawn failed: {exc.strerror or exc}" + (
+                f" (cwd {task.cwd})" if task.cwd and isinstance(exc, FileNotFoundError) else "")
+            log.error("%s", reason, extra={"task_id": task_id})
+            self._failed(keeper, task_id, lease.attempt, max_attempts, reason, "", None)
+            return
+        if self.lifeline is not None:
+            self.lifeline.register(proc.pgid)
+        now = self.clock()
+        rt = RunningTask(task_id=task_id, attempt=lease.attempt, proc=proc, keeper=keeper,
+                         started=now, lease=lease, task=task,
+                         time_limit_at=now + self.s.task_time_limit
+                         if self.s.task_time_limit else None)
+        log_file = None
+        if self.s.task_log_dir:
+            log_file = os.path.join(self.s.task_log_dir, f"{task_id}.{lease.attempt}.log")
+        proc.output = OutputTail(task_id, proc.popen.stdout, lambda: self.events.put(None),
+                                 task_log, log_file)
+        log.info("started pid=%d pgid=%d", proc.pid, proc.pgid,
+                 extra={"task_id": task_id, "pid": proc.pid})
+        proc.output.start()
+        self.active.append(rt)
+        self.watchdog.add(rt)
+        if self.state is State.STOPPING:
+            rt.stop_reason = "preempted"
+
+    # ------------------------------------------------------------------------ reaping
+    def _reap(self, now: float) -> None:
+        exited = False
+        for rt in self.active:
+            if rt.exited_at is None and rt.proc.poll() is not None:
+                rt.exited_at = now
+                exited = True
+        if exited or self.cleaning or now >= self.next_orphan_reap:
+            registered = {rt.proc.pid for rt in self.active if rt.exited_at is None}
+            reap_orphans(registered | self._helper_pids())
+            self.next_orphan_reap = now + ORPHAN_REAP_EVERY
+        if exited:
+            self.watchdog.wake()  # leftovers of exited shells
+
+    def _settle_exited(self, now: float) -> None:
+        still = []
+        for rt in self.active:
+            if rt.exited_at is None or not self._ready_to_settle(rt, now):
+                still.append(rt)
+                continue
+            self._conclude(rt, now)
+            self.cleaning.append(rt)
+            self.idle_since = now
+            if self.state is State.RUNNING:
+                self.next_receive = min(self.next_receive, now)
+        self.active = still
+
+    def _ready_to_settle(self, rt: RunningTask, now: float) -> bool:
+        assert rt.exited_at is not None
+        output_done = rt.proc.output is None or rt.proc.output.closed.is_set()
+        if not output_done and now < rt.exited_at + OUTPUT_GRACE:
+            return False
+        rc = rt.proc.returncode
+        if (rc in (-signal.SIGTERM, 128 + signal.SIGTERM) and rt.term_reason is None
+                and self.state is State.RUNNING
+                and now < rt.exited_at + EXTERNAL_SIGTERM_GRACE):
+            return False  # killed from outside (systemd control-group): a stop may follow
+        return True
+
+    def _forget(self, rt: RunningTask) -> None:
+        self.watchdog.remove(rt)
+        if self.lifeline is not None:
+            self.lifeline.unregister(rt.proc.pgid)
+
+    # --------------------------------------------------------------------- settlement
+    def _settle(self, keeper: LeaseKeeper, settlement: Callable[[Lease], None] | None,
+                description: str) -> None:
+        keeper.finish(settlement, description)
+        self.settling.append(keeper)
+
+    def _conclude(self, rt: RunningTask, now: float) -> None:
+        rc = rt.proc.returncode
+        assert rc is not None
+        duration = now - rt.started
+        tail = rt.proc.output.text() if rt.proc.output is not None else ""
+        keeper = rt.keeper
+        status = describe_exit(rc)
+        extra = {"task_id": rt.task_id, "exit_status": rc, "duration": round(duration, 3)}
+        if rt.lock_loss_handled or keeper.lost():
+            log.error("finished after lock loss (%s, %.1fs); not settled: the message comes "
+                      "back through the broker", status, duration, extra=extra)
+            self._settle(keeper, None, "lock lost")
+            self.counts["lock_lost"] += 1
+            self.awaiting_return[rt.task_id] = (
+                keeper.expires + self.backend.lost_lease_return_delay + self.s.poll_interval)
+            return
+        preempted = rt.stop_reason is not None or (
+            self.state is State.STOPPING and rc in (-signal.SIGTERM, 128 + signal.SIGTERM))
+        if preempted:
+            log.warning("preempted (%s, %.1fs): back to the queue, attempt not counted",
+                        status, duration, extra=extra)
+            self._settle(keeper, lambda le: le.release(count_attempt=False), "requeued")
+            self.counts["requeued"] += 1
+            return
+        if rc == 0 and rt.term_reason is None:
+            log.info("finished: %s in %.1fs", status, duration, extra=extra)
+            self._settle(keeper, lambda le: le.complete(), "completed")
+            self.counts["succeeded"] += 1
+            self.consecutive_failures = 0
+            return
+        if rt.term_reason == "time limit":
+            reason = f"task time limit of {self.s.task_time_limit:g}s exceeded ({status})"
+        else:
+            reason = status
+        log.warning("finished: %s in %.1fs", reason, duration, extra=extra)
+        max_attempts = (rt.task.max_attempts if rt.task is not None else None) or \
+            self.s.max_attempts
+        self._failed(keeper, rt.task_id, rt.attempt, max_attempts, reason, tail, rc)
+
+    def _failed(self, keeper: LeaseKeeper, task_id: str, attempt: int, max_attempts: int,
+                reason: str, tail: str, rc: int | None) -> None:
+        if attempt >= max_attempts:
+            full = f"{reason}; attempt {attempt} of {max_attempts}, giving up"
+            log.error("failed for good: %s", full, extra={"task_id": task_id})
+            self._settle(keeper, lambda le: le.dead_letter(full, tail, rc), "failed")
+            self.counts["failed"] += 1
+        else:
+            delay = min(self.s.retry_delay * 2 ** (attempt - 1), self.s.retry_delay_max)
+            log.info("will retry in %.0fs (attempt %d of %d failed)", delay, attempt,
+                     max_attempts, extra={"task_id": task_id})
+            self._settle(keeper, lambda le: le.release(count_attempt=True, delay=delay),
+                         "retry")
+            self.awaiting_return[task_id] = self.clock() + delay
+            self.counts["retried"] += 1
+        self.consecutive_failures += 1
+        limit = self.s.max_consecutive_failures
+        if limit and self.consecutive_failures >= limit and self.state is State.RUNNING:
+            log.error("%d tasks failed in a row: stopping (--max-consecutive-failures)",
+                      self.consecutive_failures)
+            self.begin_stop("too many consecutive failures", EXIT_FAILURES)
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
