@@ -39,7 +39,7 @@ EXIT_OK, EXIT_UNEXPECTED, EXIT_FAILURES = 0, 1, 3
 OUTPUT_GRACE = 1.0  # after the shell exits, wait this long at most for the output to close
 EXTERNAL_SIGTERM_GRACE = 1.0  # a task killed by SIGTERM from outside: is a stop coming?
 ORPHAN_REAP_EVERY = 5.0
-BACKEND_RETRY_MAX = 30.0
+BACKEND_RETRY_MAX = 10.0
 
 
 class State(enum.Enum):

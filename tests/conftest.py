@@ -1,0 +1,186 @@
+"""Shared helpers: run the real commands, wait for conditions, prove nothing survived."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def command(name: str) -> list[str]:
+    """The installed console script, else the same entry point through this interpreter."""
+    script = BIN / name
+    if script.exists():
+        return [str(script)]
+    func = {"jobq-supervisor": "worker_main", "jobq-ctl": "ctl_main"}[name]
+    return [sys.executable, "-c", f"import sys; from supervisor.cli import {func}; "
+            f"sys.exit({func}())"]
+
+
+def wait_for(cond: Callable[[], object], timeout: float = 30.0, interval: float = 0.05,
+             what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def marked_processes(token_prefix: str = "") -> list[psutil.Process]:
+    """Live (non-zombie) processes that carry a task marker (JOBQ_LIFELINE)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            env = proc.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if env.get("JOBQ_LIFELINE", "").startswith(token_prefix) and "JOBQ_LIFELINE" in env:
+            found.append(proc)
+    return found
+
+
+class Supervisor:
+    """A jobq-supervisor subprocess with its log captured to a file."""
+
+    def __init__(self, tmp: Path, args: list[str], env: dict[str, str] | None = None,
+                 name: str = "sup", new_session: bool = True) -> None:
+        self.log_path = tmp / f"{name}.log"
+        self._log = open(self.log_path, "wb")
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(
+            command("jobq-supervisor") + args, stdout=self._log, stderr=subprocess.STDOUT,
+            env=full_env, cwd=tmp, start_new_session=new_session)
+        self.pid = self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_log(self, text: str, timeout: float = 30.0) -> None:
+        wait_for(lambda: text in self.log(), timeout, what=f"log line {text!r}\n{self.log()}")
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(10)
+        self._log.close()
+
+
+class Env:
+    """One test's queue: a SQLite file in tmp_path plus helpers to run both commands."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.db = tmp / "jobq.db"
+        self.sups: list[Supervisor] = []
+
+    def base_args(self) -> list[str]:
+        return ["--sqlite-path", str(self.db)]
+
+    def ctl(self, *args: str, check: bool = True, input: str | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        res = subprocess.run(command("jobq-ctl") + ["--sqlite-path", str(self.db), *args],
+                             capture_output=True, text=True, timeout=60, input=input,
+                             env=full_env, cwd=self.tmp)
+        if check and res.returncode != 0:
+            raise AssertionError(f"jobq-ctl {args} failed: {res.stderr}")
+        return res
+
+    def push(self, *cmds: str, extra: tuple[str, ...] = ()) -> list[str]:
+        args = ["push"]
+        for c in cmds:
+            args += ["-c", c]
+        return self.ctl(*args, *extra).stdout.split()
+
+    def supervisor(self, *args: str, env: dict[str, str] | None = None,
+                   name: str | None = None, **kw) -> Supervisor:
+        sup = Supervisor(self.tmp, self.base_args() + list(args), env,
+                         name or f"sup{len(self.sups)}", **kw)
+        self.sups.append(sup)
+        return sup
+
+    def rows(self, sql: str = "SELECT id, status, attempt, reason FROM jobs ORDER BY seq",
+             args: tuple = ()) -> list[tuple]:
+        conn = sqlite3.connect(self.db, timeout=30)
+        try:
+            return conn.execute(sql, args).fetchall()
+        finally:
+            conn.close()
+
+    def job(self, task_id: str) -> dict:
+        conn = sqlite3.connect(self.db, timeout=30)
+        conn.row_factory = sqlite3.Row
+        try:
+            row = conn.execute("SELECT * FROM jobs WHERE id=?", (task_id,)).fetchone()
+            return dict(row) if row else {}
+        finally:
+            conn.close()
+
+    def cleanup(self) -> None:
+        for sup in self.sups:
+            sup.stop()
+
+
+@pytest.fixture
+def env(tmp_path: Path):
+    e = Env(tmp_path)
+    yield e
+    e.cleanup()
+    # Every task process of every supervisor of this test must be gone.
+    survivors = wait_for_no_marked(timeout=10)
+    assert not survivors, f"task processes survived the test: {survivors}"
+
+
+def wait_for_no_marked(timeout: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in marked_processes() if _is_ours(p)]
+        if not left or time.monotonic() > deadline:
+            for p in left:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            return left
+        time.sleep(0.1)
+
+
+def _is_ours(proc: psutil.Process) -> bool:
+    """Only processes started under this test session (CI may run other suites)."""
+    try:
+        return proc.create_time() >= _SESSION_START - 1
+    except psutil.NoSuchProcess:
+        return False
+
+
+_SESSION_START = time.time()

@@ -1,0 +1,62 @@
+"""Task scripts used by the integration tests."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+# A process that records when SIGTERM reached it (wall clock), then exits after a delay.
+TERM_RECORDER = r'''
+import os, signal, sys, time
+out, delay = sys.argv[1], float(sys.argv[2])
+def on_term(signum, frame):
+    with open(out, "a") as fh:
+        fh.write(f"{os.getpid()} {time.time()}\n")
+    time.sleep(delay)
+    os._exit(0)
+signal.signal(signal.SIGTERM, on_term)
+with open(out + ".ready", "a") as fh:
+    fh.write(f"{os.getpid()}\n")
+while True:
+    signal.pause()
+'''
+
+
+def write_recorder(tmp: Path) -> str:
+    path = tmp / "term_recorder.py"
+    path.write_text(TERM_RECORDER)
+    return f"{sys.executable} {path}"
+
+
+def ready_count(path: Path) -> int:
+    ready = Path(str(path) + ".ready")
+    return len(ready.read_text().split()) if ready.exists() else 0
+
+
+def term_times(path: Path) -> list[float]:
+    if not path.exists():
+        return []
+    return [float(line.split()[1]) for line in path.read_text().splitlines() if line.strip()]
+
+
+def all_dead(procs: list[psutil.Process]) -> bool:
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            continue
+    return True
+
+
+def death_time(procs: list[psutil.Process], timeout: float) -> float | None:
+    """Poll until every process is gone; return the wall time it was first seen so."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all_dead(procs):
+            return time.time()
+        time.sleep(0.01)
+    return None

@@ -1,0 +1,262 @@
+"""Acceptance 1, 3, 7, 9, 10: outcomes, retries, limits, bad input, logging."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def test_success_failure_retry_and_output_tail(env):
+    ok, bad = env.push("echo hello-$JOBQ_ATTEMPT", "seq 1 10000; echo boom >&2; exit 7",
+                       extra=("--max-attempts", "2"))
+    sup = env.supervisor("--exit-when-empty", "--retry-delay", "0.2")
+    assert sup.wait(60) == 0
+    assert env.job(ok)["status"] == "succeeded"
+    row = env.job(bad)
+    assert (row["status"], row["attempt"], row["exit_status"]) == ("failed", 2, 7)
+    assert "exit status 7" in row["reason"] and "attempt 2 of 2" in row["reason"]
+    tail = row["output_tail"]
+    assert tail.endswith("boom") and "9999" in tail and len(tail) <= 20 * 1024
+    assert not tail.startswith("1\n")  # only the last ~20 KiB are kept
+    log = sup.log()
+    assert f"[{ok}]| hello-1" in log
+    assert "will retry" in log
+    failed = env.ctl("failed", "--json").stdout
+    [rec] = json.loads(failed)
+    assert rec["id"] == bad and rec["attempts"] == 2 and "boom" in rec["output_tail"]
+
+
+def test_attempts_are_counted_at_lease_time(env):
+    """A task that takes its supervisor down with it still reaches its limit."""
+    [tid] = env.push("kill -9 $PPID; sleep 5", extra=("--max-attempts", "2"))
+    for attempt in (1, 2):
+        # The first run's lease is reaped by the second supervisor once it expires.
+        sup = env.supervisor("--lock-duration", "3", "--renew-interval", "0.5",
+                             "--reaper-interval", "0.2", "--stale-lock-age", "0")
+        assert sup.wait(30) == -signal.SIGKILL
+        row = env.job(tid)
+        assert (row["attempt"], row["status"]) == (attempt, "running")
+    # The second lease is never settled; once it expires the reaper fails the job.
+    sup = env.supervisor("--lock-duration", "3", "--reaper-interval", "0.2",
+                         "--stale-lock-age", "0", "--idle-timeout", "5")
+    wait_for(lambda: env.job(tid)["status"] == "failed", 30, what="failed by the reaper")
+    assert "last attempt" in env.job(tid)["reason"]
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 0
+
+
+def test_spawn_failure_is_a_failed_attempt(env):
+    [tid] = env.push("true", extra=("--cwd", "/nonexistent/dir", "--max-attempts", "1"))
+    sup = env.supervisor("--exit-when-empty")
+    assert sup.wait(30) == 0
+    row = env.job(tid)
+    assert row["status"] == "failed" and "spawn failed" in row["reason"]
+    assert "/nonexistent/dir" in row["reason"]
+
+
+def test_task_environment(env, monkeypatch):
+    out = env.tmp / "env.txt"
+    env.push(f"env > {out}; pwd >> {out}", extra=("--env", "FOO=bar baz", "--cwd", "/tmp"))
+    sup = env.supervisor("--exit-when-empty", "--queue", "default", env={
+        "AZURE_STORAGE_CONNECTION_STRING": "DefaultEndpointsProtocol=x;AccountKey=SECRET1",
+        "JOBQ_CONNECTION_STRING": "Endpoint=sb://x;SharedAccessKey=SECRET2",
+        "MY_API_KEY": "SECRET3", "HARMLESS": "visible"})
+    assert sup.wait(30) == 0
+    text = out.read_text()
+    assert "SECRET" not in text
+    assert "HARMLESS=visible" in text and "FOO=bar baz" in text
+    assert "JOBQ_QUEUE_NAME=default" in text and "JOBQ_ATTEMPT=1" in text
+    assert "PYTHONUNBUFFERED=1" in text and "JOBQ_TASK_ID=" in text
+    assert text.strip().endswith("/tmp")
+
+
+def test_task_time_limit(env):
+    [tid] = env.push("sleep 30", extra=("--max-attempts", "1"))
+    sup = env.supervisor("--task-time-limit", "1", "--exit-when-empty", "--kill-timeout", "2")
+    t0 = time.monotonic()
+    assert sup.wait(30) == 0
+    assert time.monotonic() - t0 < 20
+    row = env.job(tid)
+    assert row["status"] == "failed" and "time limit" in row["reason"]
+
+
+def test_worker_time_limit_requeues_and_exits_0(env):
+    [tid] = env.push("sleep 30")
+    sup = env.supervisor("--time-limit", "2")
+    assert sup.wait(30) == 0
+    assert env.rows("SELECT status, attempt FROM jobs") == [("pending", 0)]
+    assert "time limit" in sup.log()
+
+
+def test_max_consecutive_failures_exits_3(env):
+    env.push(*["exit 1"] * 4)
+    sup = env.supervisor("--max-consecutive-failures", "2", "--retry-delay", "0")
+    assert sup.wait(30) == 3
+    assert "failed in a row" in sup.log()
+
+
+def test_idle_timeout(env):
+    sup = env.supervisor("--idle-timeout", "1", "--poll-interval", "0.2")
+    assert sup.wait(30) == 0
+    assert "idle" in sup.log()
+
+
+def test_exit_when_empty_waits_for_a_retry(env):
+    [tid] = env.push('[ "$JOBQ_ATTEMPT" = 2 ]')
+    sup = env.supervisor("--exit-when-empty", "--retry-delay", "1.5", "--poll-interval", "0.2")
+    assert sup.wait(30) == 0
+    assert (env.job(tid)["status"], env.job(tid)["attempt"]) == ("succeeded", 2)
+
+
+def test_num_workers_runs_tasks_at_once_and_idles_without_cpu(env):
+    marks = env.tmp / "marks"
+    marks.mkdir()
+    env.push(*[f"touch {marks}/$JOBQ_TASK_ID; sleep 2" for _ in range(3)])
+    sup = env.supervisor("-n", "3", "--poll-interval", "1")
+    wait_for(lambda: len(os.listdir(marks)) == 3, 10, what="3 tasks running at once")
+    wait_for(lambda: env.rows("SELECT COUNT(*) FROM jobs WHERE status='succeeded'")[0][0] == 3,
+             30, what="all done")
+    proc = psutil.Process(sup.pid)
+    before = sum(proc.cpu_times()[:2])
+    time.sleep(3)
+    used = sum(proc.cpu_times()[:2]) - before
+    assert used < 0.3, f"idle supervisor used {used:.2f} CPU-s in 3 s"
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 0
+
+
+def test_poison_body_is_failed_and_worker_continues(env):
+    from supervisor.backends.sqlite import SqliteBackend
+
+    backend = SqliteBackend(str(env.db), "default", "test")
+    backend.push_raw("{not json", "poison-1")
+    backend.push_raw('{"version": 1, "kwargs": "{}", "id": "x"}', "poison-2")
+    backend.close()
+    [good] = env.push("echo fine")
+    sup = env.supervisor("--exit-when-empty")
+    assert sup.wait(30) == 0
+    assert env.job("poison-1")["status"] == "failed"
+    assert "not JSON" in env.job("poison-1")["reason"]
+    assert "no command" in env.job("poison-2")["reason"]
+    assert env.job(good)["status"] == "succeeded"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--bogus"], "unrecognized arguments"),
+    (["--num-workers", "x"], "--num-workers"),
+    (["--lock-duration", "5 minutes"], "--lock-duration"),
+    (["--renew-interval", "10", "--lock-duration", "6"], "--renew-interval"),
+    (["--backend", "nosuch"], "--backend"),
+    (["--log-format", "xml"], "--log-format"),
+    (["--config", "/nonexistent.ini"], "nonexistent.ini"),
+])
+def test_bad_options_exit_2_with_one_line(env, args, needle):
+    sup = env.supervisor(*args)
+    assert sup.wait(30) == 2
+    out = sup.log().strip()
+    assert len(out.splitlines()) == 1, out
+    assert needle in out and "Traceback" not in out
+
+
+def test_unreadable_config_and_bad_values_in_config(env):
+    cfg = env.tmp / "w.ini"
+    cfg.write_text("[jobq-supervisor]\nkill-timeout = soon\n")
+    sup = env.supervisor("--config", str(cfg))
+    assert sup.wait(30) == 2
+    assert "--kill-timeout" in sup.log() and len(sup.log().strip().splitlines()) == 1
+    if os.geteuid() != 0:  # root reads any file
+        cfg.chmod(0)
+        sup = env.supervisor("--config", str(cfg))
+        assert sup.wait(30) == 2
+
+
+def test_not_a_database_exit_2(env):
+    bogus = env.tmp / "notes.txt"
+    bogus.write_text("this is not a database\n" * 100)
+    sup = env.supervisor("--sqlite-path", str(bogus))
+    assert sup.wait(30) == 2
+    out = sup.log().strip()
+    assert len(out.splitlines()) == 1 and "not a usable SQLite database" in out
+    res = env.ctl("--sqlite-path", str(bogus), "size", check=False)
+    assert res.returncode == 2 and "not a usable SQLite database" in res.stderr
+
+
+def test_json_log_format_and_lifecycle_events(env):
+    [tid] = env.push("echo out-line; exit 0")
+    sup = env.supervisor("--exit-when-empty", "--log-format", "json", "--log-level", "DEBUG",
+                         "--lock-duration", "3", "--renew-interval", "0.5")
+    assert sup.wait(30) == 0
+    records = [json.loads(line) for line in sup.log().splitlines() if line.strip()]
+    mine = [r for r in records if r.get("task_id") == tid]
+    messages = " | ".join(r["message"] for r in mine)
+    for needle in ("received task", "started pid=", "out-line", "finished: exit status 0"):
+        assert needle in messages
+    started = next(r for r in mine if r["message"].startswith("started"))
+    assert started["pid"] > 0
+    finished = next(r for r in mine if r["message"].startswith("finished"))
+    assert finished["exit_status"] == 0 and "duration" in finished
+
+
+def test_renewal_logged_at_debug(env):
+    env.push("sleep 2")
+    sup = env.supervisor("--exit-when-empty", "--log-level", "DEBUG", "--lock-duration", "3",
+                         "--renew-interval", "0.5")
+    assert sup.wait(30) == 0
+    assert "Lock renewed till" in sup.log()
+
+
+def test_ctl_commands(env):
+    ids = env.push("echo a", "echo b", "echo c")
+    assert env.ctl("size").stdout.strip() == "3"
+    peek = json.loads(env.ctl("peek", "-n", "2", "--json").stdout)
+    assert [p["id"] for p in peek] == ids[:2]
+    st = json.loads(env.ctl("status", "--json").stdout)
+    assert st["counts"]["pending"] == 3
+    res = env.ctl("push", "--file", "-", input="echo d\n# comment\n\necho e\n")
+    assert len(res.stdout.split()) == 2
+    assert env.ctl("clear").stdout.strip() == "deleted 5"
+    [f] = env.push("exit 1", extra=("--max-attempts", "1"))
+    sup = env.supervisor("--exit-when-empty")
+    assert sup.wait(30) == 0
+    assert f in env.ctl("failed").stdout
+    assert env.ctl("requeue", "--all-failed").stdout.strip() == "requeued 1"
+    assert env.ctl("size").stdout.strip() == "1"
+    bad = env.ctl("requeue", check=False)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    # a running task shows up in status with its worker
+    env.ctl("clear")
+    env.push("sleep 30")
+    sup = env.supervisor("--worker-id", "w-test")
+    wait_for(lambda: "w-test" in env.ctl("status").stdout, 20, what="running task in status")
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 0
+
+
+def test_ctl_busy_database_waits_instead_of_failing(env):
+    env.push("true")
+    conn = sqlite3.connect(env.db, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        import subprocess
+
+        from tests.conftest import command
+        proc = subprocess.Popen(command("jobq-ctl") + ["--sqlite-path", str(env.db), "push",
+                                                       "-c", "true"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        assert proc.poll() is None
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err

@@ -1,0 +1,119 @@
+"""Acceptance 5 and 6: SIGTERM/SIGINT forwarding, requeue, escalation; no task outlives us."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.conftest import marked_processes, wait_for
+from tests.integration.helpers import death_time, ready_count, term_times, write_recorder
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _task_procs(sup_pid: int):
+    return [p for p in marked_processes() if p.pid != sup_pid]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_reaches_every_task_process_and_requeues(env, sig):
+    rec = write_recorder(env.tmp)
+    f1, f2, f3 = (env.tmp / n for n in ("a", "b", "c"))
+    ids = env.push(
+        # not exec'd by bash: bash stays the parent of python
+        f"cd /tmp && {rec} {f1} 2",
+        # a grandchild that left the task's session, and a foreground child
+        f"setsid {rec} {f2} 2 & {rec} {f3} 2",
+    )
+    sup = env.supervisor("-n", "2", "--lock-duration", "6", "--renew-interval", "1",
+                         "--log-level", "DEBUG")
+    wait_for(lambda: ready_count(f1) == 1 and ready_count(f2) == 1 and ready_count(f3) == 1,
+             30, what="tasks ready")
+    t0 = time.time()
+    sup.signal(sig)
+    wait_for(lambda: all(term_times(f) for f in (f1, f2, f3)), 10, what="SIGTERM delivered")
+    for f in (f1, f2, f3):
+        assert term_times(f)[0] - t0 < 1.0, f"SIGTERM reached {f.name} late"
+    # The tasks take 2 s to exit; the lease is renewed meanwhile (lock 6 s, renew every 1 s).
+    wait_for(lambda: any(r[0] is not None and r[0] > t0 + 6.5
+                         for r in env.rows("SELECT locked_until FROM jobs")),
+             10, what="a renewal during shutdown")
+    assert sup.wait(30) == 0
+    rows = env.rows("SELECT id, status, attempt, preemptions FROM jobs ORDER BY seq")
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [(i, "pending", 0, 1) for i in ids]
+    assert "preempted" in sup.log()
+
+
+def test_task_ignoring_sigterm_is_killed_after_kill_timeout(env):
+    env.push("trap '' TERM; sleep 1000 & sleep 1000")
+    sup = env.supervisor("--kill-timeout", "2")
+    wait_for(lambda: len(_task_procs(sup.pid)) >= 3, 30, what="task running")
+    procs = _task_procs(sup.pid)
+    t0 = time.time()
+    sup.signal(signal.SIGTERM)
+    dead = death_time(procs, 20)
+    assert dead is not None, "task survived the kill timeout"
+    assert dead - t0 >= 2.0 - 0.05, "killed before --kill-timeout"
+    assert dead - t0 < 2.0 + 3.0
+    assert sup.wait(30) == 0
+    assert env.rows("SELECT status, attempt FROM jobs") == [("pending", 0)]
+    assert "SIGKILL" in sup.log()
+
+
+def test_second_signal_kills_at_once(env):
+    env.push("trap '' TERM; sleep 1000; true")
+    sup = env.supervisor("--kill-timeout", "600")
+    wait_for(lambda: len(_task_procs(sup.pid)) >= 2, 30, what="task running")
+    procs = _task_procs(sup.pid)
+    sup.signal(signal.SIGTERM)
+    sup.wait_log("stopping")
+    time.sleep(0.3)
+    assert not death_time(procs, 0.5), "first SIGTERM must not kill a task that ignores it"
+    sup.signal(signal.SIGINT)
+    assert death_time(procs, 5) is not None
+    assert sup.wait(30) == 0
+    assert env.rows("SELECT status, attempt FROM jobs") == [("pending", 0)]
+
+
+def test_sigterm_to_whole_process_group_requeues(env):
+    rec = write_recorder(env.tmp)
+    f = env.tmp / "g"
+    env.push(f"{rec} {f} 0")
+    sup = env.supervisor()  # its own session: pgid == pid, as under timeout or systemd
+    wait_for(lambda: ready_count(f) == 1, 30, what="task ready")
+    os.killpg(sup.pid, signal.SIGTERM)
+    assert sup.wait(30) == 0
+    assert env.rows("SELECT status, attempt FROM jobs") == [("pending", 0)]
+
+
+def test_task_killed_by_sigterm_from_outside_is_requeued(env):
+    """systemd KillMode=control-group: the task and the supervisor get SIGTERM together."""
+    rec = write_recorder(env.tmp)
+    f = env.tmp / "cg"
+    env.push(f"exec {rec} {f} 0")
+    sup = env.supervisor()
+    wait_for(lambda: ready_count(f) == 1, 30, what="task ready")
+    task_pid = int((env.tmp / "cg.ready").read_text().split()[0])
+    os.kill(task_pid, signal.SIGTERM)
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 0
+    assert env.rows("SELECT status, attempt FROM jobs") == [("pending", 0)]
+
+
+def test_no_task_outlives_supervisor_kill9(env):
+    env.push("sleep 1000 & setsid sleep 1000 & (sleep 1000 &) ; sleep 1000",
+             "bash -c 'sleep 1000 & sleep 1000'")
+    sup = env.supervisor("-n", "2")
+    # 4 sleeps in the first task, 2 in the second (bash may exec some of them)
+    wait_for(lambda: sum(p.name() == "sleep" for p in _task_procs(sup.pid)) == 6, 30,
+             what="all task processes")
+    procs = _task_procs(sup.pid)
+    os.kill(sup.pid, signal.SIGKILL)
+    t0 = time.time()
+    dead = death_time(procs, 10)
+    assert dead is not None, f"survivors: {[p for p in procs if p.is_running()]}"
+    assert dead - t0 <= 2.0
+    sup.wait(10)

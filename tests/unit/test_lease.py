@@ -1,0 +1,353 @@
+"""LeaseKeeper driven step by step with a fake clock and a fake lease (DESIGN.md §3)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from supervisor.backends.base import BackendError, LeaseLost
+from supervisor.lease import RETRY_AFTER_FAILURE, LeaseKeeper
+from supervisor.settings import safety_margin
+
+pytestmark = pytest.mark.timeout(10)
+
+T0 = 1000.0
+LOCK = 60.0
+MARGIN = safety_margin(LOCK)  # 6 s
+INTERVAL = 20.0
+
+
+class FakeClock:
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeLease:
+    """Records renew timeouts; each call's outcome is scripted.
+
+    ``outcomes`` is consumed one per renew call: a number (granted seconds), an exception
+    instance to raise, or None for ``self.granted``.  ``call_duration`` advances the fake clock
+    during the call (a slow call).
+    """
+
+    def __init__(self, clock: FakeClock, granted: float = LOCK) -> None:
+        self.clock = clock
+        self.granted = granted
+        self.outcomes: list = []
+        self.call_duration = 0.0
+        self.renews: list[tuple[float, float]] = []  # (clock at call, timeout)
+        self.settled: list[str] = []
+
+    def renew(self, timeout: float) -> float:
+        self.renews.append((self.clock.now, timeout))
+        self.clock.advance(self.call_duration)
+        outcome = self.outcomes.pop(0) if self.outcomes else None
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return self.granted if outcome is None else outcome
+
+    def complete(self) -> None:
+        self.settled.append("complete")
+
+    def release(self, count_attempt: bool, delay: float = 0.0) -> None:
+        self.settled.append(f"release({count_attempt})")
+
+    def dead_letter(self, reason: str, output_tail: str, exit_status=None) -> None:
+        self.settled.append("dead_letter")
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def lease(clock: FakeClock) -> FakeLease:
+    return FakeLease(clock)
+
+
+class Lost:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+
+
+@pytest.fixture
+def on_lost() -> Lost:
+    return Lost()
+
+
+@pytest.fixture
+def keeper(lease: FakeLease, clock: FakeClock, on_lost: Lost) -> LeaseKeeper:
+    return LeaseKeeper(lease, "task-1", t_sent=T0, granted=LOCK, renew_interval=INTERVAL,
+                       clock=clock, on_lost=on_lost)
+
+
+def complete(lease) -> None:
+    lease.complete()
+
+
+# --------------------------------------------------------------------------- renewals
+def test_initial_deadline(keeper: LeaseKeeper) -> None:
+    assert MARGIN == 6.0
+    assert keeper.deadline == T0 + LOCK - MARGIN
+    assert keeper.next_renew == T0 + INTERVAL
+    assert not keeper.lock_lost.is_set()
+    assert not keeper.lost()
+
+
+def test_no_renewal_before_next_renew(keeper, lease, clock) -> None:
+    for t in (T0, T0 + 1, T0 + INTERVAL - 0.001):
+        clock.now = t
+        keeper.step()
+    assert lease.renews == []
+    clock.now = T0 + INTERVAL
+    keeper.step()
+    assert len(lease.renews) == 1
+
+
+def test_successful_renewal_moves_deadline_from_send_time(keeper, lease, clock) -> None:
+    clock.now = T0 + INTERVAL
+    lease.call_duration = 5.0  # a slow call: returns at T0 + 25
+    keeper.step()
+    t_sent = T0 + INTERVAL
+    assert keeper.renewals == 1
+    assert keeper.deadline == t_sent + LOCK - MARGIN  # not the return time + LOCK - MARGIN
+    assert keeper.next_renew == t_sent + INTERVAL
+    assert clock.now == t_sent + 5.0
+
+
+def test_renewal_uses_the_granted_lock(keeper, lease, clock) -> None:
+    clock.now = T0 + INTERVAL
+    lease.outcomes = [30.0]  # the broker gave a shorter lock this time
+    keeper.step()
+    assert keeper.deadline == T0 + INTERVAL + 30.0 - safety_margin(30.0)
+    assert keeper.granted == 30.0
+
+
+@pytest.mark.parametrize("at", [T0 + INTERVAL, T0 + 30.0, T0 + 45.0, T0 + 53.0, T0 + 53.99])
+def test_renew_timeout_fits_before_the_deadline(keeper, lease, clock, at: float) -> None:
+    keeper.next_renew = at  # as if earlier attempts had failed
+    clock.now = at
+    deadline_before = keeper.deadline
+    keeper.step()
+    ((called_at, timeout),) = lease.renews
+    assert called_at == at
+    assert 0 < timeout <= deadline_before - at
+
+
+def test_backend_error_keeps_deadline_and_retries_soon(keeper, lease, clock, on_lost) -> None:
+    clock.now = T0 + INTERVAL
+    lease.outcomes = [BackendError("timeout")]
+    old_deadline = keeper.deadline
+    keeper.step()
+    assert keeper.deadline == old_deadline
+    assert keeper.failures == 1
+    assert not keeper.lock_lost.is_set()
+    assert on_lost.calls == 0
+    assert clock.now < keeper.next_renew <= clock.now + RETRY_AFTER_FAILURE
+    assert keeper.next_renew < T0 + 2 * INTERVAL  # much sooner than the normal cadence
+    # the retry happens at next_renew, and a success then moves the deadline
+    clock.now = keeper.next_renew - 0.001
+    keeper.step()
+    assert len(lease.renews) == 1
+    clock.now = keeper.next_renew
+    retry_sent = clock.now
+    keeper.step()
+    assert len(lease.renews) == 2
+    assert keeper.deadline == retry_sent + LOCK - MARGIN
+
+
+def test_slow_backend_error_still_retries_soon(keeper, lease, clock) -> None:
+    clock.now = T0 + INTERVAL
+    lease.call_duration = 4.0
+    lease.outcomes = [BackendError("slow")]
+    keeper.step()
+    assert keeper.deadline == T0 + LOCK - MARGIN
+    assert clock.now < keeper.next_renew <= clock.now + RETRY_AFTER_FAILURE
+
+
+def test_lease_lost_sets_lock_lost_at_once(keeper, lease, clock, on_lost) -> None:
+    clock.now = T0 + INTERVAL
+    lease.outcomes = [LeaseLost("410 gone")]
+    keeper.step()
+    assert keeper.lock_lost.is_set()
+    assert on_lost.calls == 1
+    assert "410 gone" in keeper.lost_reason
+    assert keeper.lost()
+    # no more renewals once lost, and on_lost is not called again
+    clock.now = T0 + 2 * INTERVAL
+    keeper.step()
+    assert len(lease.renews) == 1
+    assert on_lost.calls == 1
+
+
+def test_deadline_passing_sets_lock_lost_without_renewing(keeper, lease, clock, on_lost) -> None:
+    clock.now = T0 + INTERVAL
+    lease.outcomes = [BackendError("down")] * 100
+    while clock.now < keeper.deadline:
+        clock.now = max(clock.now, keeper.next_renew)
+        if clock.now >= keeper.deadline:
+            break
+        keeper.step()
+    calls = len(lease.renews)
+    assert calls >= 2
+    assert not keeper.lock_lost.is_set()
+    assert keeper.deadline == T0 + LOCK - MARGIN
+    clock.now = keeper.deadline
+    keeper.step()
+    assert keeper.lock_lost.is_set()
+    assert on_lost.calls == 1
+    assert len(lease.renews) == calls  # no renew call once the deadline has passed
+    assert "deadline" in keeper.lost_reason
+
+
+def test_lost_reports_deadline_even_without_a_step(keeper, clock) -> None:
+    clock.now = keeper.deadline - 0.001
+    assert not keeper.lost()
+    clock.now = keeper.deadline
+    assert keeper.lost()
+
+
+# --------------------------------------------------------------------------- settlement
+def test_settle_runs_the_settlement(keeper, lease) -> None:
+    keeper.finish(complete, "completed")
+    keeper.settle()
+    assert lease.settled == ["complete"]
+    assert keeper.settle_result == "completed"
+
+
+def test_settle_skipped_when_lost(keeper, lease) -> None:
+    keeper.lock_lost.set()
+    keeper.finish(complete, "completed")
+    keeper.settle()
+    assert lease.settled == []
+    assert keeper.settle_result.startswith("not settled")
+
+
+def test_settle_skipped_past_the_deadline(keeper, lease, clock) -> None:
+    clock.now = keeper.deadline + 0.5
+    keeper.finish(complete, "completed")
+    keeper.settle()
+    assert lease.settled == []
+    assert keeper.settle_result.startswith("not settled")
+
+
+def test_settle_retries_backend_errors_until_success(keeper, lease, clock) -> None:
+    attempts = []
+
+    def flaky(lease_) -> None:
+        attempts.append(clock.now)
+        clock.advance(0.5)
+        if len(attempts) < 4:
+            raise BackendError("busy")
+        lease_.complete()
+
+    keeper.finish(flaky, "completed")
+    keeper.settle()
+    assert len(attempts) == 4
+    assert lease.settled == ["complete"]
+    assert keeper.settle_result == "completed"
+    assert not keeper.lock_lost.is_set()
+
+
+def test_settle_gives_up_when_the_deadline_passes_while_retrying(keeper, lease, clock) -> None:
+    attempts = []
+
+    def failing(lease_) -> None:
+        attempts.append(clock.now)
+        clock.advance(10.0)
+        raise BackendError("down")
+
+    keeper.finish(failing, "completed")
+    keeper.settle()
+    # T0, +10, +20, +30, +40, +50 are before the deadline at T0+54; T0+60 is not
+    assert len(attempts) == 6
+    assert keeper.settle_result.startswith("not settled")
+
+
+def test_settle_lease_lost_is_not_retried(keeper, lease, on_lost) -> None:
+    attempts = []
+
+    def refused(lease_) -> None:
+        attempts.append(1)
+        raise LeaseLost("token mismatch")
+
+    keeper.finish(refused, "completed")
+    keeper.settle()
+    assert attempts == [1]
+    assert keeper.lock_lost.is_set()
+    assert on_lost.calls == 1
+    assert keeper.settle_result.startswith("not settled")
+
+
+def test_finish_none_settles_nothing(keeper, lease) -> None:
+    keeper.finish(None)
+    keeper.settle()
+    assert lease.settled == []
+    assert lease.renews == []
+
+
+# --------------------------------------------------------------------------- the thread
+class ThreadLease:
+    """Thread-safe fake for the real keeper thread; real time, tiny intervals."""
+
+    def __init__(self, wanted: int) -> None:
+        self.lock = threading.Lock()
+        self.timeouts: list[float] = []
+        self.settled: list[str] = []
+        self.enough = threading.Event()
+        self.wanted = wanted
+
+    def renew(self, timeout: float) -> float:
+        with self.lock:
+            self.timeouts.append(timeout)
+            if len(self.timeouts) >= self.wanted:
+                self.enough.set()
+        return 30.0
+
+    def complete(self) -> None:
+        with self.lock:
+            self.settled.append("complete")
+
+
+@pytest.mark.timeout(15)
+def test_keeper_thread_renews_and_settles() -> None:
+    lease = ThreadLease(wanted=3)
+    keeper = LeaseKeeper(lease, "thread-task", t_sent=time.monotonic(), granted=30.0,
+                         renew_interval=0.01)
+    keeper.start()
+    try:
+        assert lease.enough.wait(5.0), "fewer than 3 renewals within 5 s"
+        assert keeper.renewals >= 3
+        assert not keeper.lock_lost.is_set()
+        assert all(0 < t <= 30.0 for t in lease.timeouts)
+        assert keeper.deadline > time.monotonic()
+    finally:
+        keeper.finish(lambda lease_: lease_.complete(), "completed")
+        assert keeper.join(5.0)
+    assert lease.settled == ["complete"]
+    assert keeper.done.is_set()
+    assert keeper.settle_result == "completed"
+
+
+@pytest.mark.timeout(15)
+def test_keeper_thread_finish_none_stops_without_settling() -> None:
+    lease = ThreadLease(wanted=1)
+    keeper = LeaseKeeper(lease, "thread-task", t_sent=time.monotonic(), granted=30.0,
+                         renew_interval=60.0)
+    keeper.start()
+    keeper.finish(None)
+    assert keeper.join(5.0)
+    assert lease.settled == []
+    assert lease.timeouts == []
