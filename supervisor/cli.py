@@ -126,8 +126,17 @@ def worker_parser() -> _Parser:
     return p
 
 
+def _parse(parser: _Parser, argv: list[str]) -> argparse.Namespace:
+    try:
+        return parser.parse_args(argv)
+    except UnicodeDecodeError:
+        raise UsageError("--config: the config file is not UTF-8 text") from None
+    except OSError as exc:
+        raise UsageError(f"--config: cannot read {exc.filename}: {exc.strerror}") from None
+
+
 def parse_worker_settings(argv: list[str]) -> Settings:
-    ns = worker_parser().parse_args(argv)
+    ns = _parse(worker_parser(), argv)
     try:
         return Settings.from_namespace(ns)
     except SettingsError as exc:
@@ -219,7 +228,7 @@ def ctl_main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     try:
-        ns = ctl_parser().parse_args(argv)
+        ns = _parse(ctl_parser(), argv)
         ns.worker_id = "jobq-ctl"
         settings = Settings.from_namespace(ns)
     except (UsageError, SettingsError) as exc:

@@ -112,7 +112,9 @@ class LeaseKeeper:
         self.deadline = t_sent + granted - safety_margin(granted)
         self.expires = t_sent + granted
         self.last_success = t_sent
-        self.next_renew = t_sent + self.renew_interval
+        # A broker may grant less than asked: renew well before this grant runs out.
+        self.next_renew = t_sent + min(self.renew_interval,
+                                       max(0.0, (granted - safety_margin(granted)) / 2))
         if log.isEnabledFor(logging.DEBUG):
             until = datetime.now(timezone.utc) + timedelta(seconds=granted)
             log.debug("Lock renewed till %s", until.strftime("%Y-%m-%dT%H:%M:%SZ"),

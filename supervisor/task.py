@@ -77,8 +77,9 @@ class Task:
                 if len(body) > MAX_BODY_BYTES:
                     raise TaskFormatError(f"body is {len(body)} bytes, more than {MAX_BODY_BYTES}")
                 body = body.decode("utf-8")
-            if len(body) > MAX_BODY_BYTES:
-                raise TaskFormatError(f"body is {len(body)} characters, more than {MAX_BODY_BYTES}")
+            size = len(body.encode("utf-8", "surrogatepass"))
+            if size > MAX_BODY_BYTES:
+                raise TaskFormatError(f"body is {size} bytes, more than {MAX_BODY_BYTES}")
             data = json.loads(body)
         except TaskFormatError:
             raise
@@ -125,7 +126,9 @@ class Task:
             preemptions = data.get("preemptions", 0)
         if "cmd" not in kwargs:
             raise TaskFormatError("task has no command (cmd)")
-        env = kwargs.get("env") or {}
+        env = kwargs.get("env")
+        if env is None:
+            env = {}
         if not isinstance(env, dict):
             raise TaskFormatError("env is not an object")
         if not all(isinstance(v, str) for v in env.values()):

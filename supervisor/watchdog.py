@@ -131,7 +131,8 @@ class Watchdog:
                           signal.Signals(self.lock_lost_signal).name,
                           extra={"task_id": rt.task_id})
                 if self.lock_lost_signal == signal.SIGKILL:
-                    kill.append(rt)
+                    if rt.state is not Escalation.KILLED:
+                        kill.append(rt)
                     rt.term_reason = rt.term_reason or "lock lost"
                 elif rt.state is Escalation.RUNNING:
                     self._terminating(rt, now, "lock lost")
@@ -153,9 +154,15 @@ class Watchdog:
                 log.warning("task ignored SIGTERM for %gs: sending SIGKILL", self.kill_timeout,
                             extra={"task_id": rt.task_id})
                 kill.append(rt)
-            for t in (keeper.deadline, rt.time_limit_at, rt.term_deadline):
-                if t is not None and rt.state is not Escalation.KILLED:
-                    next_check = min(next_check, t)
+            # Only deadlines not yet acted on: a spent one would make us spin.
+            if rt.state is not Escalation.KILLED and rt not in kill:
+                pending = [] if rt.lock_loss_handled else [keeper.deadline]
+                if rt.state is Escalation.RUNNING and rt.time_limit_at is not None:
+                    pending.append(rt.time_limit_at)
+                if rt.state is Escalation.TERMINATING and self.kill_timeout > 0 \
+                        and rt.term_deadline is not None:
+                    pending.append(rt.term_deadline)
+                next_check = min([next_check, *pending])
         for rt in kill:
             rt.state = Escalation.KILLED
         if term:

@@ -110,6 +110,7 @@ class SqliteLease:
             raise LeaseLost(f"job {self.message_id}: lease token {self._token} no longer valid")
         return self.lock_duration
 
+    # A finished job keeps locked_by as "the worker that ran it last"; a released one not.
     def complete(self) -> None:
         now = time.time()
         self._settle("status='succeeded', exit_status=0, reason=NULL", (), now)
@@ -117,10 +118,11 @@ class SqliteLease:
     def release(self, count_attempt: bool, delay: float = 0.0) -> None:
         now = time.time()
         if count_attempt:
-            self._settle("status='pending', visible_at=?", (now + delay,), now)
+            self._settle("status='pending', locked_by=NULL, visible_at=?", (now + delay,), now)
         else:
-            self._settle("status='pending', visible_at=?, attempt=MAX(attempt - 1, 0), "
-                         "preemptions=preemptions + 1", (now + delay,), now)
+            self._settle("status='pending', locked_by=NULL, visible_at=?, "
+                         "attempt=MAX(attempt - 1, 0), preemptions=preemptions + 1",
+                         (now + delay,), now)
 
     def dead_letter(self, reason: str, output_tail: str, exit_status: int | None = None) -> None:
         now = time.time()
@@ -129,7 +131,7 @@ class SqliteLease:
 
     def _settle(self, assignments: str, args: tuple, now: float) -> None:
         n = self._write(
-            f"UPDATE jobs SET {assignments}, locked_by=NULL, locked_until=NULL, updated_at=? "
+            f"UPDATE jobs SET {assignments}, locked_until=NULL, updated_at=? "
             "WHERE seq=? AND token=? AND status='running'",
             args + (now,), self._backend.settle_timeout)
         if n == 0:
@@ -246,7 +248,7 @@ class SqliteBackend:
         cutoff = now - self.stale_lock_age
         with self._tx() as conn:
             failed = conn.execute(
-                "UPDATE jobs SET status='failed', locked_by=NULL, locked_until=NULL, "
+                "UPDATE jobs SET status='failed', locked_until=NULL, "
                 "updated_at=?, reason='lease expired on the last attempt (worker ' || "
                 "COALESCE(locked_by, '?') || ' stopped renewing)' "
                 "WHERE queue=? AND status='running' AND locked_until < ? "

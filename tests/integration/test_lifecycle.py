@@ -174,6 +174,12 @@ def test_unreadable_config_and_bad_values_in_config(env):
     sup = env.supervisor("--config", str(cfg))
     assert sup.wait(30) == 2
     assert "--kill-timeout" in sup.log() and len(sup.log().strip().splitlines()) == 1
+    for unreadable in (env.tmp, env.tmp / "latin1.ini"):  # a directory; not UTF-8 text
+        (env.tmp / "latin1.ini").write_bytes(b"\xff\xfe num-workers = 2\n")
+        sup = env.supervisor("--config", str(unreadable))
+        assert sup.wait(30) == 2
+        out = sup.log().strip()
+        assert len(out.splitlines()) == 1 and "config" in out and "Traceback" not in out, out
     if os.geteuid() != 0:  # root reads any file
         cfg.chmod(0)
         sup = env.supervisor("--config", str(cfg))

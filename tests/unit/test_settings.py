@@ -6,7 +6,7 @@ import math
 import os
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.cli import UsageError, parse_worker_settings
@@ -54,6 +54,7 @@ def test_parse_duration_rejects(text: str) -> None:
         parse_duration(text)
 
 
+@settings(database=None)
 @given(st.text(max_size=20))
 def test_parse_duration_raises_only_value_error(text: str) -> None:
     try:
@@ -81,6 +82,7 @@ def test_safety_margin(lock: float, margin: float) -> None:
     assert safety_margin(lock) == pytest.approx(margin)
 
 
+@settings(database=None)
 @given(st.floats(min_value=0.001, max_value=1e7, allow_nan=False))
 def test_safety_margin_bounds(lock: float) -> None:
     m = safety_margin(lock)

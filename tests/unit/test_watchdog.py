@@ -325,7 +325,7 @@ def test_tick_wait_while_terminating_is_bounded_by_term_deadline(clock) -> None:
     assert dog.tick() == pytest.approx(0.3)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(database=None, max_examples=200, deadline=None)
 @given(
     tasks=st.lists(
         st.tuples(st.floats(min_value=0.5, max_value=100.0),  # lock granted
@@ -353,11 +353,6 @@ def test_tick_wait_property(tasks, kill_timeout) -> None:
 
 
 # --------------------------------------------------------------------------- known bugs
-@pytest.mark.xfail(
-    strict=True,
-    reason="watchdog.py tick(): next_check takes min over keeper.deadline/time_limit_at even "
-           "after they were acted on, so a TERMINATING task makes tick() return 0 (busy loop)",
-)
 @pytest.mark.parametrize("scenario", ["time limit", "stop with kill_timeout 0",
                                       "lock lost, sigterm behavior"])
 def test_tick_does_not_busy_loop_while_waiting_for_escalation(clock, scenario) -> None:
@@ -380,11 +375,6 @@ def test_tick_does_not_busy_loop_while_waiting_for_escalation(clock, scenario) -
     assert dog.tick() > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="watchdog.py tick(): the sigkill lock-loss branch appends to `kill` without checking "
-           "rt.state, so a task already KILLED gets a second SIGKILL (KILLED->KILLED)",
-)
 def test_killed_task_is_not_killed_again_when_its_lock_is_lost_later(clock) -> None:
     dog = make_dog(clock)
     rt = make_task(clock)
