@@ -19,7 +19,7 @@ import configargparse
 from . import __version__
 from .settings import BACKENDS, LOG_FORMATS, Settings, SettingsError, parse_duration
 
-EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_FAILURES = 0, 1, 2, 3
+EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_FAILURES, EXIT_TASKS_FAILED = 0, 1, 2, 3, 4
 
 
 class UsageError(Exception):
@@ -120,6 +120,23 @@ def worker_parser() -> _Parser:
     p.add_argument("--task-log-dir", default=None,
                    help="also write each task's output to DIR/<task id>.<attempt>.log")
     p.add_argument("--worker-id", default=None, help="name of this worker (default host:pid)")
+    p.add_argument("--lock-file", default=None,
+                   help="hold an flock on PATH for the run; a second run exits 0 at once")
+    p.add_argument("--metrics-file", default=None,
+                   help="write Prometheus metrics to PATH (node_exporter textfile collector)")
+    p.add_argument("--metrics-interval", type=_duration, default=5.0,
+                   help="seconds between metrics file writes")
+    p.add_argument("--scheduled-events", choices=("auto", "on", "off"), default="auto",
+                   help="poll Azure Scheduled Events for Preempt/Terminate (auto: on Azure VMs "
+                        "unless JOBQ_DISABLE_SCHEDULED_EVENTS=1)")
+    p.add_argument("--scheduled-events-url",
+                   default="http://169.254.169.254/metadata/scheduledevents"
+                           "?api-version=2020-07-01",
+                   help="Scheduled Events endpoint (Instance Metadata Service)")
+    p.add_argument("--scheduled-events-interval", type=_duration, default=1.0,
+                   help="seconds between Scheduled Events polls")
+    p.add_argument("--scheduled-events-ack", action="store_true", default=False,
+                   help="acknowledge a Preempt (StartRequests) once every task is requeued")
     p.add_argument("--log-level", default="INFO", type=str.upper,
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     p.add_argument("--log-format", choices=LOG_FORMATS, default="text")
@@ -161,6 +178,18 @@ def worker_main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         return _fail_usage("jobq-supervisor", str(exc))
     setup_logging(settings.log_level, settings.log_format)
+    if settings.lock_file:
+        from .lockfile import AlreadyRunning, acquire
+
+        try:
+            acquire(settings.lock_file)  # held until the process exits
+        except AlreadyRunning:
+            logging.getLogger("jobq").info("another run holds %s; exiting",
+                                           settings.lock_file)
+            return EXIT_OK
+        except OSError as exc:
+            return _fail_usage("jobq-supervisor",
+                               f"--lock-file: cannot open {settings.lock_file}: {exc.strerror}")
     try:
         backend = open_backend(settings)
     except BackendConfigError as exc:

@@ -51,6 +51,7 @@ class LeaseKeeper:
         self.renewals = 0
         self.failures = 0
         self.done = threading.Event()
+        self.finished_at: float | None = None  # clock() when the settlement call returned
         self.settle_result = ""  # what happened at the end, for logs and tests
         self._on_lost = on_lost
         self._wake = threading.Event()
@@ -156,4 +157,5 @@ class LeaseKeeper:
                 self.step()
             self.settle()
         finally:
+            self.finished_at = self.clock()
             self.done.set()

@@ -77,6 +77,14 @@ class Settings:
     idle_timeout: float | None = None
     poll_interval: float = 1.0
     task_log_dir: str | None = None
+    lock_file: str | None = None
+    metrics_file: str | None = None
+    metrics_interval: float = 5.0
+    scheduled_events: str = "auto"
+    scheduled_events_url: str = (
+        "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01")
+    scheduled_events_interval: float = 1.0
+    scheduled_events_ack: bool = False
     log_level: str = "INFO"
     log_format: str = "text"
     worker_id: str = ""
@@ -160,6 +168,14 @@ class Settings:
                 raise bad(name.replace("_", "-"), "must be positive")
         if self.poll_interval <= 0 or self.poll_interval > 60:
             raise bad("poll-interval", "must be between 0 and 60 seconds")
+        if self.scheduled_events not in ("auto", "on", "off"):
+            raise bad("scheduled-events", "must be auto, on or off")
+        if not re.match(r"^https?://[^/]+", self.scheduled_events_url or ""):
+            raise bad("scheduled-events-url", "must be an http(s) URL")
+        if self.scheduled_events_interval <= 0:
+            raise bad("scheduled-events-interval", "must be positive")
+        if self.metrics_interval <= 0:
+            raise bad("metrics-interval", "must be positive")
         if self.log_format not in LOG_FORMATS:
             raise bad("log-format", "must be text or json")
         if self.log_level.upper() not in LOG_LEVELS:

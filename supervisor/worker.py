@@ -35,7 +35,7 @@ from .watchdog import RunningTask, Watchdog
 log = logging.getLogger("jobq.worker")
 task_log = logging.getLogger("jobq.task")
 
-EXIT_OK, EXIT_UNEXPECTED, EXIT_FAILURES = 0, 1, 3
+EXIT_OK, EXIT_UNEXPECTED, EXIT_FAILURES, EXIT_TASKS_FAILED = 0, 1, 3, 4
 OUTPUT_GRACE = 1.0  # after the shell exits, wait this long at most for the output to close
 EXTERNAL_SIGTERM_GRACE = 1.0  # a task killed by SIGTERM from outside: is a stop coming?
 ORPHAN_REAP_EVERY = 5.0
@@ -44,7 +44,8 @@ BACKEND_RETRY_MAX = 10.0
 
 class State(enum.Enum):
     RUNNING = "running"
-    STOPPING = "stopping"
+    DRAINING = "draining"  # SIGUSR1: no new tasks, running ones finish
+    STOPPING = "stopping"  # SIGTERM/SIGINT/preemption: running ones are requeued
 
 
 class Worker:
@@ -63,7 +64,8 @@ class Worker:
         self.active: list[RunningTask] = []  # spawned, not yet settled
         self.cleaning: list[RunningTask] = []  # settled, leftovers being cleaned
         self.settling: list[LeaseKeeper] = []  # settlement running on the keeper thread
-        self.awaiting_return: dict[str, float] = {}  # released task id -> when it is back
+        # released task id -> (keeper doing the release, delay) or when a lost lease is back
+        self.awaiting_return: dict[str, tuple[LeaseKeeper, float] | float] = {}
         self.lifeline: Lifeline | None = None
         self.watchdog = Watchdog(kill_timeout=settings.kill_timeout,
                                  lock_lost_behavior=settings.lock_lost_behavior, clock=clock,
@@ -92,8 +94,14 @@ class Worker:
             while not self._finished():
                 self._wait_and_drain()
                 self._turn()
-            log.info("worker stopped (%s): %s", self.stop_reason or "done",
-                     ", ".join(f"{k}={v}" for k, v in self.counts.items()))
+            batch_end = self.stop_reason in ("queue empty", "idle timeout")
+            if batch_end and self.counts["failed"] + self.counts["dead_lettered"]:
+                self.exit_code = EXIT_TASKS_FAILED
+            c = self.counts
+            log.info("summary: succeeded=%d failed=%d dead_lettered=%d retried=%d requeued=%d "
+                     "lock_lost=%d duration=%.1fs stop=%r exit=%d", c["succeeded"], c["failed"],
+                     c["dead_lettered"], c["retried"], c["requeued"], c["lock_lost"],
+                     self.clock() - self.started_at, self.stop_reason or "done", self.exit_code)
             return self.exit_code
         finally:
             self._teardown()
@@ -161,9 +169,16 @@ class Worker:
                 for rt in self.active:
                     rt.kill_reason = f"second {name}"
                 self.watchdog.wake()
+        elif signum == signal.SIGUSR1 and self.state is State.RUNNING:
+            self.state = State.DRAINING
+            self.stop_reason = "drained (SIGUSR1)"
+            log.warning("SIGUSR1: draining -- no new tasks; %d running task(s) may finish",
+                        len(self.active))
 
     def begin_stop(self, reason: str, exit_code: int) -> None:
-        """Stop receiving; SIGTERM every task; requeue them as they exit (main thread)."""
+        """Stop receiving; SIGTERM every task; requeue them as they exit (main thread).
+
+        Also from DRAINING: a stop signal while draining still requeues what runs."""
         if self.state is State.STOPPING:
             return
         self.state = State.STOPPING
@@ -200,7 +215,7 @@ class Worker:
             self._receive(now)
 
     def _finished(self) -> bool:
-        if self.state is State.STOPPING:
+        if self.state is not State.RUNNING:
             return not self.active and not self.settling
         if self.s.exit_when_empty and self._empty():
             self.stop_reason = "queue empty"
@@ -210,14 +225,22 @@ class Worker:
     def _empty(self) -> bool:
         if self.active or self.settling or self.last_empty_receive is None:
             return False
-        return all(self.last_empty_receive >= t for t in self.awaiting_return.values())
+        for back in self.awaiting_return.values():
+            if isinstance(back, tuple):  # a retry: visible `delay` after its release was written
+                keeper, delay = back
+                if keeper.finished_at is None:
+                    return False
+                back = keeper.finished_at + delay
+            if self.last_empty_receive < back:
+                return False
+        return True
 
     def _check_limits(self, now: float) -> None:
         if self.s.time_limit is not None and now >= self.started_at + self.s.time_limit:
             self.begin_stop("worker time limit reached", EXIT_OK)
         elif (self.s.idle_timeout is not None and not self.active
               and now - self.idle_since >= self.s.idle_timeout):
-            self.begin_stop(f"idle for {self.s.idle_timeout:g}s", EXIT_OK)
+            self.begin_stop("idle timeout", EXIT_OK)
 
     # ------------------------------------------------------------------------- receive
     def _receive(self, now: float) -> None:
@@ -405,7 +428,7 @@ class Worker:
                      max_attempts, extra={"task_id": task_id})
             self._settle(keeper, lambda le: le.release(count_attempt=True, delay=delay),
                          "retry")
-            self.awaiting_return[task_id] = self.clock() + delay
+            self.awaiting_return[task_id] = (keeper, delay)
             self.counts["retried"] += 1
         self.consecutive_failures += 1
         limit = self.s.max_consecutive_failures

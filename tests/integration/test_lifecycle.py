@@ -20,7 +20,7 @@ def test_success_failure_retry_and_output_tail(env):
     ok, bad = env.push("echo hello-$JOBQ_ATTEMPT", "seq 1 10000; echo boom >&2; exit 7",
                        extra=("--max-attempts", "2"))
     sup = env.supervisor("--exit-when-empty", "--retry-delay", "0.2")
-    assert sup.wait(60) == 0
+    assert sup.wait(60) == 4
     assert env.job(ok)["status"] == "succeeded"
     row = env.job(bad)
     assert (row["status"], row["attempt"], row["exit_status"]) == ("failed", 2, 7)
@@ -58,7 +58,7 @@ def test_attempts_are_counted_at_lease_time(env):
 def test_spawn_failure_is_a_failed_attempt(env):
     [tid] = env.push("true", extra=("--cwd", "/nonexistent/dir", "--max-attempts", "1"))
     sup = env.supervisor("--exit-when-empty")
-    assert sup.wait(30) == 0
+    assert sup.wait(30) == 4
     row = env.job(tid)
     assert row["status"] == "failed" and "spawn failed" in row["reason"]
     assert "/nonexistent/dir" in row["reason"]
@@ -84,7 +84,7 @@ def test_task_time_limit(env):
     [tid] = env.push("sleep 30", extra=("--max-attempts", "1"))
     sup = env.supervisor("--task-time-limit", "1", "--exit-when-empty", "--kill-timeout", "2")
     t0 = time.monotonic()
-    assert sup.wait(30) == 0
+    assert sup.wait(30) == 4
     assert time.monotonic() - t0 < 20
     row = env.job(tid)
     assert row["status"] == "failed" and "time limit" in row["reason"]
@@ -144,7 +144,7 @@ def test_poison_body_is_failed_and_worker_continues(env):
     backend.close()
     [good] = env.push("echo fine")
     sup = env.supervisor("--exit-when-empty")
-    assert sup.wait(30) == 0
+    assert sup.wait(30) == 4
     assert env.job("poison-1")["status"] == "failed"
     assert "not JSON" in env.job("poison-1")["reason"]
     assert "no command" in env.job("poison-2")["reason"]
@@ -233,7 +233,7 @@ def test_ctl_commands(env):
     assert env.ctl("clear").stdout.strip() == "deleted 5"
     [f] = env.push("exit 1", extra=("--max-attempts", "1"))
     sup = env.supervisor("--exit-when-empty")
-    assert sup.wait(30) == 0
+    assert sup.wait(30) == 4
     assert f in env.ctl("failed").stdout
     assert env.ctl("requeue", "--all-failed").stdout.strip() == "requeued 1"
     assert env.ctl("size").stdout.strip() == "1"

@@ -1,0 +1,79 @@
+"""Issue 5 §3-4 (cron batch runs, drain, task logs) on the SQLite backend."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def test_lock_file_second_run_exits_0_at_once(env):
+    lock = env.tmp / "run.lock"
+    env.push("sleep 30")
+    first = env.supervisor("--lock-file", str(lock))
+    wait_for(lambda: env.rows("SELECT status FROM jobs") == [("running",)], 20,
+             what="first run busy")
+    t0 = time.monotonic()
+    second = env.supervisor("--lock-file", str(lock), "--exit-when-empty")
+    assert second.wait(30) == 0
+    assert time.monotonic() - t0 < 10
+    assert f"another run holds {lock}" in second.log()
+    assert "received task" not in second.log()
+    first.signal(signal.SIGTERM)
+    assert first.wait(30) == 0
+    # the lock dies with its holder: the next run gets it
+    env.ctl("clear")
+    third = env.supervisor("--lock-file", str(lock), "--exit-when-empty")
+    assert third.wait(30) == 0
+    assert "another run holds" not in third.log()
+
+
+def test_exit_status_and_summary_line(env):
+    env.push("true", "true")
+    sup = env.supervisor("--exit-when-empty")
+    assert sup.wait(30) == 0
+    assert "summary: succeeded=2 failed=0" in sup.log()
+    env.push("exit 1", extra=("--max-attempts", "1"))
+    env.push("true")
+    sup = env.supervisor("--exit-when-empty")
+    assert sup.wait(30) == 4
+    line = [ln for ln in sup.log().splitlines() if "summary:" in ln][0]
+    assert "succeeded=1 failed=1" in line and "exit=4" in line and "duration=" in line
+
+
+def test_sigusr1_drains(env):
+    marks = env.tmp / "done"
+    [running] = env.push(f"sleep 2; touch {marks}")
+    sup = env.supervisor("-n", "1")
+    wait_for(lambda: env.job(running)["status"] == "running", 20, what="task running")
+    [waiting] = env.push("true")
+    sup.signal(signal.SIGUSR1)
+    assert sup.wait(30) == 0
+    assert marks.exists(), "the running task must finish, not be killed"
+    assert env.job(running)["status"] == "succeeded"
+    assert env.job(waiting)["status"] == "pending", "no new task may start while draining"
+    assert "draining" in sup.log()
+
+
+def test_task_log_dir(env):
+    logs = env.tmp / "tasklogs"
+    logs.mkdir()
+    [tid] = env.push("echo one; echo two >&2; exit 1", extra=("--max-attempts", "2"))
+    sup = env.supervisor("--exit-when-empty", "--task-log-dir", str(logs), "--retry-delay", "0")
+    assert sup.wait(30) == 4
+    for attempt in (1, 2):
+        text = (logs / f"{tid}.{attempt}.log").read_text()
+        assert text == "one\ntwo\n"
+
+
+def test_task_log_dir_unwritable_still_runs_task(env):
+    [tid] = env.push("echo fine")
+    sup = env.supervisor("--exit-when-empty", "--task-log-dir", str(env.tmp / "missing"))
+    assert sup.wait(30) == 0
+    assert env.job(tid)["status"] == "succeeded"
+    assert "cannot open task log" in sup.log()
