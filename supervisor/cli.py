@@ -167,7 +167,6 @@ def _fail_usage(prog: str, message: str) -> int:
 
 def worker_main(argv: list[str] | None = None) -> int:
     """Entry point of ``jobq-supervisor`` (main thread)."""
-    from .backends import open_backend
     from .backends.base import BackendConfigError
     from .logs import setup_logging
     from .worker import Worker
@@ -191,11 +190,18 @@ def worker_main(argv: list[str] | None = None) -> int:
             return _fail_usage("jobq-supervisor",
                                f"--lock-file: cannot open {settings.lock_file}: {exc.strerror}")
     try:
-        backend = open_backend(settings)
+        backend = _open_with_retry(settings)
     except BackendConfigError as exc:
         return _fail_usage("jobq-supervisor", str(exc))
+    from .metrics import MetricsUnavailable
+
     try:
-        return Worker(settings, backend).run()
+        worker = Worker(settings, backend)
+    except MetricsUnavailable as exc:
+        backend.close()
+        return _fail_usage("jobq-supervisor", str(exc))
+    try:
+        return worker.run()
     except BackendConfigError as exc:
         return _fail_usage("jobq-supervisor", str(exc))
     except Exception:
@@ -203,6 +209,28 @@ def worker_main(argv: list[str] | None = None) -> int:
         return EXIT_UNEXPECTED
     finally:
         backend.close()
+
+
+def _open_with_retry(settings: Settings) -> Any:
+    """Open the backend; a transient outage is retried with backoff, one log line per try.
+
+    Runs before the signal handlers exist, so SIGTERM simply ends the process here."""
+    import threading
+
+    from .backends import open_backend
+    from .backends.base import BackendError
+
+    log = logging.getLogger("jobq")
+    delay, attempt = 1.0, 1
+    pause = threading.Event()
+    while True:
+        try:
+            return open_backend(settings)
+        except BackendError as exc:
+            log.warning("backend not reachable (attempt %d): %s; retrying in %.0fs",
+                        attempt, exc, delay)
+        pause.wait(delay)
+        delay, attempt = min(delay * 2, 30.0), attempt + 1
 
 
 # --------------------------------------------------------------------------- jobq-ctl

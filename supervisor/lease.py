@@ -36,7 +36,8 @@ class LeaseKeeper:
 
     def __init__(self, lease: Lease, task_id: str, *, t_sent: float, granted: float,
                  renew_interval: float, clock: Callable[[], float] = time.monotonic,
-                 on_lost: Callable[[], None] | None = None) -> None:
+                 on_lost: Callable[[], None] | None = None,
+                 on_renewal: Callable[[float, bool], None] | None = None) -> None:
         self.lease = lease
         self.task_id = task_id
         self.clock = clock
@@ -54,6 +55,9 @@ class LeaseKeeper:
         self.finished_at: float | None = None  # clock() when the settlement call returned
         self.settle_result = ""  # what happened at the end, for logs and tests
         self._on_lost = on_lost
+        self._on_renewal = on_renewal
+        self.call_started: float | None = None  # a renewal call is in flight since then
+        self.call_timeout = 0.0
         self._wake = threading.Event()
         self._settlement: Settlement | None = None
         self._finish_requested = False
@@ -96,18 +100,23 @@ class LeaseKeeper:
             return
         timeout = min(left, MAX_CALL_TIMEOUT)
         t_sent = now
+        self.call_started, self.call_timeout = now, timeout
         try:
             granted = self.lease.renew(timeout)
         except LeaseLost as exc:
             self._lose(f"broker says the lease is gone: {exc}")
             return
         except BackendError as exc:
+            self._renewed(t_sent, ok=False)
             self.failures += 1
             self.next_renew = self.clock() + min(self.renew_interval, RETRY_AFTER_FAILURE)
             log.warning("lease renewal failed (%.1fs left before the kill deadline): %s",
                         max(0.0, self.deadline - self.clock()), exc,
                         extra={"task_id": self.task_id})
             return
+        finally:
+            self.call_started = None
+        self._renewed(t_sent, ok=True)
         self.renewals += 1
         self.granted = granted
         self.deadline = t_sent + granted - safety_margin(granted)
@@ -120,6 +129,20 @@ class LeaseKeeper:
             until = datetime.now(timezone.utc) + timedelta(seconds=granted)
             log.debug("Lock renewed till %s", until.strftime("%Y-%m-%dT%H:%M:%SZ"),
                       extra={"task_id": self.task_id})
+
+    def _renewed(self, t_sent: float, ok: bool) -> None:
+        if self._on_renewal is not None:
+            self._on_renewal(self.clock() - t_sent, ok)
+
+    def healthy(self, now: float, grace: float = 5.0) -> bool:
+        """False when this thread is stuck: a call ran past its own timeout, or a due renewal
+        did not start (read by the main thread for the systemd watchdog)."""
+        if self.done.is_set() or self._finish_requested or self.lock_lost.is_set():
+            return True
+        started = self.call_started
+        if started is not None:
+            return now <= started + self.call_timeout + grace
+        return now <= self.next_renew + grace
 
     def settle(self) -> None:
         """Run the requested settlement unless the lease is lost (keeper thread)."""

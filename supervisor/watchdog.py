@@ -48,6 +48,7 @@ class RunningTask:
     task: Any = None
     # requests (main)
     stop_reason: str | None = None  # e.g. "preempted": SIGTERM, escalate after kill_timeout
+    stop_kill_timeout: float | None = None  # escalate after this instead (Scheduled Events)
     kill_reason: str | None = None  # e.g. "second signal": SIGKILL now
     exited_at: float | None = None  # the shell was reaped
     # state (watchdog)
@@ -148,10 +149,11 @@ class Watchdog:
                             extra={"task_id": rt.task_id})
                 self._terminating(rt, now, "time limit")
                 term.append(rt)
-            if (rt.state is Escalation.TERMINATING and self.kill_timeout > 0
+            if (rt.state is Escalation.TERMINATING and self._escalates(rt)
                     and rt.term_deadline is not None and now >= rt.term_deadline
                     and rt not in kill):
-                log.warning("task ignored SIGTERM for %gs: sending SIGKILL", self.kill_timeout,
+                log.warning("task still running %.1fs after SIGTERM: sending SIGKILL",
+                            now - (rt.term_deadline - self._grace(rt)),
                             extra={"task_id": rt.task_id})
                 kill.append(rt)
             # Only deadlines not yet acted on: a spent one would make us spin.
@@ -159,7 +161,7 @@ class Watchdog:
                 pending = [] if rt.lock_loss_handled else [keeper.deadline]
                 if rt.state is Escalation.RUNNING and rt.time_limit_at is not None:
                     pending.append(rt.time_limit_at)
-                if rt.state is Escalation.TERMINATING and self.kill_timeout > 0 \
+                if rt.state is Escalation.TERMINATING and self._escalates(rt) \
                         and rt.term_deadline is not None:
                     pending.append(rt.term_deadline)
                 next_check = min([next_check, *pending])
@@ -177,6 +179,19 @@ class Watchdog:
         rt.state = Escalation.TERMINATING
         rt.term_reason = rt.term_reason or reason
         rt.term_deadline = now + self.kill_timeout
+        if rt.stop_kill_timeout is not None and reason == rt.stop_reason:
+            rt.term_deadline = now + rt.stop_kill_timeout
+
+    def _grace(self, rt: RunningTask) -> float:
+        if rt.stop_kill_timeout is not None and rt.term_reason == rt.stop_reason:
+            return rt.stop_kill_timeout
+        return self.kill_timeout
+
+    def _escalates(self, rt: RunningTask) -> bool:
+        """kill_timeout 0 never escalates; a preemption deadline always does."""
+        if rt.stop_kill_timeout is not None and rt.term_reason == rt.stop_reason:
+            return True
+        return self.kill_timeout > 0
 
     def _shell_pids(self) -> set[int]:
         pids = {rt.proc.pid for rt in self.tasks() if rt.exited_at is None}

@@ -20,7 +20,17 @@ from typing import Any, Callable
 from .backends.base import Backend, BackendConfigError, BackendError, Lease
 from .lease import LeaseKeeper
 from .lifeline import Lifeline
-from .preemption import STOP_SIGNALS, SignalQueue
+from .metrics import Metrics
+from .notify import Notifier
+from .preemption import (
+    STOP_SIGNALS,
+    PreemptEvent,
+    ScheduledEventsPoller,
+    SignalQueue,
+    imds_base,
+    local_vm_names,
+    scheduled_events_enabled,
+)
 from .process import (
     OutputTail,
     TaskProcess,
@@ -40,10 +50,13 @@ OUTPUT_GRACE = 1.0  # after the shell exits, wait this long at most for the outp
 EXTERNAL_SIGTERM_GRACE = 1.0  # a task killed by SIGTERM from outside: is a stop coming?
 ORPHAN_REAP_EVERY = 5.0
 BACKEND_RETRY_MAX = 10.0
+PREEMPT_MARGIN = 5.0  # a preempted task is SIGKILLed this long before the event's NotBefore
+STATUS_EVERY = 1.0
 
 
 class State(enum.Enum):
     RUNNING = "running"
+    PREEMPTING = "preempting"  # Scheduled Events Preempt: tasks requeued; resumes if cancelled
     DRAINING = "draining"  # SIGUSR1: no new tasks, running ones finish
     STOPPING = "stopping"  # SIGTERM/SIGINT/preemption: running ones are requeued
 
@@ -80,6 +93,20 @@ class Worker:
         self.last_empty_receive: float | None = None
         self.next_orphan_reap = clock() + ORPHAN_REAP_EVERY
         self.stop_signals = 0
+        self.metrics = Metrics(settings.metrics_file, backend=settings.backend,
+                               queue=settings.queue)
+        self.next_metrics = clock()
+        self.notifier = Notifier()
+        self.ready_sent = False
+        wd = self.notifier.watchdog_interval()
+        self.watchdog_ping = wd / 2 if wd else None
+        self.next_ping = clock()
+        self.last_status = ""
+        self.next_status = clock()
+        self.stalled_logged = False
+        self.poller: ScheduledEventsPoller | None = None
+        self.preempt_event: PreemptEvent | None = None
+        self.preempt_acked = False
 
     # ------------------------------------------------------------------------------ run
     def run(self) -> int:
@@ -88,12 +115,16 @@ class Worker:
             set_child_subreaper()
             self.lifeline = Lifeline(self.token)
             self.watchdog.start()
+            self._start_poller()
             log.info("worker %s started: backend=%s queue=%s slots=%d lock=%gs renew=%gs",
                      self.s.worker_id, self.s.backend, self.s.queue, self.s.num_workers,
                      self.s.lock, self.s.renew_every)
             while not self._finished():
                 self._wait_and_drain()
                 self._turn()
+            self.notifier.stopping()
+            self.metrics.set_running(0)
+            self.metrics.write()
             batch_end = self.stop_reason in ("queue empty", "idle timeout")
             if batch_end and self.counts["failed"] + self.counts["dead_lettered"]:
                 self.exit_code = EXIT_TASKS_FAILED
@@ -106,6 +137,17 @@ class Worker:
         finally:
             self._teardown()
             self.signals.restore()
+
+    def _start_poller(self) -> None:
+        if not scheduled_events_enabled(self.s.scheduled_events, os.environ):
+            return
+        url = self.s.scheduled_events_url
+        self.poller = ScheduledEventsPoller(
+            url, interval=self.s.scheduled_events_interval,
+            on_change=lambda ev: self.events.put(("scheduled-event", ev)),
+            vm_names=local_vm_names(imds_base(url)))
+        self.poller.start()
+        log.info("watching Azure Scheduled Events at %s", url)
 
     def _helper_pids(self) -> set[int]:
         return {self.lifeline.pid} if self.lifeline is not None else set()
@@ -125,6 +167,8 @@ class Worker:
         for keeper in self.settling:
             keeper.join(max(0.0, budget - self.clock()))
         self.watchdog.stop()
+        if self.poller is not None:
+            self.poller.stop()
         if self.lifeline is not None:
             self.lifeline.close()
 
@@ -142,6 +186,8 @@ class Worker:
         for item in self._wait(self._next_wakeup()):
             if isinstance(item, int):
                 self._on_signal(item)
+            elif isinstance(item, tuple) and item[0] == "scheduled-event":
+                self._on_scheduled_event(item[1])
 
     def _next_wakeup(self) -> float:
         now = self.clock()
@@ -155,6 +201,10 @@ class Worker:
             t = min(t, now + 0.1)
         if self.s.time_limit is not None:
             t = min(t, self.started_at + self.s.time_limit)
+        if self.watchdog_ping is not None:
+            t = min(t, self.next_ping)
+        if self.metrics.enabled:
+            t = min(t, self.next_metrics)
         return max(0.0, t - now)
 
     # ------------------------------------------------------------------------- signals
@@ -172,8 +222,38 @@ class Worker:
         elif signum == signal.SIGUSR1 and self.state is State.RUNNING:
             self.state = State.DRAINING
             self.stop_reason = "drained (SIGUSR1)"
+            self.notifier.stopping()
             log.warning("SIGUSR1: draining -- no new tasks; %d running task(s) may finish",
                         len(self.active))
+
+    def _on_scheduled_event(self, event: PreemptEvent | None) -> None:
+        """A Preempt/Terminate appeared (or changed), or it was cancelled (main thread)."""
+        if self.state in (State.STOPPING, State.DRAINING):
+            return
+        if event is None:
+            if self.state is State.PREEMPTING:
+                log.warning("Scheduled Events: the event was cancelled; receiving again")
+                self.state = State.RUNNING
+                self.preempt_event = None
+                self.next_receive = self.clock()
+            return
+        self.state = State.PREEMPTING
+        self.preempt_event = event
+        self.preempt_acked = False
+        left = event.seconds_left(time.time())
+        wait = self.s.kill_timeout if self.s.kill_timeout > 0 else float("inf")
+        if left is not None:
+            wait = min(wait, max(0.0, left - PREEMPT_MARGIN))
+        log.warning("Scheduled Events: %s %s (NotBefore in %s): no new tasks; %d running "
+                    "task(s) get SIGTERM, SIGKILL after %s, and go back to the queue",
+                    event.event_type, event.event_id,
+                    "?" if left is None else f"{left:.0f}s", len(self.active),
+                    "never" if wait == float("inf") else f"{wait:.0f}s")
+        for rt in self.active:
+            if rt.stop_reason is None:
+                rt.stop_reason = "preempted"
+                rt.stop_kill_timeout = None if wait == float("inf") else wait
+        self.watchdog.wake()
 
     def begin_stop(self, reason: str, exit_code: int) -> None:
         """Stop receiving; SIGTERM every task; requeue them as they exit (main thread).
@@ -184,6 +264,7 @@ class Worker:
         self.state = State.STOPPING
         self.stop_reason = reason
         self.exit_code = exit_code
+        self.notifier.stopping()
         log.warning("stopping (%s): %d running task(s) get SIGTERM and go back to the queue",
                     reason, len(self.active))
         for rt in self.active:
@@ -195,7 +276,9 @@ class Worker:
         now = self.clock()
         self._reap(now)
         self._settle_exited(now)
-        self.settling = [k for k in self.settling if not k.done.is_set()]
+        # A keeper whose lease deadline passed will not settle (and may be stuck in a hung
+        # call): its message comes back through the broker, so nobody waits for it.
+        self.settling = [k for k in self.settling if not k.done.is_set() and not k.lost()]
         still = []
         for rt in self.cleaning:
             if rt.clean.is_set():
@@ -203,7 +286,7 @@ class Worker:
             else:
                 still.append(rt)
         self.cleaning = still
-        if self.state is State.RUNNING:
+        if self.state in (State.RUNNING, State.PREEMPTING):
             self._check_limits(now)
         if self.state is State.RUNNING:
             try:
@@ -211,12 +294,48 @@ class Worker:
             except BackendConfigError:
                 raise
             except BackendError as exc:
+                self.metrics.backend_error("maintenance")
                 log.warning("backend maintenance failed: %s", exc)
             self._receive(now)
+        if (self.state is State.PREEMPTING and not self.active and not self.settling
+                and self.s.scheduled_events_ack and not self.preempt_acked
+                and self.poller is not None and self.preempt_event is not None):
+            self.preempt_acked = self.poller.acknowledge(self.preempt_event.event_id)
+        self._report(self.clock())
+
+    def _report(self, now: float) -> None:
+        """systemd status/watchdog and the metrics file (main thread)."""
+        if self.watchdog_ping is not None and now >= self.next_ping:
+            keepers = [rt.keeper for rt in self.active] + self.settling
+            stalled = [k.task_id for k in keepers if not k.healthy(now)]
+            if stalled:
+                if not self.stalled_logged:
+                    log.error("lease thread(s) stalled for %s: withholding the systemd "
+                              "watchdog ping", ", ".join(stalled))
+                    self.stalled_logged = True
+            else:
+                self.stalled_logged = False
+                self.notifier.watchdog()
+            self.next_ping = now + self.watchdog_ping
+        if self.notifier.enabled and now >= self.next_status:
+            c = self.counts
+            text = (f"{self.state.value}: running={len(self.active)} "
+                    f"succeeded={c['succeeded']} failed={c['failed']} "
+                    f"requeued={c['requeued']} lock_lost={c['lock_lost']}")
+            if text != self.last_status:
+                self.notifier.status(text)
+                self.last_status = text
+            self.next_status = now + STATUS_EVERY
+        if self.metrics.enabled and now >= self.next_metrics:
+            self.metrics.set_running(len(self.active))
+            self.metrics.write()
+            self.next_metrics = now + self.s.metrics_interval
 
     def _finished(self) -> bool:
-        if self.state is not State.RUNNING:
+        if self.state in (State.STOPPING, State.DRAINING):
             return not self.active and not self.settling
+        if self.state is State.PREEMPTING:
+            return False  # the VM goes away, or the event is cancelled and we go on
         if self.s.exit_when_empty and self._empty():
             self.stop_reason = "queue empty"
             return True
@@ -253,11 +372,16 @@ class Worker:
         except BackendConfigError:
             raise
         except BackendError as exc:
+            self.metrics.backend_error("receive")
             self.receive_backoff = min(max(1.0, self.receive_backoff * 2), BACKEND_RETRY_MAX)
             log.warning("receive failed (retrying in %.0fs): %s", self.receive_backoff, exc)
             self.next_receive = self.clock() + self.receive_backoff
             return
         self.receive_backoff = 0.0
+        self.metrics.receive_ok()
+        if not self.ready_sent:
+            self.notifier.ready()
+            self.ready_sent = True
         if len(leases) < free:
             self.next_receive = t_sent + self.s.poll_interval
             if not leases:
@@ -271,7 +395,7 @@ class Worker:
         self.awaiting_return.pop(task_id, None)
         keeper = LeaseKeeper(lease, task_id, t_sent=t_sent, granted=lease.lock_duration,
                              renew_interval=self.s.renew_every, clock=self.clock,
-                             on_lost=self.watchdog.wake)
+                             on_lost=self.watchdog.wake, on_renewal=self.metrics.renewal)
         keeper.start()
         if task is None:
             reason = f"bad message: {lease.format_error}"
@@ -279,6 +403,7 @@ class Worker:
             self._settle(keeper, lambda le: le.dead_letter(reason, lease.raw_body[-2000:], None),
                          "dead-lettered")
             self.counts["dead_lettered"] += 1
+            self.metrics.task_dead_lettered()
             return
         max_attempts = task.max_attempts or self.s.max_attempts
         log.info("received task (attempt %d of %d): %s", lease.attempt, max_attempts,
@@ -318,12 +443,13 @@ class Worker:
             log_file = os.path.join(self.s.task_log_dir, f"{task_id}.{lease.attempt}.log")
         proc.output = OutputTail(task_id, proc.popen.stdout, lambda: self.events.put(None),
                                  task_log, log_file)
+        self.metrics.task_started()
         log.info("started pid=%d pgid=%d", proc.pid, proc.pgid,
                  extra={"task_id": task_id, "pid": proc.pid})
         proc.output.start()
         self.active.append(rt)
         self.watchdog.add(rt)
-        if self.state is State.STOPPING:
+        if self.state in (State.STOPPING, State.PREEMPTING):
             rt.stop_reason = "preempted"
 
     # ------------------------------------------------------------------------ reaping
@@ -389,6 +515,7 @@ class Worker:
                       "back through the broker", status, duration, extra=extra)
             self._settle(keeper, None, "lock lost")
             self.counts["lock_lost"] += 1
+            self.metrics.lock_lost()
             self.awaiting_return[rt.task_id] = (
                 keeper.expires + self.backend.lost_lease_return_delay + self.s.poll_interval)
             return
@@ -399,11 +526,13 @@ class Worker:
                         status, duration, extra=extra)
             self._settle(keeper, lambda le: le.release(count_attempt=False), "requeued")
             self.counts["requeued"] += 1
+            self.metrics.task_requeued()
             return
         if rc == 0 and rt.term_reason is None:
             log.info("finished: %s in %.1fs", status, duration, extra=extra)
             self._settle(keeper, lambda le: le.complete(), "completed")
             self.counts["succeeded"] += 1
+            self.metrics.task_succeeded()
             self.consecutive_failures = 0
             return
         if rt.term_reason == "time limit":
@@ -417,11 +546,13 @@ class Worker:
 
     def _failed(self, keeper: LeaseKeeper, task_id: str, attempt: int, max_attempts: int,
                 reason: str, tail: str, rc: int | None) -> None:
+        self.metrics.task_failed()
         if attempt >= max_attempts:
             full = f"{reason}; attempt {attempt} of {max_attempts}, giving up"
             log.error("failed for good: %s", full, extra={"task_id": task_id})
             self._settle(keeper, lambda le: le.dead_letter(full, tail, rc), "failed")
             self.counts["failed"] += 1
+            self.metrics.task_dead_lettered()
         else:
             delay = min(self.s.retry_delay * 2 ** (attempt - 1), self.s.retry_delay_max)
             log.info("will retry in %.0fs (attempt %d of %d failed)", delay, attempt,

@@ -1,0 +1,171 @@
+"""Prometheus metrics, written as a textfile for node_exporter's textfile collector.
+
+prometheus-client is an optional extra (``jobq-supervisor[metrics]``): without ``--metrics-file``
+every method is a cheap no-op and the library is never imported.  The registry is private, so
+nothing of the client's default process/platform collectors (or another library's metrics)
+leaks into our file.  ``write_to_textfile`` does the formatting and the atomic rename; we never
+hand-format the exposition text.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+import psutil
+
+log = logging.getLogger("jobq.metrics")
+
+INSTALL_HINT = "--metrics-file needs prometheus-client: pip install 'jobq-supervisor[metrics]'"
+WARN_EVERY = 60.0  # a broken metrics file is worth one line a minute, not one per write
+RENEWAL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class MetricsUnavailable(ValueError):
+    """A metrics file was asked for but prometheus-client is not installed."""
+
+
+class Metrics:
+    """The worker's counters and gauges.
+
+    Every recording method is thread-safe (prometheus-client guards each value with a lock) and
+    may be called from any thread: the main loop, lease keepers, the poller.  ``write`` is
+    called by the main thread.
+    """
+
+    def __init__(self, path: str | None, *, backend: str, queue: str) -> None:
+        self.path = path
+        self._warned_at: float | None = None
+        self.clock: Callable[[], float] = time.monotonic  # paces the warnings; tests swap it
+        self._process: psutil.Process | None = None
+        if path is None:
+            return
+        try:
+            import prometheus_client
+        except ImportError as exc:
+            raise MetricsUnavailable(INSTALL_HINT) from exc
+        self._pc: Any = prometheus_client
+        self.registry = prometheus_client.CollectorRegistry()
+        labels = {"backend": backend, "queue": queue}
+        names = list(labels)
+
+        # prometheus-client has no const labels: every metric gets the same two label names
+        # and we keep the one child per metric that carries our values.
+        def counter(name: str, doc: str) -> Any:
+            return prometheus_client.Counter(name, doc, names,
+                                             registry=self.registry).labels(**labels)
+
+        def gauge(name: str, doc: str) -> Any:
+            return prometheus_client.Gauge(name, doc, names,
+                                           registry=self.registry).labels(**labels)
+
+        self._started = counter("jobq_tasks_started_total", "Tasks spawned.")
+        self._succeeded = counter("jobq_tasks_succeeded_total", "Tasks that exited 0.")
+        self._failed = counter("jobq_tasks_failed_total",
+                               "Failed task attempts (retried or not).")
+        self._dead_lettered = counter("jobq_tasks_dead_lettered_total",
+                                      "Messages dead-lettered (attempts exhausted, poison).")
+        self._requeued = counter("jobq_tasks_requeued_total",
+                                 "Tasks put back on the queue by a stop or preemption.")
+        self._lock_lost = counter("jobq_tasks_lock_lost_total",
+                                  "Tasks whose lease was lost while they ran.")
+        self._renewals = counter("jobq_lease_renewals_total", "Successful lease renewals.")
+        self._renewal_failures = counter("jobq_lease_renewal_failures_total",
+                                         "Failed lease renewal calls.")
+        self._backend_errors = prometheus_client.Counter(
+            "jobq_backend_errors_total", "Backend calls that failed, by operation.",
+            [*names, "operation"], registry=self.registry)
+        self._labels = labels
+        self._running = gauge("jobq_tasks_running", "Tasks running now.")
+        self._last_receive = gauge("jobq_last_successful_receive_timestamp_seconds",
+                                   "Wall-clock time of the last receive call that succeeded.")
+        self._rss = gauge("jobq_supervisor_resident_memory_bytes",
+                          "Resident memory of the supervisor process (not its tasks).")
+        self._cpu = gauge("jobq_supervisor_cpu_seconds_total",
+                          "User+system CPU seconds of the supervisor process (not its tasks).")
+        self._up = gauge("jobq_up", "1 while the supervisor runs.")
+        self._renewal_duration = prometheus_client.Histogram(
+            "jobq_lease_renewal_duration_seconds", "Duration of lease renewal calls.",
+            names, buckets=RENEWAL_BUCKETS, registry=self.registry).labels(**labels)
+        self._up.set(1)
+        self._process = psutil.Process()
+
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None
+
+    # -- any thread ----------------------------------------------------------------------
+    def task_started(self) -> None:
+        if self.path is not None:
+            self._started.inc()
+
+    def task_succeeded(self) -> None:
+        if self.path is not None:
+            self._succeeded.inc()
+
+    def task_failed(self) -> None:
+        if self.path is not None:
+            self._failed.inc()
+
+    def task_dead_lettered(self) -> None:
+        if self.path is not None:
+            self._dead_lettered.inc()
+
+    def task_requeued(self) -> None:
+        if self.path is not None:
+            self._requeued.inc()
+
+    def lock_lost(self) -> None:
+        if self.path is not None:
+            self._lock_lost.inc()
+
+    def renewal(self, duration: float, ok: bool) -> None:
+        """One renewal call that took ``duration`` seconds (lease keeper threads)."""
+        if self.path is None:
+            return
+        self._renewal_duration.observe(max(0.0, duration))
+        if ok:
+            self._renewals.inc()
+        else:
+            self._renewal_failures.inc()
+
+    def backend_error(self, operation: str) -> None:
+        if self.path is not None:
+            self._backend_errors.labels(operation=operation, **self._labels).inc()
+
+    def set_running(self, n: int) -> None:
+        if self.path is not None:
+            self._running.set(n)
+
+    def receive_ok(self) -> None:
+        if self.path is not None:
+            self._last_receive.set(time.time())
+
+    # -- main thread ---------------------------------------------------------------------
+    def write(self) -> bool:
+        """Sample this process's RSS/CPU and write the file atomically (main thread).
+
+        Returns whether the file was written.  Never raises: a full disk or a bad path must
+        not take the worker down, and is logged at WARNING at most once a minute.
+        """
+        if self.path is None:
+            return False
+        assert self._process is not None
+        try:
+            with self._process.oneshot():
+                cpu = self._process.cpu_times()
+                self._rss.set(self._process.memory_info().rss)
+                self._cpu.set(cpu.user + cpu.system)
+        except psutil.Error as exc:  # cannot happen for ourselves, but never worth a crash
+            log.debug("cannot sample the supervisor's own CPU/RSS: %s", exc)
+        try:
+            self._pc.write_to_textfile(self.path, self.registry)
+        except OSError as exc:
+            now = self.clock()
+            if self._warned_at is None or now - self._warned_at >= WARN_EVERY:
+                self._warned_at = now
+                log.warning("cannot write metrics file %s (next warning in %.0fs at the "
+                            "earliest): %s", self.path, WARN_EVERY, exc)
+            return False
+        return True

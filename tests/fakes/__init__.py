@@ -1,0 +1,1 @@
+"""In-process fakes of external services, reusable by unit and integration tests."""

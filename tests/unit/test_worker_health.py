@@ -1,0 +1,90 @@
+"""The systemd watchdog ping is withheld while a lease thread is stalled (fake clock)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from supervisor.backends.sqlite import SqliteBackend
+from supervisor.lease import LeaseKeeper
+from supervisor.settings import Settings
+from supervisor.worker import Worker
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class NeverCalledLease:
+    task = None
+    format_error = None
+    raw_body = ""
+    attempt = 1
+    message_id = "m"
+    lock_duration = 60.0
+
+    def renew(self, timeout: float) -> float:  # pragma: no cover - never driven here
+        raise AssertionError
+
+
+def _drain(sock: socket.socket) -> list[str]:
+    out = []
+    while True:
+        try:
+            out.append(sock.recv(4096).decode())
+        except BlockingIOError:
+            return out
+
+
+@pytest.fixture
+def notify_sock(tmp_path, monkeypatch):
+    path = str(tmp_path / "n.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.setblocking(False)
+    monkeypatch.setenv("NOTIFY_SOCKET", path)
+    monkeypatch.setenv("WATCHDOG_USEC", "2000000")
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    yield sock
+    sock.close()
+
+
+def test_stalled_lease_thread_stops_watchdog_pings(tmp_path, notify_sock):
+    clock = Clock()
+    backend = SqliteBackend(str(tmp_path / "q.db"), "default", "w")
+    worker = Worker(Settings(sqlite_path=str(tmp_path / "q.db"), worker_id="w"), backend,
+                    clock=clock)
+    keeper = LeaseKeeper(NeverCalledLease(), "t1", t_sent=clock.now, granted=60.0,
+                         renew_interval=20.0, clock=clock)
+    worker.settling.append(keeper)
+    assert worker.watchdog_ping == 1.0  # half of WATCHDOG_USEC
+
+    worker._report(clock.now)
+    assert "WATCHDOG=1" in _drain(notify_sock)
+
+    # A renewal call in flight past its own timeout plus grace: the thread is stuck.
+    keeper.call_started, keeper.call_timeout = clock.now, 3.0
+    clock.now += 9.0
+    worker._report(clock.now)
+    assert "WATCHDOG=1" not in _drain(notify_sock)
+    clock.now += 1.0
+    worker._report(clock.now)
+    assert "WATCHDOG=1" not in _drain(notify_sock)
+
+    # The call returns: pings resume.
+    keeper.call_started = None
+    keeper.next_renew = clock.now + 20.0
+    clock.now += 1.0
+    worker._report(clock.now)
+    assert "WATCHDOG=1" in _drain(notify_sock)
+
+    # A renewal that is due but never started (the thread died or hangs elsewhere).
+    clock.now = keeper.next_renew + 6.0
+    worker._report(clock.now)
+    assert "WATCHDOG=1" not in _drain(notify_sock)
+    backend.close()
