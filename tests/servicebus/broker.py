@@ -66,6 +66,9 @@ class ServiceBusTestBroker:
         self._wake_r: Optional[socket.socket] = None
         self._wake_w: Optional[socket.socket] = None
         self._thread: Optional[threading.Thread] = None
+        #: Exceptions raised inside the broker thread (protocol or internal errors); the
+        #: ``sb_broker`` fixture fails the test if this is not empty at teardown.
+        self.errors: list[Exception] = []
 
     # -- lifecycle (test thread) ----------------------------------------------------------
 
@@ -136,21 +139,29 @@ class ServiceBusTestBroker:
                     writable = [c.sock for c in clients if c.conn.outbuf]
                 ready_r, ready_w, _ = select.select(readable, writable, [], TICK_SECONDS)
                 with self._lock:
-                    self._drain_wake()
-                    if not self._frozen:
-                        self._io(ready_r, ready_w, clients)
-                    self._store.expire_due()
-                    if not self._frozen:
-                        links = [lk for c in self._clients for lk in c.conn.links()]
-                        while pump(links):
-                            pass
-                        for client in list(self._clients):
-                            self._write(client)
+                    try:
+                        self._step(ready_r, ready_w, clients)
+                    except Exception as exc:  # keep serving; the fixture reports it
+                        _LOGGER.exception("test broker: internal error")
+                        self.errors.append(exc)
                     self._changed.notify_all()
         finally:
             with self._lock:
                 for client in list(self._clients):
                     self._drop(client)
+
+    def _step(self, ready_r: list, ready_w: list, clients: list[_Client]) -> None:
+        """One loop iteration (broker lock held): I/O, lock expiry, deliveries, writes."""
+        self._drain_wake()
+        if not self._frozen:
+            self._io(ready_r, ready_w, clients)
+        self._store.expire_due()
+        if not self._frozen:
+            links = [lk for c in self._clients for lk in c.conn.links()]
+            while pump(links):
+                pass
+            for client in list(self._clients):
+                self._write(client)
 
     def _drain_wake(self) -> None:
         assert self._wake_r is not None
@@ -192,8 +203,9 @@ class ServiceBusTestBroker:
             return
         try:
             client.conn.feed(data)
-        except Exception:  # a protocol bug must not kill the broker thread
+        except Exception as exc:  # drop the connection, keep serving the others
             _LOGGER.exception("test broker: protocol error from %s", client.conn.peer)
+            self.errors.append(exc)
             self._drop(client)
 
     def _write(self, client: _Client) -> None:
@@ -230,8 +242,9 @@ class ServiceBusTestBroker:
                 queue.max_delivery_count = int(max_delivery_count)
 
     def _entity(self, queue: str, sub_queue: Optional[str] = None) -> Entity:
-        q = self._store.queue(queue)
-        assert q is not None
+        q = self._store.queue(queue, create=self._store.auto_create)
+        if q is None:
+            raise KeyError(f"no queue {queue!r} (create it with create_queue)")
         return q.dlq if sub_queue == DEAD_LETTER else q.main
 
     def send(self, queue: str, body: Union[bytes, str], *, message_id: Optional[str] = None,

@@ -26,5 +26,6 @@ def sb_broker() -> Iterator[ServiceBusTestBroker]:
         yield broker
     finally:
         broker.stop()
-        leftover = [t.name for t in threading.enumerate() if t.name.startswith("sb-test-broker")]
-        assert not leftover, f"broker threads left behind: {leftover}"
+    leftover = [t.name for t in threading.enumerate() if t.name.startswith("sb-test-broker")]
+    assert not leftover, f"broker threads left behind: {leftover}"
+    assert not broker.errors, f"errors inside the test broker: {broker.errors!r}"

@@ -6,6 +6,8 @@ keep-alive threads, which the SDK stops when its clients are closed.
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -295,3 +297,22 @@ def test_unknown_queue_is_not_found_without_auto_create() -> None:
                 with client.get_queue_sender("missing") as sender:
                     sender.send_messages(ServiceBusMessage("lost"))
         assert broker.active_count("known") == 1
+
+
+def test_stop_closes_connections_thread_and_port() -> None:
+    broker = ServiceBusTestBroker().start()
+    port = broker.port
+    with sb_client(broker) as client, client.get_queue_sender("work") as sender:
+        sender.send_messages(ServiceBusMessage("x"))
+    raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        broker.wait_for(lambda: broker.connection_count() == 1, timeout=5,
+                        message="only the raw connection left")
+        broker.stop()
+        assert raw.recv(1) == b""  # closed by the broker
+    finally:
+        raw.close()
+    assert not [t for t in threading.enumerate() if t.name == f"sb-test-broker-{port}"]
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    broker.stop()  # idempotent
