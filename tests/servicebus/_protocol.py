@@ -62,6 +62,8 @@ class Link:
 
 
 class Session:
+    """One AMQP session; the broker answers on the same channel number the client used."""
+
     def __init__(self, conn: Connection, channel: int, next_incoming_id: int) -> None:
         self.conn = conn
         self.channel = channel
