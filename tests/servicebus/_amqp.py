@@ -220,7 +220,7 @@ def build_message_payload(
     message = Message(
         data=[body],
         properties=Properties(message_id=message_id) if message_id is not None else None,
-        application_properties=dict(application_properties) if application_properties else None,
+        application_properties=dict(application_properties) if application_properties else None,  # type: ignore[arg-type]
     )
     return bytes(_encode.encode_payload(bytearray(), message))
 
@@ -231,7 +231,7 @@ def build_response_payload(
     """Encode a management / CBS response message."""
     message = Message(
         properties=Properties(message_id=uuid.uuid4(), correlation_id=correlation_id),
-        application_properties=application_properties,
+        application_properties=application_properties,  # type: ignore[arg-type]
         value=value,
     )
     return bytes(_encode.encode_payload(bytearray(), message))

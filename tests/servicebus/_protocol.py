@@ -83,7 +83,7 @@ class Session:
             next_incoming_id=self.next_incoming_id, incoming_window=SESSION_WINDOW,
             next_outgoing_id=self.next_outgoing_id, outgoing_window=SESSION_WINDOW,
             handle=link.handle, delivery_count=link.delivery_count, link_credit=link.credit,
-            drain=drain, echo=False,
+            available=None, drain=drain, echo=False, properties=None,
         ))
 
     def transfer(self, link: Link, tag: bytes, payload: bytes, settled: bool) -> int:
@@ -133,8 +133,10 @@ class Session:
             target = None
         self.send(pf.AttachFrame(
             name=name, handle=handle, role=not broker_sends, send_settle_mode=snd_mode,
-            rcv_settle_mode=rcv_mode, source=Source(address=source[0]) if source else None,
-            target=Target(address=target[0]) if target else None, unsettled=None,
+            rcv_settle_mode=rcv_mode,
+            source=Source(address=source[0]) if source else None,  # type: ignore[call-arg]
+            target=Target(address=target[0]) if target else None,  # type: ignore[call-arg]
+            unsettled=None,
             incomplete_unsettled=None, initial_delivery_count=0 if broker_sends else None,
             max_message_size=MAX_MESSAGE_SIZE, offered_capabilities=None,
             desired_capabilities=None, properties=None,
@@ -342,6 +344,7 @@ class Connection:
 
     def on_outcome(self, token: uuid.UUID, entity: Entity, state: dict[str, Any]) -> Any:
         """Apply a client's disposition outcome to a locked message; returns the echo state."""
+        echo: Any
         if "accepted" in state:
             ok, echo = self.store.settle(token, "complete", entity=entity), Accepted()
         elif "rejected" in state:
@@ -360,7 +363,8 @@ class Connection:
             values = list(state["modified"] or []) + [None, None]
             ok = self.store.settle(token, "abandon", delivery_failed=bool(values[0]),
                                    entity=entity)
-            echo = Modified(delivery_failed=values[0], undeliverable_here=values[1])
+            echo = Modified(delivery_failed=values[0], undeliverable_here=values[1],
+                            message_annotations=None)
         else:
             return None
         if ok:

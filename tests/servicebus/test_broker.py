@@ -277,7 +277,7 @@ def test_batch_large_message_and_receive_and_delete(sb_broker: ServiceBusTestBro
         with client.get_queue_receiver(
             "work", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE, prefetch_count=0
         ) as receiver:
-            got = []
+            got: list = []
             deadline = time.monotonic() + 10
             while len(got) < 3 and time.monotonic() < deadline:
                 got += receiver.receive_messages(max_message_count=3, max_wait_time=2)
