@@ -23,30 +23,30 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from azure.core.exceptions import AzureError, DeserializationError, ResourceExistsError
+from azure.core.exceptions import ResourceExistsError
 from azure.storage.queue import QueueClient, QueueMessage
 
 from ..task import Task, TaskFormatError
 from .base import (
     Backend,
     BackendConfigError,
-    BackendError,
     FailedRecord,
     Lease,
-    LeaseLost,
     QueueStatus,
 )
+from .storage_queue_lease import StorageQueueLease
 from .storage_queue_util import (
+    SDK_ERRORS,
     Scrubber,
     clamp_visibility,
-    make_record,
     matches,
+    message_text,
     parse_record,
-    poison_reason,
     reset_for_requeue,
     translate,
 )
 
+__all__ = ["StorageQueueBackend", "StorageQueueLease"]
 LOG = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -54,20 +54,6 @@ FAILED_SUFFIX = "-failed"
 _PAGE = 32  # the service returns at most 32 messages per receive or peek
 _LIST_VISIBILITY = 60  # s a failed record stays hidden while failed()/requeue() pages through
 _QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]*[a-z0-9]$")
-# OSError/DeserializationError/UnicodeDecodeError: what may escape the SDK besides AzureError.
-_SDK_ERRORS = (AzureError, DeserializationError, UnicodeDecodeError, OSError)
-
-
-def _text(content: Any) -> str:
-    # The SDK's default (no-op) decode policy hands out the XML text as str; its requests
-    # transport already decoded the HTTP body with errors="replace", so bytes that are not
-    # UTF-8 arrive as U+FFFD and the body is poison rather than a crash.  bytes only appear
-    # with a binary decode policy, which we do not use; handled all the same.
-    if content is None:
-        return ""
-    if isinstance(content, bytes):
-        return content.decode("utf-8", "replace")
-    return str(content)
 
 
 class StorageQueueBackend:
@@ -99,7 +85,8 @@ class StorageQueueBackend:
         self.worker_id = worker_id
         self._connection_string = connection_string
         self._account_url = account_url
-        self._scrub = Scrubber(connection_string, account_url)
+        self.scrub = Scrubber(connection_string, account_url)
+        self.connect_timeout = connect_timeout
         self._timeouts = {"connection_timeout": connect_timeout, "read_timeout": read_timeout}
         self._credential = credential
         if account_url and credential is None and "?" not in account_url:
@@ -110,7 +97,7 @@ class StorageQueueBackend:
             self._credential = DefaultAzureCredential()
         self._main = self.new_client(self.queue_name)
         self._failed = self.new_client(self.failed_queue_name)
-        self._endpoint = self._scrub(self._main.url.split("?", 1)[0])
+        self._endpoint = self.scrub(self._main.url.split("?", 1)[0])
         try:
             for client in (self._main, self._failed):
                 self._create(client)
@@ -133,7 +120,7 @@ class StorageQueueBackend:
                                **options)
         except ValueError as exc:  # malformed connection string or URL
             raise BackendConfigError(
-                f"storage-queue: bad connection string or account URL: {self._scrub(str(exc))}"
+                f"storage-queue: bad connection string or account URL: {self.scrub(str(exc))}"
             ) from None
 
     def _create(self, client: QueueClient) -> None:
@@ -141,14 +128,14 @@ class StorageQueueBackend:
             client.create_queue()
         except ResourceExistsError:
             pass  # exists already (perhaps with other metadata): fine
-        except _SDK_ERRORS as exc:
-            raise translate(exc, f"create queue {client.queue_name}", self._scrub) from None
+        except SDK_ERRORS as exc:
+            raise translate(exc, f"create queue {client.queue_name}", self.scrub) from None
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
-        except _SDK_ERRORS as exc:
-            raise translate(exc, what, self._scrub) from None
+        except SDK_ERRORS as exc:
+            raise translate(exc, what, self.scrub) from None
 
     def receive(self, max_messages: int, lock_duration: float) -> list[Lease]:
         """Take up to ``max_messages`` (at most 32), hidden for ``lock_duration`` seconds."""
@@ -168,8 +155,8 @@ class StorageQueueBackend:
             body = task.to_json()
             try:
                 self._main.send_message(body, time_to_live=-1)
-            except _SDK_ERRORS as exc:
-                raise translate(exc, f"push {task.id}", self._scrub) from None
+            except SDK_ERRORS as exc:
+                raise translate(exc, f"push {task.id}", self.scrub) from None
             ids.append(task.id)
         return ids
 
@@ -188,7 +175,7 @@ class StorageQueueBackend:
         messages = self._call("peek", lambda: self._main.peek_messages(max_messages=min(n, _PAGE)))
         out: list[Task | str] = []
         for message in messages:
-            body = _text(message.content)
+            body = message_text(message.content)
             try:
                 out.append(Task.parse(body))
             except TaskFormatError:
@@ -204,7 +191,7 @@ class StorageQueueBackend:
         lister sees fewer meanwhile."""
         taken = self._take_failed()
         try:
-            return [parse_record(_text(m.content), m.id)[0] for m in taken]
+            return [parse_record(message_text(m.content), m.id)[0] for m in taken]
         finally:
             self._restore(taken)
 
@@ -214,7 +201,7 @@ class StorageQueueBackend:
         moved: set[str] = set()
         try:
             for message in taken:
-                record, body = parse_record(_text(message.content), message.id)
+                record, body = parse_record(message_text(message.content), message.id)
                 if not matches(record, message.id, ids):
                     continue
                 if body is None:
@@ -224,8 +211,8 @@ class StorageQueueBackend:
                 try:
                     self._main.send_message(reset_for_requeue(body), time_to_live=-1)
                     self._failed.delete_message(message.id, message.pop_receipt)
-                except _SDK_ERRORS as exc:
-                    raise translate(exc, f"requeue {record.id}", self._scrub) from None
+                except SDK_ERRORS as exc:
+                    raise translate(exc, f"requeue {record.id}", self.scrub) from None
                 moved.add(message.id)
         finally:
             self._restore([m for m in taken if m.id not in moved])
@@ -239,8 +226,8 @@ class StorageQueueBackend:
             try:
                 page = list(next(self._failed.receive_messages(
                     messages_per_page=_PAGE, visibility_timeout=_LIST_VISIBILITY).by_page(), []))
-            except _SDK_ERRORS as exc:
-                raise translate(exc, "list failed", self._scrub) from None
+            except SDK_ERRORS as exc:
+                raise translate(exc, "list failed", self.scrub) from None
             if not page:
                 return taken
             taken.extend(page)
@@ -252,9 +239,9 @@ class StorageQueueBackend:
             try:
                 self._failed.update_message(message.id, pop_receipt=message.pop_receipt,
                                             visibility_timeout=0)
-            except _SDK_ERRORS as exc:
+            except SDK_ERRORS as exc:
                 # Best effort: it reappears by itself after _LIST_VISIBILITY seconds.
-                LOG.warning("%s", translate(exc, "restore failed record", self._scrub))
+                LOG.warning("%s", translate(exc, "restore failed record", self.scrub))
 
     def clear(self, failed: bool) -> int:
         """Delete every message (also those leased right now); return the approximate count."""
@@ -270,112 +257,6 @@ class StorageQueueBackend:
         for client in (getattr(self, "_main", None), getattr(self, "_failed", None)):
             if client is not None:
                 client.close()
-
-
-class StorageQueueLease:
-    """One received message.  Made on the main thread; renewed and settled by its
-    LeaseKeeper thread, which alone uses the lease's clients."""
-
-    def __init__(self, backend: StorageQueueBackend, message: QueueMessage,
-                 visibility: int) -> None:
-        self._backend = backend
-        self.message_id: str = message.id
-        self._pop_receipt: str | None = message.pop_receipt
-        self.dequeue_count: int = message.dequeue_count or 1
-        self.lock_duration = float(visibility)
-        self.raw_body = _text(message.content)
-        self.task: Task | None = None
-        self.format_error: str | None = None
-        try:
-            self.task = Task.parse(self.raw_body)
-        except TaskFormatError as exc:
-            self.format_error = poison_reason(exc, self.raw_body)
-        preemptions = self.task.preemptions if self.task is not None else 0
-        self.attempt = max(1, self.dequeue_count - preemptions)
-        self._client: QueueClient | None = None
-        self._failed_client: QueueClient | None = None
-        self._settled = False
-
-    def __repr__(self) -> str:
-        return f"StorageQueueLease(message_id={self.message_id!r}, attempt={self.attempt})"
-
-    def _call(self, what: str, fn: Callable[[QueueClient], T]) -> T:
-        if self._settled:
-            raise LeaseLost(f"{what} {self.message_id}: lease already settled or lost")
-        if self._client is None:
-            self._client = self._backend.new_client(self._backend.queue_name)
-        try:
-            return fn(self._client)
-        except _SDK_ERRORS as exc:
-            error = translate(exc, f"{what} {self.message_id}", self._backend._scrub, lease=True)
-            if isinstance(error, LeaseLost):
-                self._finish()
-            raise error from None
-
-    def _finish(self) -> None:
-        self._settled = True
-        for client in (self._client, self._failed_client):
-            if client is not None:
-                client.close()
-        self._client = self._failed_client = None
-
-    def renew(self, timeout: float) -> float:
-        """LeaseKeeper thread: hide the message for another ``lock_duration`` seconds.
-
-        Gives up within ``timeout``: connect + read timeouts add up to it and the SDK does
-        not retry.  A call that times out after the service applied it leaves us with a
-        stale pop receipt, so the next renewal reports LeaseLost -- early, never late.
-        """
-        if timeout <= 0:
-            raise BackendError(f"renew {self.message_id}: no time left")
-        connect = min(self._backend._timeouts["connection_timeout"], timeout / 2)
-        per_call: dict[str, Any] = {
-            "connection_timeout": connect, "read_timeout": timeout - connect,
-            "timeout": max(1, int(timeout)),  # server-side limit, whole seconds
-        }
-        visibility = int(self.lock_duration)
-        updated = self._call("renew", lambda c: c.update_message(
-            self.message_id, pop_receipt=self._pop_receipt, visibility_timeout=visibility,
-            **per_call))
-        self._pop_receipt = updated.pop_receipt
-        return float(visibility)
-
-    def complete(self) -> None:
-        """LeaseKeeper thread: delete the message for good."""
-        self._call("complete", lambda c: c.delete_message(self.message_id, self._pop_receipt))
-        self._finish()
-
-    def release(self, count_attempt: bool, delay: float = 0.0) -> None:
-        """LeaseKeeper thread: visible again after ``delay`` s (0..7 days).  A preemption
-        (``count_attempt=False``) also writes the incremented preemption count."""
-        content = None
-        if not count_attempt and self.task is not None:
-            try:
-                content = self.task.with_preemption().to_json()
-            except TaskFormatError as exc:  # one more digit pushed it over the size limit
-                LOG.warning("preemption of %s not recorded: %s", self.message_id, exc)
-        visibility = clamp_visibility(delay, 0)
-        self._call("release", lambda c: c.update_message(
-            self.message_id, pop_receipt=self._pop_receipt, content=content,
-            visibility_timeout=visibility))
-        self._finish()
-
-    def dead_letter(self, reason: str, output_tail: str, exit_status: int | None = None) -> None:
-        """LeaseKeeper thread: record in ``<queue>-failed``, then delete the message.
-
-        Record first: if the delete then fails, the task may fail twice, never vanish.
-        """
-        if self._settled:
-            raise LeaseLost(f"dead-letter {self.message_id}: lease already settled or lost")
-        backend = self._backend
-        record = make_record(self.raw_body, self.task, reason, self.attempt, exit_status,
-                             output_tail, backend.worker_id, self.message_id)
-        if self._failed_client is None:
-            self._failed_client = backend.new_client(backend.failed_queue_name)
-        failed_client = self._failed_client
-        backend._call("dead-letter", lambda: failed_client.send_message(record, time_to_live=-1))
-        self._call("dead-letter", lambda c: c.delete_message(self.message_id, self._pop_receipt))
-        self._finish()
 
 
 if TYPE_CHECKING:  # mypy: both classes satisfy the protocols of base.py

@@ -26,9 +26,24 @@ from azure.core.exceptions import (
 from ..task import MAX_BODY_BYTES, Task, TaskFormatError
 from .base import BackendConfigError, BackendError, FailedRecord, LeaseLost
 
+# What may escape an SDK call besides AzureError: a response that is not UTF-8 or not XML,
+# or a socket error the transport did not wrap.
+SDK_ERRORS = (AzureError, DeserializationError, UnicodeDecodeError, OSError)
 MAX_VISIBILITY = 604800  # 7 days, the service's limit for visibility timeouts
 RECORD_MARK = "jobq_failed_record"  # a key only our dead-letter records carry
 _MAX_REASON = 4000
+
+
+def message_text(content: Any) -> str:
+    # The SDK's default (no-op) decode policy hands out the XML text as str; its requests
+    # transport already decoded the HTTP body with errors="replace", so bytes that are not
+    # UTF-8 arrive as U+FFFD and the body is poison rather than a crash.  bytes only appear
+    # with a binary decode policy, which we do not use; handled all the same.
+    if content is None:
+        return ""
+    if isinstance(content, bytes):
+        return content.decode("utf-8", "replace")
+    return str(content)
 
 
 def clamp_visibility(seconds: float, minimum: int) -> int:
