@@ -39,6 +39,7 @@ from .storage_queue_util import (
     SDK_ERRORS,
     Scrubber,
     clamp_visibility,
+    error_code,
     matches,
     message_text,
     parse_record,
@@ -53,6 +54,8 @@ T = TypeVar("T")
 FAILED_SUFFIX = "-failed"
 _PAGE = 32  # the service returns at most 32 messages per receive or peek
 _LIST_VISIBILITY = 60  # s a failed record stays hidden while failed()/requeue() pages through
+_NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
+                          "AuthorizationFailure")
 _QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]*[a-z0-9]$")
 
 
@@ -129,6 +132,13 @@ class StorageQueueBackend:
         except ResourceExistsError:
             pass  # exists already (perhaps with other metadata): fine
         except SDK_ERRORS as exc:
+            if error_code(exc) in _NOT_ALLOWED_TO_CREATE:
+                # Valid credentials that may only use messages (a SAS for objects, the
+                # "Message Processor" roles): the queue may well exist.  If it does not,
+                # the first real call says so.  Bad credentials still fail here.
+                LOG.warning("not allowed to create queue %s; assuming it exists",
+                            client.queue_name)
+                return
             raise translate(exc, f"create queue {client.queue_name}", self.scrub) from None
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:

@@ -7,12 +7,19 @@ import json
 import socket
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from azure.core.credentials import AzureNamedKeyCredential
 from azure.core.exceptions import ServiceRequestError
 from azure.core.rest import HttpRequest
-from azure.storage.queue import QueueClient, TextBase64EncodePolicy
+from azure.storage.queue import (
+    AccountSasPermissions,
+    QueueClient,
+    ResourceTypes,
+    TextBase64EncodePolicy,
+    generate_account_sas,
+)
 
 from supervisor.backends.base import BackendConfigError, BackendError, LeaseLost
 from supervisor.backends.storage_queue import StorageQueueBackend
@@ -503,3 +510,25 @@ def test_failed_shows_and_requeues_bare_ai4s_envelopes(azurite, backend):
     assert backend.requeue(["ai4s-1"]) == 1
     lease = receive_one(backend)
     assert lease.task.id == "ai4s-1" and lease.attempt == 1
+
+
+def test_sas_without_create_permission_works_on_an_existing_queue(azurite, backend, caplog):
+    sas = generate_account_sas(
+        ACCOUNT, ACCOUNT_KEY, resource_types=ResourceTypes(container=True, object=True),
+        permission=AccountSasPermissions(read=True, add=True, update=True, process=True,
+                                         delete=True),
+        expiry=datetime.now(timezone.utc) + timedelta(hours=1))
+    cs = (f"SharedAccessSignature={sas};"
+          f"QueueEndpoint=http://127.0.0.1:{azurite.port}/{ACCOUNT}")
+    limited = StorageQueueBackend(backend.queue_name, connection_string=cs, worker_id="sas")
+    try:
+        assert "not allowed to create queue" in caplog.text
+        assert sas not in repr(limited)
+        limited.push([Task(cmd="x")])
+        lease = receive_one(limited)
+        assert lease.renew(5) == 30.0
+        lease.dead_letter("no", "")
+        assert limited.size() == 0
+    finally:
+        limited.close()
+    assert [r.worker for r in backend.failed()] == ["sas"]

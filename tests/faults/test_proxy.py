@@ -156,10 +156,10 @@ def _closed_port() -> int:
 
 
 def test_dead_target_gives_reset():
-    with FaultProxy(("127.0.0.1", _closed_port())) as p, _connect(p) as s:
-        s.settimeout(2)
+    with FaultProxy(("127.0.0.1", _closed_port())) as p:
         start = time.monotonic()
-        with pytest.raises(ConnectionResetError):
+        # The RST may even beat connect() returning on loopback.
+        with pytest.raises(ConnectionResetError), _connect(p) as s:
             s.recv(1)
         assert time.monotonic() - start < 1.0
 
