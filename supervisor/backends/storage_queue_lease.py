@@ -90,7 +90,7 @@ class StorageQueueLease:
         connect = min(self._backend.connect_timeout, timeout / 2)
         per_call: dict[str, Any] = {
             "connection_timeout": connect, "read_timeout": timeout - connect,
-            "timeout": max(1, int(timeout)),  # server-side limit, whole seconds
+            "timeout": min(30, max(1, int(timeout))),  # server side: whole s, max 30
         }
         visibility = int(self.lock_duration)
         updated = self._call("renew", lambda c: c.update_message(
