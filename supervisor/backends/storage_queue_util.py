@@ -97,8 +97,10 @@ def translate(exc: BaseException, what: str, scrub: Scrubber, lease: bool = Fals
     status = status or getattr(exc, "status_code", None)
     code = error_code(exc)
     first_line = str(getattr(exc, "message", None) or exc).splitlines()[0] if str(exc) else ""
-    detail = scrub(_short(f"{type(exc).__name__}: {first_line}"))
-    tag = f" [{status} {code}]".rstrip() if status or code else ""
+    # Scrub before shortening: a cut could leave part of a secret unmatched.
+    detail = _short(scrub(f"{type(exc).__name__}: {first_line}"))
+    parts = [str(p) for p in (status, code) if p]
+    tag = f" [{' '.join(parts)}]" if parts else ""
     if isinstance(exc, ClientAuthenticationError) or status in (401, 403):
         return BackendConfigError(f"{what}: not authorized{tag}: {detail}")
     if lease and (status == 404 or code in ("PopReceiptMismatch", "MessageNotFound")):

@@ -8,6 +8,7 @@ import json
 import pytest
 
 pytest.importorskip("azure.storage.queue")
+pytestmark = pytest.mark.timeout(30)
 
 from azure.core.exceptions import (  # noqa: E402
     ClientAuthenticationError,
@@ -76,6 +77,9 @@ def test_translate_scrubs_secrets():
     sas = "sv=2024-01-01&sig=abcdefghijklmnop"
     exc = ServiceRequestError(f"GET https://a.queue.core.windows.net/q?{sas} failed")
     assert sas not in str(translate(exc, "op", Scrubber(None, "https://a/q?" + sas)))
+    long_message = "x" * 280 + KEY  # the secret straddles the cut at 300 characters
+    assert KEY[:10] not in str(translate(ServiceRequestError(long_message), "op",
+                                         Scrubber(CS, None)))
 
 
 def test_clamp_visibility():
