@@ -1,0 +1,275 @@
+"""Azure Storage Queue backend (azure-storage-queue), behind the Backend/Lease seam.
+
+Wire format: plain JSON text (the ai4s-jobq v1 envelope, see task.py), no base64, sent with
+``time_to_live=-1`` (never expires).  A lease is the message's visibility timeout: renewing
+is ``update_message`` without content, which returns a new pop receipt that the next call
+must use.  Attempts are ``dequeue_count - jobq_preemptions``: a preemption rewrites the body
+with the count incremented, so giving the message back does not use up an attempt.
+Failed tasks go to ``<queue>-failed`` as JSON records (storage_queue_util.make_record).
+
+Threads: Azure SDK clients are not documented thread-safe, so no client is shared between
+threads.  The backend's own two clients are used by the main thread only.  Each lease makes
+its own client on first use -- by its LeaseKeeper thread -- and closes it once settled or
+lost.  A single client behind a lock would be simpler, but then one renewal hanging on a
+dead connection (up to its timeout) would hold back every other lease's renewal past its
+deadline.  Clients are cheap (~0.2 ms, no I/O); each lease pays one new connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+from azure.core.exceptions import ResourceExistsError
+from azure.storage.queue import QueueClient, QueueMessage
+
+from ..task import Task, TaskFormatError
+from .base import (
+    Backend,
+    BackendConfigError,
+    FailedRecord,
+    Lease,
+    QueueStatus,
+)
+from .storage_queue_lease import StorageQueueLease
+from .storage_queue_util import (
+    SDK_ERRORS,
+    Scrubber,
+    clamp_visibility,
+    error_code,
+    matches,
+    message_text,
+    parse_record,
+    reset_for_requeue,
+    translate,
+)
+
+__all__ = ["StorageQueueBackend", "StorageQueueLease"]
+LOG = logging.getLogger(__name__)
+T = TypeVar("T")
+
+FAILED_SUFFIX = "-failed"
+_PAGE = 32  # the service returns at most 32 messages per receive or peek
+_LIST_VISIBILITY = 60  # s a failed record stays hidden while failed()/requeue() pages through
+_NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
+                          "AuthorizationFailure")
+_QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]*[a-z0-9]$")
+
+
+class StorageQueueBackend:
+    """A Storage Queue and its ``-failed`` companion.  Main thread unless stated."""
+
+    name = "storage-queue"
+    lost_lease_return_delay = 0.0  # a lapsed visibility timeout makes the message visible
+
+    def __init__(self, queue: str, *, connection_string: str | None = None,
+                 account_url: str | None = None, worker_id: str = "",
+                 credential: Any = None, connect_timeout: float = 5.0,
+                 read_timeout: float = 20.0) -> None:
+        """Connect and create ``queue`` and ``queue-failed`` when missing.
+
+        Exactly one of ``connection_string`` / ``account_url``.  With an account URL the
+        credential is ``credential``, a SAS token in the URL, or DefaultAzureCredential.
+        Every request gets ``connect_timeout``/``read_timeout`` and no SDK retries: callers
+        retry BackendError themselves, and nothing may hang for a minute in SDK backoff.
+        """
+        if bool(connection_string) == bool(account_url):
+            raise BackendConfigError(
+                "storage-queue needs exactly one of a connection string or an account URL")
+        if not _QUEUE_NAME.match(queue) or len(queue) + len(FAILED_SUFFIX) > 63:
+            raise BackendConfigError(
+                f"bad Storage Queue name {queue!r}: lowercase letters, digits and single "
+                f"hyphens, 3..{63 - len(FAILED_SUFFIX)} characters (room for '-failed')")
+        self.queue_name = queue
+        self.failed_queue_name = queue + FAILED_SUFFIX
+        self.worker_id = worker_id
+        self._connection_string = connection_string
+        self._account_url = account_url
+        self.scrub = Scrubber(connection_string, account_url)
+        self.connect_timeout = connect_timeout
+        self._timeouts = {"connection_timeout": connect_timeout, "read_timeout": read_timeout}
+        self._credential = credential
+        if account_url and credential is None and "?" not in account_url:
+            from azure.identity import DefaultAzureCredential  # only this path needs it
+
+            # Shared by every client, also across lease threads: azure-identity credentials
+            # are meant to be shared (their token caches lock internally).
+            self._credential = DefaultAzureCredential()
+        self._main = self.new_client(self.queue_name)
+        self._failed = self.new_client(self.failed_queue_name)
+        self._endpoint = self.scrub(self._main.url.split("?", 1)[0])
+        try:
+            for client in (self._main, self._failed):
+                self._create(client)
+        except BaseException:
+            self.close()
+            raise
+
+    def __repr__(self) -> str:
+        return f"StorageQueueBackend(queue={self.queue_name!r}, endpoint={self._endpoint!r})"
+
+    def new_client(self, queue_name: str) -> QueueClient:
+        """Any thread: a new client, to be used by one thread only."""
+        options: dict[str, Any] = {"retry_total": 0, **self._timeouts}
+        try:
+            if self._connection_string:
+                return QueueClient.from_connection_string(
+                    self._connection_string, queue_name, **options)
+            assert self._account_url is not None
+            return QueueClient(self._account_url, queue_name, credential=self._credential,
+                               **options)
+        except ValueError as exc:  # malformed connection string or URL
+            raise BackendConfigError(
+                f"storage-queue: bad connection string or account URL: {self.scrub(str(exc))}"
+            ) from None
+
+    def _create(self, client: QueueClient) -> None:
+        try:
+            client.create_queue()
+        except ResourceExistsError:
+            pass  # exists already (perhaps with other metadata): fine
+        except SDK_ERRORS as exc:
+            if error_code(exc) in _NOT_ALLOWED_TO_CREATE:
+                # Valid credentials that may only use messages (a SAS for objects, the
+                # "Message Processor" roles): the queue may well exist.  If it does not,
+                # the first real call says so.  Bad credentials still fail here.
+                LOG.warning("not allowed to create queue %s; assuming it exists",
+                            client.queue_name)
+                return
+            raise translate(exc, f"create queue {client.queue_name}", self.scrub) from None
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except SDK_ERRORS as exc:
+            raise translate(exc, what, self.scrub) from None
+
+    def receive(self, max_messages: int, lock_duration: float) -> list[Lease]:
+        """Take up to ``max_messages`` (at most 32), hidden for ``lock_duration`` seconds."""
+        if max_messages < 1:
+            return []
+        visibility = clamp_visibility(lock_duration, 1)
+        pages = self._main.receive_messages(messages_per_page=min(_PAGE, max_messages),
+                                            visibility_timeout=visibility).by_page()
+        messages = self._call("receive", lambda: list(next(pages, [])))
+        return [StorageQueueLease(self, message, visibility) for message in messages]
+
+    def push(self, tasks: Sequence[Task]) -> list[str]:
+        """Send each task; return their task ids.  Raises on the first failure (the tasks
+        before it are queued)."""
+        ids = []
+        for task in tasks:
+            body = task.to_json()
+            try:
+                self._main.send_message(body, time_to_live=-1)
+            except SDK_ERRORS as exc:
+                raise translate(exc, f"push {task.id}", self.scrub) from None
+            ids.append(task.id)
+        return ids
+
+    def size(self) -> int:
+        """Approximate count, including messages other workers hold invisible."""
+        return self._count(self._main)
+
+    def _count(self, client: QueueClient) -> int:
+        props = self._call("queue properties", client.get_queue_properties)
+        return int(props.approximate_message_count or 0)
+
+    def peek(self, n: int) -> list[Task | str]:
+        """Up to ``min(n, 32)`` visible messages (the service's peek limit); poison as text."""
+        if n < 1:
+            return []
+        messages = self._call("peek", lambda: self._main.peek_messages(max_messages=min(n, _PAGE)))
+        out: list[Task | str] = []
+        for message in messages:
+            body = message_text(message.content)
+            try:
+                out.append(Task.parse(body))
+            except TaskFormatError:
+                out.append(body)
+        return out
+
+    def status(self) -> QueueStatus:
+        return QueueStatus(counts={"pending": self.size(), "failed": self._count(self._failed)})
+
+    def failed(self) -> list[FailedRecord]:
+        """Every record of ``<queue>-failed``.  Peek stops at 32, so this receives the
+        records (hidden for 60 s) and makes them visible again afterwards; a concurrent
+        lister sees fewer meanwhile."""
+        taken = self._take_failed()
+        try:
+            return [parse_record(message_text(m.content), m.id)[0] for m in taken]
+        finally:
+            self._restore(taken)
+
+    def requeue(self, ids: Sequence[str] | None) -> int:
+        """Move failed records (by task id or message id; None = all) back to the queue."""
+        taken = self._take_failed()
+        moved: set[str] = set()
+        try:
+            for message in taken:
+                record, body = parse_record(message_text(message.content), message.id)
+                if not matches(record, message.id, ids):
+                    continue
+                if body is None:
+                    LOG.warning("cannot requeue %s: its body was truncated", record.id)
+                    continue
+                # Send first, then delete: a failure in between duplicates, never loses.
+                try:
+                    self._main.send_message(reset_for_requeue(body), time_to_live=-1)
+                    self._failed.delete_message(message.id, message.pop_receipt)
+                except SDK_ERRORS as exc:
+                    raise translate(exc, f"requeue {record.id}", self.scrub) from None
+                moved.add(message.id)
+        finally:
+            self._restore([m for m in taken if m.id not in moved])
+        return len(moved)
+
+    def _take_failed(self) -> list[QueueMessage]:
+        taken: list[QueueMessage] = []
+        # Stop paging well before the first records taken become visible again.
+        deadline = time.monotonic() + _LIST_VISIBILITY / 2
+        while time.monotonic() < deadline:
+            try:
+                page = list(next(self._failed.receive_messages(
+                    messages_per_page=_PAGE, visibility_timeout=_LIST_VISIBILITY).by_page(), []))
+            except SDK_ERRORS as exc:
+                raise translate(exc, "list failed", self.scrub) from None
+            if not page:
+                return taken
+            taken.extend(page)
+        LOG.warning("listed %d failed records; more remain (time budget spent)", len(taken))
+        return taken
+
+    def _restore(self, messages: Sequence[QueueMessage]) -> None:
+        for message in messages:
+            try:
+                self._failed.update_message(message.id, pop_receipt=message.pop_receipt,
+                                            visibility_timeout=0)
+            except SDK_ERRORS as exc:
+                # Best effort: it reappears by itself after _LIST_VISIBILITY seconds.
+                LOG.warning("%s", translate(exc, "restore failed record", self.scrub))
+
+    def clear(self, failed: bool) -> int:
+        """Delete every message (also those leased right now); return the approximate count."""
+        client = self._failed if failed else self._main
+        count = self._count(client)
+        self._call("clear", client.clear_messages)
+        return count
+
+    def maintenance(self) -> None:
+        """Nothing to do: the service returns lapsed messages by itself."""
+
+    def close(self) -> None:
+        for client in (getattr(self, "_main", None), getattr(self, "_failed", None)):
+            if client is not None:
+                client.close()
+
+
+if TYPE_CHECKING:  # mypy: both classes satisfy the protocols of base.py
+
+    def _conforms(backend: StorageQueueBackend, lease: StorageQueueLease) -> tuple[Backend, Lease]:
+        return backend, lease

@@ -1,0 +1,142 @@
+"""The lease of the Storage Queue backend: one received message and its pop receipt.
+
+Made on the main thread by StorageQueueBackend.receive; renewed and settled by its own
+LeaseKeeper thread, which alone uses the lease's clients (see storage_queue.py on why each
+lease has its own client).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+from azure.storage.queue import QueueClient, QueueMessage
+
+from ..task import Task, TaskFormatError
+from .base import BackendError, LeaseLost
+from .storage_queue_util import (
+    SDK_ERRORS,
+    clamp_visibility,
+    make_record,
+    message_text,
+    poison_reason,
+    translate,
+)
+
+if TYPE_CHECKING:
+    from .storage_queue import StorageQueueBackend
+
+LOG = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class StorageQueueLease:
+    """One received message.  Made on the main thread; renewed and settled by its
+    LeaseKeeper thread, which alone uses the lease's clients."""
+
+    def __init__(self, backend: StorageQueueBackend, message: QueueMessage,
+                 visibility: int) -> None:
+        self._backend = backend
+        self.message_id: str = message.id
+        self._pop_receipt: str | None = message.pop_receipt
+        self.dequeue_count: int = message.dequeue_count or 1
+        self.lock_duration = float(visibility)
+        self.raw_body = message_text(message.content)
+        self.task: Task | None = None
+        self.format_error: str | None = None
+        try:
+            self.task = Task.parse(self.raw_body)
+        except TaskFormatError as exc:
+            self.format_error = poison_reason(exc, self.raw_body)
+        preemptions = self.task.preemptions if self.task is not None else 0
+        self.attempt = max(1, self.dequeue_count - preemptions)
+        self._client: QueueClient | None = None
+        self._failed_client: QueueClient | None = None
+        self._settled = False
+        self._recorded = False  # dead_letter sent its record already
+
+    def __repr__(self) -> str:
+        return f"StorageQueueLease(message_id={self.message_id!r}, attempt={self.attempt})"
+
+    def _call(self, what: str, fn: Callable[[QueueClient], T]) -> T:
+        if self._settled:
+            raise LeaseLost(f"{what} {self.message_id}: lease already settled or lost")
+        if self._client is None:
+            self._client = self._backend.new_client(self._backend.queue_name)
+        try:
+            return fn(self._client)
+        except SDK_ERRORS as exc:
+            error = translate(exc, f"{what} {self.message_id}", self._backend.scrub, lease=True)
+            if isinstance(error, LeaseLost):
+                self._finish()
+            raise error from None
+
+    def _finish(self) -> None:
+        self._settled = True
+        for client in (self._client, self._failed_client):
+            if client is not None:
+                client.close()
+        self._client = self._failed_client = None
+
+    def renew(self, timeout: float) -> float:
+        """LeaseKeeper thread: hide the message for another ``lock_duration`` seconds.
+
+        Gives up within ``timeout``: connect + read timeouts add up to it and the SDK does
+        not retry.  A call that times out after the service applied it leaves us with a
+        stale pop receipt, so the next renewal reports LeaseLost -- early, never late.
+        """
+        if timeout <= 0:
+            raise BackendError(f"renew {self.message_id}: no time left")
+        connect = min(self._backend.connect_timeout, timeout / 2)
+        per_call: dict[str, Any] = {
+            "connection_timeout": connect, "read_timeout": timeout - connect,
+            "timeout": min(30, max(1, int(timeout))),  # server side: whole s, max 30
+        }
+        visibility = int(self.lock_duration)
+        updated = self._call("renew", lambda c: c.update_message(
+            self.message_id, pop_receipt=self._pop_receipt, visibility_timeout=visibility,
+            **per_call))
+        self._pop_receipt = updated.pop_receipt
+        return float(visibility)
+
+    def complete(self) -> None:
+        """LeaseKeeper thread: delete the message for good."""
+        self._call("complete", lambda c: c.delete_message(self.message_id, self._pop_receipt))
+        self._finish()
+
+    def release(self, count_attempt: bool, delay: float = 0.0) -> None:
+        """LeaseKeeper thread: visible again after ``delay`` s (0..7 days).  A preemption
+        (``count_attempt=False``) also writes the incremented preemption count."""
+        content = None
+        if not count_attempt and self.task is not None:
+            try:
+                content = self.task.with_preemption().to_json()
+            except TaskFormatError as exc:  # one more digit pushed it over the size limit
+                LOG.warning("preemption of %s not recorded: %s", self.message_id, exc)
+        visibility = clamp_visibility(delay, 0)
+        self._call("release", lambda c: c.update_message(
+            self.message_id, pop_receipt=self._pop_receipt, content=content,
+            visibility_timeout=visibility))
+        self._finish()
+
+    def dead_letter(self, reason: str, output_tail: str, exit_status: int | None = None) -> None:
+        """LeaseKeeper thread: record in ``<queue>-failed``, then delete the message.
+
+        Record first: if the delete then fails, the task may fail twice, never vanish.  A
+        retry after a failed delete does not send a second record.
+        """
+        if self._settled:
+            raise LeaseLost(f"dead-letter {self.message_id}: lease already settled or lost")
+        backend = self._backend
+        if not self._recorded:
+            record = make_record(self.raw_body, self.task, reason, self.attempt, exit_status,
+                                 output_tail, backend.worker_id, self.message_id)
+            if self._failed_client is None:
+                self._failed_client = backend.new_client(backend.failed_queue_name)
+            try:
+                self._failed_client.send_message(record, time_to_live=-1)
+            except SDK_ERRORS as exc:
+                raise translate(exc, f"dead-letter {self.message_id}", backend.scrub) from None
+            self._recorded = True
+        self._call("dead-letter", lambda c: c.delete_message(self.message_id, self._pop_receipt))
+        self._finish()
