@@ -135,6 +135,14 @@ class Settings:
             raise bad("backend", f"unknown backend {self.backend!r} (choose {', '.join(BACKENDS)})")
         if not self.queue or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", self.queue):
             raise bad("queue", f"invalid queue name {self.queue!r} (letters, digits, . _ -)")
+        if self.backend == "storage-queue" and bool(self.connection_string) == bool(
+                self.account_url):
+            raise bad("connection-string", "storage-queue needs exactly one of "
+                      "--connection-string (or JOBQ_CONNECTION_STRING) and --account-url")
+        if self.backend == "servicebus" and bool(self.connection_string) == bool(
+                self.namespace):
+            raise bad("connection-string", "servicebus needs exactly one of "
+                      "--connection-string (or JOBQ_CONNECTION_STRING) and --namespace")
         if self.num_workers < 1:
             raise bad("num-workers", "must be at least 1")
         if self.lock_duration is not None and self.lock_duration <= 0:

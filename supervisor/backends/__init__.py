@@ -24,4 +24,15 @@ def open_backend(settings: Settings, for_ctl: bool = False) -> Backend:
             reaper_interval=settings.reaper_interval,
             busy_timeout=CTL_BUSY_TIMEOUT if for_ctl else MAIN_BUSY_TIMEOUT,
         )
+    if settings.backend == "storage-queue":
+        from .storage_queue import StorageQueueBackend
+
+        if settings.namespace:
+            raise BackendConfigError("--namespace: only for --backend servicebus")
+        return StorageQueueBackend(
+            settings.queue,
+            connection_string=settings.connection_string,
+            account_url=settings.account_url,
+            worker_id=settings.worker_id,
+        )
     raise BackendConfigError(f"--backend: {settings.backend} is not available yet")

@@ -63,6 +63,8 @@ def _azurite_bin() -> str | None:
 def azurite(tmp_path_factory):
     binary = _azurite_bin()
     if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("Azurite is not installed; scripts/test installs it")
         pytest.skip("Azurite not installed: set AZURITE_QUEUE_BIN or run "
                     "`npm install azurite@3.35.0` in <repo>/.azurite (scripts/test does)")
     cwd = tmp_path_factory.mktemp("azurite")  # empty: Azurite writes its debug/state files here
