@@ -67,39 +67,53 @@ class Lifeline:
             self._proc.kill()
 
 
-def marked_pids(token: bytes) -> list[int]:
+def _live_stat(pid: str) -> tuple[str, int] | None:
+    """(state, pgrp) of a process, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(")") + 2:].split()
+    return fields[0], int(fields[2])
+
+
+def doomed_pids(token: bytes, groups: set[int]) -> list[int]:
+    """Live (non-zombie) processes in a registered group or carrying our marker."""
     needle = MARKER_VAR + b"=" + token + b":"
     me = os.getpid()
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
+        stat = _live_stat(name)
+        if stat is None or stat[0] in ("Z", "X"):
+            continue  # a zombie is already dead; its reaper will collect it
+        if stat[1] in groups:
+            found.append(int(name))
+            continue
         try:
             with open(f"/proc/{name}/environ", "rb") as fh:
-                data = fh.read()
+                if needle in fh.read():
+                    found.append(int(name))
         except OSError:
             continue
-        if needle in data:
-            found.append(int(name))
     return found
 
 
 def kill_everything(token: bytes, groups: set[int], budget: float = 10.0) -> int:
     """SIGKILL registered groups and marked processes until a pass finds none; return kills."""
+    for pgid in groups:  # the fast first strike
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     killed = 0
     deadline = time.monotonic() + budget
     quiet_passes = 0
     while time.monotonic() < deadline and quiet_passes < 2:
         hits = 0
-        for pgid in list(groups):
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-                hits += 1
-            except ProcessLookupError:
-                groups.discard(pgid)
-            except PermissionError:
-                groups.discard(pgid)
-        for pid in marked_pids(token):
+        for pid in doomed_pids(token, groups):
             try:
                 os.kill(pid, signal.SIGKILL)
                 hits += 1
@@ -130,7 +144,8 @@ def main(argv: list[str]) -> int:
             groups.discard(pgid)
     killed = kill_everything(token, groups)
     if killed:
-        sys.stderr.write(f"jobq lifeline: supervisor gone, killed {killed} task processes\n")
+        sys.stderr.write(f"jobq lifeline: supervisor gone; killed {killed} leftover task "
+                         "process(es) after its process groups\n")
     return 0
 
 
