@@ -39,7 +39,8 @@ class Task:
     cwd: str | None = None
     max_attempts: int | None = None  # None: the worker's --max-attempts
     preemptions: int = 0  # times released by preemption (not counted as attempts)
-    num_retries: int = 0  # ai4s-jobq's field, carried through unchanged
+    # ai4s-jobq's "retries left"; written as max_attempts - 1 so its worker retries alike
+    num_retries: int = field(default=0, compare=False)
 
     def __post_init__(self) -> None:
         _validate(self.cmd, self.env, self.cwd, self.max_attempts, self.id)
@@ -58,12 +59,12 @@ class Task:
             "version": 1,
             "reply_requested": False,
             "kwargs": json.dumps(kwargs),
-            "num_retries": self.num_retries,
+            "num_retries": self.max_attempts - 1 if self.max_attempts else self.num_retries,
             "id": self.id,
             "jobq_preemptions": self.preemptions,
+            # present (maybe null) marks our own message: see _from_dict
+            "jobq_max_attempts": self.max_attempts,
         }
-        if self.max_attempts is not None:
-            body["jobq_max_attempts"] = self.max_attempts
         text = json.dumps(body)
         if len(text.encode("utf-8")) > MAX_BODY_BYTES:
             raise TaskFormatError(f"task body is {len(text)} bytes, more than {MAX_BODY_BYTES}")
@@ -116,7 +117,14 @@ class Task:
                 raise TaskFormatError(f"unknown kwargs keys: {', '.join(sorted(unknown))}")
             task_id = data.get("id") or new_task_id()
             num_retries = data.get("num_retries", 0)
-            max_attempts = data.get("jobq_max_attempts")
+            if "jobq_max_attempts" in data:
+                max_attempts = data["jobq_max_attempts"]
+            elif isinstance(num_retries, int) and not isinstance(num_retries, bool) \
+                    and num_retries >= 0:
+                # pushed by ai4s-jobq: it allows num_retries retries after the first run
+                max_attempts = num_retries + 1
+            else:
+                max_attempts = None
             preemptions = data.get("jobq_preemptions", 0)
         else:
             kwargs = data
@@ -131,6 +139,8 @@ class Task:
             env = {}
         if not isinstance(env, dict):
             raise TaskFormatError("env is not an object")
+        # ai4s-jobq's worker turns numbers and booleans into strings; so do we.
+        env = {k: str(v) if isinstance(v, (int, float, bool)) else v for k, v in env.items()}
         if not all(isinstance(v, str) for v in env.values()):
             raise TaskFormatError("env values must be strings")
         if not isinstance(num_retries, int) or isinstance(num_retries, bool):

@@ -43,7 +43,7 @@ def test_envelope_keys() -> None:
     body = json.loads(task.to_json())
     assert body["version"] == 1
     assert body["id"] == "t-42"
-    assert body["num_retries"] == 0
+    assert body["num_retries"] == 1  # ai4s-jobq: retries left after the first run
     assert body["reply_requested"] is False
     assert isinstance(body["kwargs"], str)
     kwargs = json.loads(body["kwargs"])
@@ -118,11 +118,11 @@ POISON = {
     "version string": envelope({"cmd": "true"}, version="1"),
     "env not object": '{"cmd": "true", "env": "A=1"}',
     "env a non-empty list": '{"cmd": "true", "env": ["A=1"]}',
-    "env value not string": '{"cmd": "true", "env": {"A": 1}}',
+    "env value not string": '{"cmd": "true", "env": {"A": [1]}}',
     "env value null": '{"cmd": "true", "env": {"A": null}}',
     "env name with =": '{"cmd": "true", "env": {"A=B": "1"}}',
     "env name empty": '{"cmd": "true", "env": {"": "1"}}',
-    "envelope env value not string": envelope({"cmd": "true", "env": {"N": 3}}),
+    "envelope env value not string": envelope({"cmd": "true", "env": {"N": None}}),
     "unknown kwargs key": envelope({"cmd": "true", "timeout": 5}),
     "kwargs not json": envelope("{cmd: true}"),
     "kwargs a json list": envelope('["true"]'),
@@ -227,3 +227,15 @@ def test_parse_arbitrary_json_objects(obj: dict, as_envelope: bool, top: dict) -
         body = json.dumps(obj)
     _check(body)
     _check(body.encode("utf-8", "surrogatepass"))
+
+
+def test_ai4s_compat_num_retries_and_scalar_env() -> None:
+    """A message pushed by ai4s-jobq: num_retries retries allowed, scalars in env coerced."""
+    foreign = json.dumps({"version": 1, "reply_requested": False, "num_retries": 2, "id": "x",
+                          "kwargs": json.dumps({"cmd": "true", "env": {"N": 3, "F": True}})})
+    task = Task.parse(foreign)
+    assert task.max_attempts == 3
+    assert task.env == {"N": "3", "F": "True"}
+    # ours: the worker default stays the worker's when no --max-attempts was given
+    assert Task.parse(Task(cmd="true").to_json()).max_attempts is None
+    assert json.loads(Task(cmd="true", max_attempts=4).to_json())["num_retries"] == 3
