@@ -1,0 +1,36 @@
+"""Every worker option is documented in README.rst and conf/worker.ini."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from supervisor.cli import worker_parser
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _options() -> list[str]:
+    names = []
+    for action in worker_parser()._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if longs and longs[0] not in ("--help", "--version"):
+            names.append(longs[0][2:])
+    return names
+
+
+def test_readme_table_has_every_option():
+    readme = (REPO / "README.rst").read_text()
+    for name in _options():
+        env = "JOBQ_" + name.upper().replace("-", "_")
+        if name == "visibility-timeout":
+            assert "``--visibility-timeout``" in readme
+            continue
+        assert f"``{name}``" in readme and f"``{env}``" in readme, name
+
+
+def test_worker_ini_documents_every_option():
+    ini = (REPO / "conf" / "worker.ini").read_text()
+    keys = set(re.findall(r"^#?\s*([a-z][a-z0-9-]+)\s*=", ini, re.MULTILINE))
+    missing = [n for n in _options() if n not in keys and n not in ("config",)]
+    assert not missing, f"conf/worker.ini lacks {missing}"
