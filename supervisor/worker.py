@@ -51,6 +51,7 @@ EXTERNAL_SIGTERM_GRACE = 1.0  # a task killed by SIGTERM from outside: is a stop
 ORPHAN_REAP_EVERY = 5.0
 ORPHAN_REAP_BUSY = 0.2
 SPAWN_THREADS = 2
+LIFELINE_FLUSH_EVERY = 0.2
 BACKEND_RETRY_MAX = 10.0
 PREEMPT_MARGIN = 5.0  # a preempted task is SIGKILLed this long before the event's NotBefore
 STATUS_EVERY = 1.0
@@ -85,6 +86,7 @@ class Worker:
         self.output_pump = OutputPump()
         self.spawner = Spawner(SPAWN_THREADS, on_done=lambda job: self.events.put(job))
         self.starting: list[SpawnJob] = []  # submitted to the spawner, not yet back
+        self.next_lifeline_flush = clock()
         # The inherited environment minus secrets, computed once: os.environ does not change.
         self.base_env = task_environment(dict(os.environ), {"PYTHONUNBUFFERED": "1"})
         self.watchdog = Watchdog(kill_timeout=settings.kill_timeout,
@@ -319,8 +321,12 @@ class Worker:
                 and self.poller is not None and self.preempt_event is not None):
             self.preempt_acked = self.poller.acknowledge(self.preempt_event.event_id)
         self._report(self.clock())
-        if self.lifeline is not None:
+        now = self.clock()
+        if self.lifeline is not None and now >= self.next_lifeline_flush:
+            # At most a few writes a second: every write wakes the helper, and a task not yet
+            # sent is still found by its environment marker if we die in between.
             self.lifeline.flush()
+            self.next_lifeline_flush = now + LIFELINE_FLUSH_EVERY
         self.output_pump.flush()
 
     def _report(self, now: float) -> None:

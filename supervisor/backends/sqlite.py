@@ -218,16 +218,16 @@ class SqliteBackend:
         try:
             with self._tx() as conn:
                 rows = conn.execute(
-                    "SELECT seq, id, body, attempt, token, max_attempts FROM jobs "
-                    "WHERE queue=? AND status='pending' AND visible_at<=? ORDER BY seq LIMIT ?",
-                    (self.queue, now, max_messages)).fetchall()
-                for seq, job_id, body, attempt, token, max_att in rows:
-                    conn.execute(
-                        "UPDATE jobs SET status='running', attempt=attempt+1, token=token+1, "
-                        "locked_by=?, locked_at=?, locked_until=?, updated_at=? WHERE seq=?",
-                        (self.worker_id, now, now + lock_duration, now, seq))
-                    leases.append(SqliteLease(self, seq, job_id, body, attempt + 1, token + 1,
-                                              max_att, lock_duration))
+                    "UPDATE jobs SET status='running', attempt=attempt+1, token=token+1, "
+                    "locked_by=?, locked_at=?, locked_until=?, updated_at=? WHERE seq IN ("
+                    "SELECT seq FROM jobs WHERE queue=? AND status='pending' AND visible_at<=? "
+                    "ORDER BY seq LIMIT ?) "
+                    "RETURNING seq, id, body, attempt, token, max_attempts",
+                    (self.worker_id, now, now + lock_duration, now, self.queue, now,
+                     max_messages)).fetchall()
+            for seq, job_id, body, attempt, token, max_att in sorted(rows):
+                leases.append(SqliteLease(self, seq, job_id, body, attempt, token, max_att,
+                                          lock_duration))
         except sqlite3.DatabaseError as exc:
             raise BackendError(f"SQLite receive failed: {exc}") from None
         return leases
