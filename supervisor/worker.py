@@ -52,6 +52,7 @@ ORPHAN_REAP_EVERY = 5.0
 ORPHAN_REAP_BUSY = 0.2
 SPAWN_THREADS = 2
 LIFELINE_FLUSH_EVERY = 0.2
+CHANGE_PROBE_EVERY = 0.1
 BACKEND_RETRY_MAX = 10.0
 PREEMPT_MARGIN = 5.0  # a preempted task is SIGKILLed this long before the event's NotBefore
 STATUS_EVERY = 1.0
@@ -87,6 +88,8 @@ class Worker:
         self.spawner = Spawner(SPAWN_THREADS, on_done=lambda job: self.events.put(job))
         self.starting: list[SpawnJob] = []  # submitted to the spawner, not yet back
         self.next_lifeline_flush = clock()
+        # A cheap "anything new?" probe lets an idle worker start pushed work at once.
+        self.change_probe: Callable[[], bool] | None = getattr(backend, "changed", None)
         # The inherited environment minus secrets, computed once: os.environ does not change.
         self.base_env = task_environment(dict(os.environ), {"PYTHONUNBUFFERED": "1"})
         self.watchdog = Watchdog(kill_timeout=settings.kill_timeout,
@@ -213,6 +216,8 @@ class Worker:
         if (self.state is State.RUNNING
                 and len(self.active) + len(self.starting) < self.s.num_workers):
             t = min(t, self.next_receive)
+            if self.change_probe is not None:
+                t = min(t, now + CHANGE_PROBE_EVERY)
         for rt in self.active:
             if rt.exited_at is not None:
                 t = min(t, now + 0.05)
@@ -390,7 +395,11 @@ class Worker:
     # ------------------------------------------------------------------------- receive
     def _receive(self, now: float) -> None:
         free = self.s.num_workers - len(self.active) - len(self.starting)
-        if free <= 0 or now < self.next_receive:
+        if free <= 0:
+            return
+        if now < self.next_receive and not (
+                self.change_probe is not None and self.receive_backoff == 0
+                and self.change_probe()):
             return
         t_sent = self.clock()
         try:

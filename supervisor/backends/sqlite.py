@@ -154,6 +154,7 @@ class SqliteBackend:
         # A lost lease comes back when some worker's reaper sees it stale.
         self.lost_lease_return_delay = stale_lock_age + reaper_interval if reaper_interval else 0.0
         self._next_reap = 0.0
+        self._data_version = -1
         self._lease_lock = threading.Lock()
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
@@ -212,6 +213,19 @@ class SqliteBackend:
             self._lease_lock.release()
 
     # -- worker side -------------------------------------------------------------------
+    def changed(self) -> bool:
+        """True when another connection committed since the last call (main thread).
+
+        ``PRAGMA data_version`` is answered from shared memory, so an idle worker can ask
+        every 100 ms and start a freshly pushed task at once instead of at its next poll."""
+        try:
+            version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+        except sqlite3.Error:
+            return True
+        changed = version != self._data_version
+        self._data_version = version
+        return changed
+
     def receive(self, max_messages: int, lock_duration: float) -> list[SqliteLease]:
         now = time.time()
         leases = []
