@@ -24,7 +24,8 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
@@ -158,6 +159,14 @@ class ServiceBusBackend:
         return ServiceBusAdministrationClient(str(self._namespace), self._credential,
                                               retry_total=0)
 
+    @contextmanager
+    def _sdk(self, what: str) -> Iterator[None]:
+        """Translate SDK errors of a block (opening a client happens on ``with``)."""
+        try:
+            yield
+        except SDK_ERRORS as exc:
+            raise translate(exc, what, self.scrub) from None
+
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
@@ -223,7 +232,7 @@ class ServiceBusBackend:
     def push(self, tasks: Sequence[Task]) -> list[str]:
         """Send the tasks (message id = task id) in batches; returns their ids."""
         ids: list[str] = []
-        with self._main.get_queue_sender(self.queue_name) as sender:
+        with self._sdk("push"), self._main.get_queue_sender(self.queue_name) as sender:
             batch = self._call("push", sender.create_message_batch)
             for task in tasks:
                 message = ServiceBusMessage(task.to_json(), message_id=task.id,
@@ -241,7 +250,7 @@ class ServiceBusBackend:
 
     def _peek_all(self, sub_queue: Any, limit: int) -> list[Any]:
         out: list[Any] = []
-        with self._main.get_queue_receiver(self.queue_name, sub_queue=sub_queue,
+        with self._sdk("peek"), self._main.get_queue_receiver(self.queue_name, sub_queue=sub_queue,
                                            prefetch_count=0) as receiver:
             seq = 0
             while len(out) < limit:
@@ -297,7 +306,7 @@ class ServiceBusBackend:
         send a copy (new message id, preemptions reset), then complete the dead letter."""
         moved, held = 0, []
         deadline = time.monotonic() + LIST_BUDGET
-        with self._main.get_queue_receiver(
+        with self._sdk("requeue"), self._main.get_queue_receiver(
                 self.queue_name, sub_queue=ServiceBusSubQueue.DEAD_LETTER,
                 receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0) as dlq, \
                 self._main.get_queue_sender(self.queue_name) as sender:
@@ -332,7 +341,7 @@ class ServiceBusBackend:
         """Delete the available messages (not those locked by workers right now)."""
         count = 0
         sub = ServiceBusSubQueue.DEAD_LETTER if failed else None
-        with self._main.get_queue_receiver(
+        with self._sdk("clear"), self._main.get_queue_receiver(
                 self.queue_name, sub_queue=sub, prefetch_count=0,
                 receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
             while True:

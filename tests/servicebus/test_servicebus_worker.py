@@ -148,13 +148,10 @@ def test_failing_task_is_dead_lettered_listed_and_requeued(sb_env):
     (record,) = sb_env.failed_json()
     assert (record["id"], record["attempts"], record["exit_status"]) == (task_id, 2, 7)
     assert record["command"] == "echo boom; exit 7" and "boom" in record["output_tail"]
-    text = sb_env.ctl("failed").stdout
-    assert task_id in text and "exit status 7" in text
     assert sb_env.ctl("status").stdout.split() == ["pending=0", "failed=1"]
     assert sb_env.ctl("requeue", "--all-failed").stdout.strip() == "requeued 1"
     assert broker.dead_letter_count("work") == 0
     assert [t.split()[0] for t in sb_env.ctl("peek").stdout.splitlines()] == [task_id]
-    assert sb_env.ctl("requeue", "--all-failed").stdout.strip() == "requeued 0"
     assert sb_env.ctl("clear").stdout.strip() == "deleted 1"
     assert broker.active_count("work") == 0
 
