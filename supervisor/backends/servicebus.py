@@ -196,8 +196,10 @@ class ServiceBusBackend:
                 self.pool.give_back(receivers[i:], front=True)
                 break
             message = got[0]
-            seen = message.locked_until_utc.timestamp() - time.time()
-            lease = ServiceBusLease(self, receiver, message, self.lock_check.granted(seen), t_sent)
+            until = message.locked_until_utc
+            granted = self.lock_check.granted(until.timestamp() - time.time()) if until \
+                else self.lock_check.configured
+            lease = ServiceBusLease(self, receiver, message, granted, t_sent)
             with self._leases_lock:
                 self._leases.add(lease)
             leases.append(lease)

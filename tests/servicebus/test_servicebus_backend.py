@@ -104,16 +104,21 @@ def test_bad_connection_string_and_dead_endpoint_leak_no_key(sb_broker):
 
 def test_receive_renew_complete(backend, sb_broker):
     backend.push([Task(cmd="true", id="t1")])
-    (lease,) = backend.receive(4, 5)
+    sb_broker.send("work", b"poison")
+    assert [t.id if isinstance(t, Task) else t for t in backend.peek(5)] == ["t1", "poison"]
+    assert backend.size() == 2
+    (lease,) = backend.receive(1, 5)
     assert (lease.task.id, lease.attempt, lease.message_id, lease.lock_duration) == (
         "t1", 1, "t1", 5)
-    assert backend.receive(1, 5) == []
     assert lease.renew(3) == 5
     assert len(sb_broker.events("renew")) == 1
     lease.complete()
-    assert sb_broker.active_count("work") == 0
     with pytest.raises(LeaseLost):
         lease.complete()
+    (poison,) = backend.receive(4, 5)
+    assert poison.task is None and "not JSON" in poison.format_error
+    poison.dead_letter("bad message", poison.raw_body)
+    assert sb_broker.active_count("work") == 0 and backend.clear(failed=True) == 1
 
 
 def test_lock_shorter_than_configured_is_seen(sb_broker, caplog):
