@@ -45,7 +45,10 @@ class LeaseKeeper:
         self.granted = granted
         self.deadline = t_sent + granted - safety_margin(granted)
         self.expires = t_sent + granted  # earliest the broker may hand the message out
-        self.next_renew = t_sent + renew_interval
+        # As after each renewal: well before this grant runs out, even when the backend
+        # granted less than the lock the renew interval was derived from.
+        self.next_renew = t_sent + min(renew_interval,
+                                       max(0.0, (granted - safety_margin(granted)) / 2))
         self.last_success = t_sent
         self.lock_lost = threading.Event()
         self.lost_reason = ""

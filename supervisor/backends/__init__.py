@@ -38,4 +38,18 @@ def open_backend(settings: Settings, for_ctl: bool = False) -> Backend:
             connect_timeout=3.0,
             read_timeout=5.0,
         )
+    if settings.backend == "servicebus":
+        from .servicebus import ServiceBusBackend
+
+        if settings.account_url:
+            raise BackendConfigError("--account-url: only for --backend storage-queue")
+        return ServiceBusBackend(
+            settings.queue,
+            connection_string=settings.connection_string,
+            namespace=settings.namespace,
+            worker_id=settings.worker_id,
+            lock_duration=settings.lock,
+            receivers=0 if for_ctl else settings.num_workers,
+            receive_wait=min(1.0, settings.poll_interval),
+        )
     raise BackendConfigError(f"--backend: {settings.backend} is not available yet")

@@ -54,7 +54,8 @@ def clamp_visibility(seconds: float, minimum: int) -> int:
 
 
 class Scrubber:
-    """Removes secrets (connection string, account key, SAS signature) from text."""
+    """Removes secrets (connection string, account key, SAS signature, Service Bus
+    SharedAccessKey) from text."""
 
     def __init__(self, connection_string: str | None, account_url: str | None) -> None:
         secrets: list[str] = []
@@ -62,7 +63,8 @@ class Scrubber:
             secrets.append(connection_string)
             for part in connection_string.split(";"):
                 key, _, value = part.partition("=")
-                if key.strip().lower() in ("accountkey", "sharedaccesssignature") and value:
+                if key.strip().lower() in ("accountkey", "sharedaccesssignature",
+                                                 "sharedaccesskey") and value:
                     secrets.append(value.strip())
         if account_url and "?" in account_url:
             secrets.append(account_url.split("?", 1)[1])  # a SAS token in the URL

@@ -5,10 +5,19 @@ The fixture runs on the test thread; the broker runs on its own thread (see brok
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import threading
+import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
+import psutil
 import pytest
+
+from tests.conftest import Env, Supervisor, command, marked_processes
 
 from .broker import ServiceBusTestBroker
 
@@ -29,3 +38,86 @@ def sb_broker() -> Iterator[ServiceBusTestBroker]:
     leftover = [t.name for t in threading.enumerate() if t.name.startswith("sb-test-broker")]
     assert not leftover, f"broker threads left behind: {leftover}"
     assert not broker.errors, f"errors inside the test broker: {broker.errors!r}"
+
+
+# -- the jobq-supervisor commands against the broker ----------------------------------------
+
+SECRET_KEY = "c2VjcmV0LWtleS1mb3ItdGhlLXRlc3RzLW9ubHk9PQ=="  # any key works with the broker
+
+
+class SbEnv(Env):
+    """One test's Service Bus queue on the broker, plus both commands configured for it.
+
+    The connection string reaches the commands through JOBQ_CONNECTION_STRING, as a user
+    should pass it; its key is long enough to be scrubbed, and no log may contain it."""
+
+    def __init__(self, tmp: Path, broker: ServiceBusTestBroker, queue: str = "work") -> None:
+        super().__init__(tmp)
+        self.broker = broker
+        self.queue = queue
+        self.token = uuid.uuid4().hex  # in every task's environment: tells our tasks apart
+        self.connection_string = (f"Endpoint=sb://127.0.0.1:{broker.port};"
+                                  f"SharedAccessKeyName=test;SharedAccessKey={SECRET_KEY};"
+                                  "UseDevelopmentEmulator=true")
+
+    def base_args(self) -> list[str]:
+        return ["--backend", "servicebus", "--queue", self.queue, "--poll-interval", "0.2"]
+
+    def _env(self, env: dict[str, str] | None) -> dict[str, str]:
+        return {"JOBQ_CONNECTION_STRING": self.connection_string, "SB_TEST_MARK": self.token,
+                **(env or {})}
+
+    def tasks(self) -> list[psutil.Process]:
+        """Live task processes of this test's supervisors (other suites may run meanwhile)."""
+        found = []
+        for proc in marked_processes():
+            try:
+                if proc.environ().get("SB_TEST_MARK") == self.token:
+                    found.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        return found
+
+    def wait_no_tasks(self, timeout: float) -> list[psutil.Process]:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = self.tasks()
+            if not left or time.monotonic() > deadline:
+                for proc in left:
+                    try:
+                        proc.kill()
+                    except psutil.NoSuchProcess:
+                        pass
+                return left
+            time.sleep(0.1)
+
+    def ctl(self, *args: str, check: bool = True, input: str | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        full_env = dict(os.environ)
+        full_env.update(self._env(env))
+        res = subprocess.run(command("jobq-ctl") + ["--backend", "servicebus", "--queue",
+                                                    self.queue, *args],
+                             capture_output=True, text=True, timeout=60, input=input,
+                             env=full_env, cwd=self.tmp)
+        assert SECRET_KEY not in res.stdout + res.stderr
+        if check and res.returncode != 0:
+            raise AssertionError(f"jobq-ctl {args} failed: {res.stderr}")
+        return res
+
+    def supervisor(self, *args: str, env: dict[str, str] | None = None,
+                   name: str | None = None, **kw) -> Supervisor:
+        return super().supervisor(*args, env=self._env(env), name=name, **kw)
+
+    def failed_json(self) -> list[dict]:
+        return json.loads(self.ctl("failed", "--json").stdout)
+
+
+@pytest.fixture
+def sb_env(tmp_path: Path, sb_broker: ServiceBusTestBroker) -> Iterator[SbEnv]:
+    e = SbEnv(tmp_path, sb_broker)
+    yield e
+    e.cleanup()
+    survivors = e.wait_no_tasks(timeout=10)
+    assert not survivors, f"task processes survived the test: {survivors}"
+    for sup in e.sups:
+        assert SECRET_KEY not in sup.log(), f"the key leaked into {sup.log_path}"

@@ -1,0 +1,369 @@
+"""Azure Service Bus backend (azure-servicebus 7.15, PeekLock, prefetch 0), behind the
+Backend/Lease seam.
+
+Wire format: the ai4s-jobq v1 envelope as a UTF-8 data body; ``push`` uses the task id as
+message id (so the queue's duplicate detection drops a producer's retried push).  Failed
+tasks go to the queue's dead-letter sub-queue with the reason and a description holding
+exit status, attempts, worker and the output's end.  Attempts: the wire's delivery count
+(0 on the first delivery) + 1 + ``jobq_prior_attempts`` (set when a preempted task is sent
+again, see servicebus_lease.py).
+
+Threads: each received message comes on a receiver of its own, which its lease then owns
+(see servicebus_pool.py); the receivers are opened by one opener thread.  The main thread
+has its own client for push/peek/ctl commands.
+
+Lock length (DESIGN §3): the queue's LockDuration, read once with the administration client
+where the credential allows it, else ``--lock-duration``; the broker's locked-until minus
+the local clock is only a cross-check (the shorter wins when it is plausible).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+from azure.servicebus import (
+    ServiceBusClient,
+    ServiceBusMessage,
+    ServiceBusReceiveMode,
+    ServiceBusSubQueue,
+)
+
+from ..task import Task, TaskFormatError
+from .base import Backend, BackendConfigError, FailedRecord, Lease, QueueStatus
+from .servicebus_lease import ServiceBusLease
+from .servicebus_pool import ReceiverPool
+from .servicebus_util import SDK_ERRORS, LockCheck, Scrubber, failed_record, message_text, translate
+from .storage_queue_util import matches, reset_for_requeue
+
+__all__ = ["ServiceBusBackend", "ServiceBusLease"]
+LOG = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CALL_TIMEOUT = 10.0  # s: one SDK call of the main thread or an opener (no SDK retries)
+OPEN_WAIT = 15.0  # s: the worker's backend waits this long for its first connection
+NEXT_WAIT = 0.3  # s: receive waits this long for a second, third ... message
+PEEK_PAGE = 250
+COUNT_LIMIT = 10000  # peek-count fallback of size(): stop here
+LIST_BUDGET = 30.0  # s: requeue holds dead-lettered messages at most this long
+_NAMESPACE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{4,48}[A-Za-z0-9](\.[A-Za-z0-9.-]+)?$")
+
+
+class ServiceBusBackend:
+    """One Service Bus queue and its dead-letter sub-queue.  Main thread unless stated."""
+
+    name = "servicebus"
+    lost_lease_return_delay = 0.0  # a lapsed lock makes the message available again
+
+    def __init__(self, queue: str, *, connection_string: str | None = None,
+                 namespace: str | None = None, credential: Any = None, worker_id: str = "",
+                 lock_duration: float = 60.0, receivers: int = 0,
+                 receive_wait: float = 1.0) -> None:
+        """``receivers`` > 0 (the worker): read the queue's LockDuration, then open that many
+        receivers in the background and wait for the first one, so that ``receive`` never
+        waits for a connection to open (up to OPEN_WAIT s here; BackendError if none)."""
+        if bool(connection_string) == bool(namespace):
+            raise BackendConfigError(
+                "servicebus needs exactly one of a connection string or a namespace")
+        self.queue_name = queue
+        self.worker_id = worker_id
+        self.scrub = Scrubber(connection_string, None)
+        self._connection_string = connection_string
+        self._namespace = namespace
+        self.receive_wait = receive_wait
+        self._credential = credential
+        if namespace:
+            if not _NAMESPACE.match(namespace):
+                raise BackendConfigError(f"--namespace: {namespace!r} is not a Service Bus "
+                                         "namespace (NAME.servicebus.windows.net)")
+            if "." not in namespace:
+                self._namespace = namespace + ".servicebus.windows.net"
+            if credential is None:
+                from azure.identity import DefaultAzureCredential
+
+                # Shared by every client and thread: azure-identity credentials are meant to be.
+                self._credential = DefaultAzureCredential()
+        self.emulator = "usedevelopmentemulator=true" in (connection_string or "").lower()
+        self._main = self.new_client()
+        self.pool = ReceiverPool(self._new_pool_receiver, self.scrub)
+        self._leases: set[ServiceBusLease] = set()  # unsettled; under _leases_lock
+        self._leases_lock = threading.Lock()
+        self.lock_check = LockCheck(
+            (self._queue_lock_duration() if receivers else None) or lock_duration)
+        if receivers:
+            try:
+                self.pool.start(receivers, OPEN_WAIT)
+            except BaseException:
+                self.close()
+                raise
+
+    def __repr__(self) -> str:
+        where = self._namespace or self.scrub(self._connection_string or "").split(";")[0]
+        return f"ServiceBusBackend(queue={self.queue_name!r}, endpoint={where!r})"
+
+    def new_client(self) -> ServiceBusClient:
+        """Any thread: a new client (no I/O until used), for one thread's use.  No SDK
+        retries and bounded attempts: callers retry BackendError themselves."""
+        options: dict[str, Any] = {"retry_total": 0, "try_timeout": CALL_TIMEOUT}
+        try:
+            if self._connection_string:
+                return ServiceBusClient.from_connection_string(self._connection_string,
+                                                               **options)
+            assert self._namespace is not None
+            return ServiceBusClient(self._namespace, self._credential, **options)
+        except (ValueError, TypeError) as exc:  # malformed connection string
+            raise BackendConfigError(
+                f"servicebus: bad connection string or namespace: {self.scrub(str(exc))}"
+            ) from None
+
+    def _new_pool_receiver(self) -> Any:
+        """Opener thread: a PeekLock receiver, prefetch 0, on a client of its own."""
+        return self.new_client().get_queue_receiver(
+            self.queue_name, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0,
+            timeout=CALL_TIMEOUT)
+
+    def _queue_lock_duration(self) -> float | None:
+        """The queue's LockDuration, where the credential may read it (Manage rights)."""
+        if self.emulator:
+            LOG.info("lock duration: --lock-duration (no administration API with the emulator)")
+            return None
+        try:
+            with self._admin() as admin:
+                props = admin.get_queue(self.queue_name, connection_timeout=5, read_timeout=10)
+        except Exception as exc:  # no Manage rights, no network: fall back, say why
+            LOG.warning("cannot read the queue's LockDuration (%s); using --lock-duration",
+                        translate(exc, "get queue", self.scrub))
+            return None
+        duration = props.lock_duration
+        seconds = duration.total_seconds() if isinstance(duration, timedelta) else None
+        if seconds:
+            LOG.info("queue %s: LockDuration %gs, MaxDeliveryCount %s", self.queue_name, seconds,
+                     props.max_delivery_count)
+        return seconds
+
+    def _admin(self) -> Any:
+        """An administration client (HTTPS; needs Manage rights to be of use), no retries."""
+        from azure.servicebus.management import ServiceBusAdministrationClient
+
+        if self._connection_string:
+            return ServiceBusAdministrationClient.from_connection_string(
+                self._connection_string, retry_total=0)
+        return ServiceBusAdministrationClient(str(self._namespace), self._credential,
+                                              retry_total=0)
+
+    @contextmanager
+    def _sdk(self, what: str) -> Iterator[None]:
+        """Translate SDK errors of a block (opening a client happens on ``with``)."""
+        try:
+            yield
+        except SDK_ERRORS as exc:
+            raise translate(exc, what, self.scrub) from None
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except SDK_ERRORS as exc:
+            raise translate(exc, what, self.scrub) from None
+
+    def receive(self, max_messages: int, lock_duration: float) -> list[Lease]:
+        """Up to ``max_messages``, one receiver each; the first waits ``receive_wait`` s."""
+        if max_messages < 1:
+            return []
+        receivers = self.pool.take(max_messages, self.receive_wait)
+        leases: list[Lease] = []
+        for i, receiver in enumerate(receivers):
+            t_sent = time.monotonic()
+            try:
+                got = receiver.receive_messages(
+                    max_message_count=1, max_wait_time=self.receive_wait if i == 0 else NEXT_WAIT)
+            except SDK_ERRORS as exc:
+                self.pool.discard(receiver)  # closed on the opener thread
+                self.pool.give_back(receivers[i + 1:], front=True)
+                error = translate(exc, "receive", self.scrub)
+                if leases:
+                    LOG.warning("%s", error)
+                    return leases
+                raise error from None
+            if not got:
+                self.pool.give_back(receivers[i:], front=True)
+                break
+            message = got[0]
+            until = message.locked_until_utc
+            granted = self.lock_check.granted(until.timestamp() - time.time()) if until \
+                else self.lock_check.configured
+            lease = ServiceBusLease(self, receiver, message, granted, t_sent)
+            with self._leases_lock:
+                self._leases.add(lease)
+            leases.append(lease)
+        return leases
+
+    def forget(self, lease: ServiceBusLease) -> None:
+        """Any thread: the lease is over."""
+        with self._leases_lock:
+            self._leases.discard(lease)
+
+    def _unsettled(self) -> list[ServiceBusLease]:
+        with self._leases_lock:
+            return list(self._leases)
+
+    def maintenance(self) -> None:
+        """Close the receivers of leases lost without a settlement (their keeper stopped
+        calling them once the deadline passed)."""
+        now = time.monotonic()
+        for lease in self._unsettled():
+            if not lease.busy and not lease.done and now > lease.expires + 5.0:
+                lease.lost()
+
+    def send(self, messages: list[ServiceBusMessage], what: str,
+             timeout: float = CALL_TIMEOUT) -> None:
+        """Any thread: send on a sender of its own."""
+        try:
+            with self.new_client() as client, client.get_queue_sender(self.queue_name) as sender:
+                sender.send_messages(messages, timeout=timeout)
+        except SDK_ERRORS as exc:
+            raise translate(exc, what, self.scrub) from None
+
+    def push(self, tasks: Sequence[Task]) -> list[str]:
+        """Send the tasks (message id = task id) in batches; returns their ids."""
+        ids: list[str] = []
+        with self._sdk("push"), self._main.get_queue_sender(self.queue_name) as sender:
+            batch = self._call("push", sender.create_message_batch)
+            for task in tasks:
+                message = ServiceBusMessage(task.to_json(), message_id=task.id,
+                                            content_type="application/json")
+                try:
+                    batch.add_message(message)
+                except ValueError:  # MessageSizeExceededError: the batch is full
+                    self._call("push", partial(sender.send_messages, batch))
+                    batch = self._call("push", sender.create_message_batch)
+                    batch.add_message(message)
+                ids.append(task.id)
+            if len(batch):
+                self._call("push", lambda: sender.send_messages(batch))
+        return ids
+
+    def _peek_all(self, sub_queue: Any, limit: int) -> list[Any]:
+        out: list[Any] = []
+        with self._sdk("peek"), self._main.get_queue_receiver(self.queue_name, sub_queue=sub_queue,
+                                           prefetch_count=0) as receiver:
+            seq = 0
+            while len(out) < limit:
+                count = min(PEEK_PAGE, limit - len(out))
+                page: list[Any] = self._call("peek", partial(
+                    receiver.peek_messages, max_message_count=count, sequence_number=seq))
+                if not page:
+                    break
+                out += page
+                seq = (page[-1].sequence_number or 0) + 1
+        return out
+
+    def _count(self, dead_letter: bool) -> int:
+        if not self.emulator:
+            try:
+                with self._admin() as admin:
+                    props = admin.get_queue_runtime_properties(
+                        self.queue_name, connection_timeout=5, read_timeout=10)
+                return int((props.dead_letter_message_count if dead_letter
+                            else props.active_message_count) or 0)
+            except Exception as exc:  # no Manage rights: count by peeking
+                LOG.info("administration API not available (%s); counting by peeking",
+                         translate(exc, "queue properties", self.scrub))
+        sub = ServiceBusSubQueue.DEAD_LETTER if dead_letter else None
+        n = len(self._peek_all(sub, COUNT_LIMIT))
+        if n >= COUNT_LIMIT:
+            LOG.warning("counted %d messages by peeking and stopped; there are more", n)
+        return n
+
+    def size(self) -> int:
+        """Active messages (locked ones included), like the portal's count."""
+        return self._count(dead_letter=False)
+
+    def peek(self, n: int) -> list[Task | str]:
+        out: list[Task | str] = []
+        for message in self._peek_all(None, max(0, n)):
+            body = message_text(message)
+            try:
+                out.append(Task.parse(body))
+            except TaskFormatError:
+                out.append(body)
+        return out
+
+    def status(self) -> QueueStatus:
+        return QueueStatus(counts={"pending": self.size(), "failed": self._count(True)})
+
+    def failed(self) -> list[FailedRecord]:
+        return [failed_record(m) for m in self._peek_all(ServiceBusSubQueue.DEAD_LETTER,
+                                                         COUNT_LIMIT)]
+
+    def requeue(self, ids: Sequence[str] | None) -> int:
+        """Move dead-lettered tasks (by task or message id; None = all) back to the queue:
+        send a copy (new message id, preemptions reset), then complete the dead letter."""
+        moved, held = 0, []
+        deadline = time.monotonic() + LIST_BUDGET
+        with self._sdk("requeue"), self._main.get_queue_receiver(
+                self.queue_name, sub_queue=ServiceBusSubQueue.DEAD_LETTER,
+                receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0) as dlq, \
+                self._main.get_queue_sender(self.queue_name) as sender:
+            try:
+                while time.monotonic() < deadline:
+                    batch = self._call("list failed", lambda: dlq.receive_messages(
+                        max_message_count=50, max_wait_time=1.0))
+                    if not batch:
+                        break
+                    for message in batch:
+                        record = failed_record(message)
+                        if not matches(record, str(message.message_id), ids):
+                            held.append(message)  # kept locked so it is not received again
+                            continue
+                        copy = ServiceBusMessage(
+                            reset_for_requeue(record.body), content_type="application/json",
+                            message_id=f"r-{message.lock_token or uuid.uuid4()}")
+                        # Send first, then complete: a failure in between duplicates.
+                        what = f"requeue {record.id}"
+                        self._call(what, partial(sender.send_messages, copy))
+                        self._call(what, partial(dlq.complete_message, message))
+                        moved += 1
+            finally:
+                for message in held:
+                    try:
+                        dlq.abandon_message(message)
+                    except SDK_ERRORS as exc:  # comes back when its lock expires anyway
+                        LOG.warning("%s", translate(exc, "release failed record", self.scrub))
+        return moved
+
+    def clear(self, failed: bool) -> int:
+        """Delete the available messages (not those locked by workers right now)."""
+        count = 0
+        sub = ServiceBusSubQueue.DEAD_LETTER if failed else None
+        with self._sdk("clear"), self._main.get_queue_receiver(
+                self.queue_name, sub_queue=sub, prefetch_count=0,
+                receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE) as receiver:
+            while True:
+                got = self._call("clear", lambda: receiver.receive_messages(
+                    max_message_count=100, max_wait_time=1.0))
+                if not got:
+                    return count
+                count += len(got)
+
+    def close(self) -> None:
+        for lease in self._unsettled():
+            if not lease.busy:
+                lease.lost()
+        if getattr(self, "pool", None) is not None:
+            self.pool.close()
+        if getattr(self, "_main", None) is not None:
+            self._main.close()
+
+
+if TYPE_CHECKING:  # mypy: both classes satisfy the protocols of base.py
+
+    def _conforms(backend: ServiceBusBackend, lease: ServiceBusLease) -> tuple[Backend, Lease]:
+        return backend, lease

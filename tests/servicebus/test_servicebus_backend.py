@@ -1,0 +1,220 @@
+"""ServiceBusBackend and its lease in this process, with the real SDK against the broker;
+error mapping and secret scrubbing; the exactly-one-credential rule through the CLI."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+from azure.servicebus.exceptions import (
+    MessageAlreadySettled,
+    MessageLockLostError,
+    MessageNotFoundError,
+    MessagingEntityNotFoundError,
+    OperationTimeoutError,
+    ServiceBusAuthenticationError,
+    ServiceBusAuthorizationError,
+    ServiceBusConnectionError,
+    ServiceBusError,
+    ServiceBusServerBusyError,
+)
+
+from supervisor.backends.base import BackendConfigError, BackendError, LeaseLost
+from supervisor.backends.servicebus import ServiceBusBackend
+from supervisor.backends.servicebus_util import LockCheck, Scrubber, translate
+from supervisor.task import Task
+from tests.conftest import command
+
+from .conftest import SECRET_KEY
+
+pytestmark = [pytest.mark.servicebus, pytest.mark.timeout(60)]
+
+
+def _cs(port: int) -> str:
+    return (f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=test;"
+            f"SharedAccessKey={SECRET_KEY};UseDevelopmentEmulator=true")
+
+
+@pytest.fixture
+def backend(sb_broker):
+    sb_broker.create_queue("work", lock_duration=5)
+    b = ServiceBusBackend("work", connection_string=_cs(sb_broker.port), worker_id="w1",
+                          lock_duration=5, receivers=1, receive_wait=0.5)
+    yield b
+    b.close()
+    assert not [t for t in threading.enumerate() if t.name == "sb-opener" and t.is_alive()]
+
+
+@pytest.mark.parametrize("exc, lease, expected", [
+    (MessageLockLostError(message="lock lost"), True, LeaseLost),
+    (MessageAlreadySettled(action="complete"), True, LeaseLost),
+    (MessageNotFoundError(message="gone"), True, LeaseLost),
+    (MessageLockLostError(message="lock lost"), False, BackendError),
+    (ServiceBusConnectionError(message="reset"), True, BackendError),
+    (OperationTimeoutError(message="slow"), True, BackendError),
+    (ServiceBusServerBusyError(message="busy"), True, BackendError),
+    (ServiceBusError("something"), True, BackendError),
+    (TimeoutError(), False, BackendError),
+    (ServiceBusAuthenticationError(message="bad key"), False, BackendConfigError),
+    (ServiceBusAuthorizationError(message="no Listen claim"), True, BackendConfigError),
+    (MessagingEntityNotFoundError(message="no queue"), False, BackendConfigError),
+])
+def test_error_mapping(exc, lease, expected):
+    error = translate(exc, "op", Scrubber(None, None), lease=lease)
+    assert type(error) is expected
+    assert str(error).startswith("op: ")
+
+
+def test_errors_are_scrubbed():
+    scrub = Scrubber(_cs(1), None)
+    error = translate(ServiceBusConnectionError(message=f"failed with {_cs(1)} and {SECRET_KEY}"),
+                      "receive", scrub)
+    assert SECRET_KEY not in str(error) and SECRET_KEY not in repr(error)
+
+
+def test_lock_check_prefers_the_configured_lock_and_the_shorter_plausible_one(caplog):
+    check = LockCheck(60.0)
+    assert check.granted(60.4) == 60.0
+    assert check.granted(58.5) == 60.0  # within 2 s: latency, small skew
+    with caplog.at_level(logging.WARNING):
+        assert check.granted(30.0) == 30.0  # queue lock shorter than --lock-duration
+        assert check.granted(-500.0) == 60.0  # a skewed clock: not plausible
+    assert len(caplog.records) == 1  # warned once
+
+
+def test_bad_connection_string_and_dead_endpoint_leak_no_key(sb_broker):
+    with pytest.raises(BackendConfigError) as info:
+        ServiceBusBackend("work", connection_string=f"nonsense;SharedAccessKey={SECRET_KEY}")
+    assert SECRET_KEY not in str(info.value)
+    port = sb_broker.port
+    sb_broker.stop()  # nothing listens there any more
+    b = ServiceBusBackend("work", connection_string=_cs(port))
+    try:
+        assert SECRET_KEY not in repr(b)
+        with pytest.raises(BackendError) as info2:
+            b.size()
+        assert SECRET_KEY not in str(info2.value)
+    finally:
+        b.close()
+
+
+def test_receive_renew_complete(backend, sb_broker):
+    backend.push([Task(cmd="true", id="t1")])
+    sb_broker.send("work", b"poison")
+    assert [t.id if isinstance(t, Task) else t for t in backend.peek(5)] == ["t1", "poison"]
+    assert backend.size() == 2
+    (lease,) = backend.receive(1, 5)
+    assert (lease.task.id, lease.attempt, lease.message_id, lease.lock_duration) == (
+        "t1", 1, "t1", 5)
+    assert lease.renew(3) == 5
+    assert len(sb_broker.events("renew")) == 1
+    lease.complete()
+    with pytest.raises(LeaseLost):
+        lease.complete()
+    (poison,) = backend.receive(4, 5)
+    assert poison.task is None and "not JSON" in poison.format_error
+    poison.dead_letter("bad message", poison.raw_body)
+    assert sb_broker.active_count("work") == 0 and backend.clear(failed=True) == 1
+
+
+def test_lock_shorter_than_configured_is_seen(sb_broker, caplog):
+    sb_broker.create_queue("work", lock_duration=5)
+    b = ServiceBusBackend("work", connection_string=_cs(sb_broker.port), lock_duration=60,
+                          receivers=1, receive_wait=0.5)
+    try:
+        b.push([Task(cmd="true")])
+        with caplog.at_level(logging.WARNING):
+            (lease,) = b.receive(1, 60)
+        assert 3 < lease.lock_duration <= 5
+        assert "using the shorter" in caplog.text
+        assert 3 < lease.renew(3) <= 5.5
+        lease.release(count_attempt=True)
+    finally:
+        b.close()
+    assert sb_broker.delivery_counts("work") == [1]
+
+
+def test_expired_lock_is_lease_lost(backend, sb_broker):
+    backend.push([Task(cmd="true")])
+    (lease,) = backend.receive(1, 5)
+    sb_broker.expire_locks("work")
+    with pytest.raises(LeaseLost):
+        lease.renew(3)
+    with pytest.raises(LeaseLost):
+        lease.complete()
+    (again,) = backend.receive(1, 5)
+    assert again.attempt == 2
+    again.dead_letter("gave up", "some output", 3)
+    (dead,) = backend.failed()
+    assert (dead.reason, dead.exit_status, dead.attempts, dead.output_tail, dead.worker) == (
+        "gave up", 3, 2, "some output", "w1")
+
+
+def test_calls_are_bounded_when_the_broker_hangs(backend, sb_broker):
+    backend.push([Task(cmd="true")])
+    (lease,) = backend.receive(1, 5)
+    sb_broker.freeze()
+    try:
+        started = time.monotonic()
+        with pytest.raises(BackendError) as info:
+            lease.renew(1.0)
+        assert not isinstance(info.value, LeaseLost)
+        assert time.monotonic() - started < 2.0
+        started = time.monotonic()
+        with pytest.raises(BackendError):
+            lease.complete()  # bounded by the time left on the lock
+        assert time.monotonic() - started < 4.0
+        started = time.monotonic()
+        try:
+            assert backend.receive(1, 5) == []
+        except BackendError:
+            pass  # no spare receiver open yet: fine, as long as it does not hang
+        assert time.monotonic() - started < 3.0
+    finally:
+        sb_broker.unfreeze()
+
+
+def test_preemption_resends_with_the_attempt_given_back(backend, sb_broker):
+    backend.push([Task(cmd="true", id="t1")])
+    (lease,) = backend.receive(1, 5)
+    lease.release(count_attempt=False)
+    (info,) = sb_broker.messages("work")
+    assert info.message_id.startswith("p-") and info.application_properties == {
+        "jobq_prior_attempts": 0}
+    (again,) = backend.receive(1, 5)
+    assert (again.task.id, again.task.preemptions, again.attempt) == ("t1", 1, 1)
+    again.release(count_attempt=True)
+    (third,) = backend.receive(1, 5)
+    assert third.attempt == 2
+    third.release(count_attempt=False)
+    (fourth,) = backend.receive(1, 5)
+    assert (fourth.attempt, fourth.task.preemptions) == (2, 2)
+    fourth.complete()
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("JOBQ_")}
+
+
+@pytest.mark.parametrize("prog, args", [
+    ("jobq-ctl", ["size"]),
+    ("jobq-supervisor", []),
+    ("jobq-ctl", ["--connection-string", "x", "--namespace", "n.servicebus.windows.net",
+                  "size"]),
+])
+def test_exactly_one_credential(prog, args):
+    res = subprocess.run(command(prog) + ["--backend", "servicebus", *args], capture_output=True,
+                         text=True, timeout=60, env=_clean_env())
+    assert res.returncode == 2, res.stderr
+    assert "exactly one of" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_bad_namespace_exits_2():
+    res = subprocess.run(command("jobq-ctl") + ["--backend", "servicebus", "--namespace",
+                                                "not a namespace!", "size"],
+                         capture_output=True, text=True, timeout=60, env=_clean_env())
+    assert res.returncode == 2 and "--namespace" in res.stderr
