@@ -61,7 +61,9 @@ class ServiceBusBackend:
     """One Service Bus queue and its dead-letter sub-queue.  Main thread unless stated."""
 
     name = "servicebus"
-    lost_lease_return_delay = 0.0  # a lapsed lock makes the message available again
+    # A lapsed lock makes the message available again; our estimate of the broker's expiry
+    # can be early by a renewal's transit, and an idle receiver may hold it for a moment.
+    lost_lease_return_delay = 5.0
 
     def __init__(self, queue: str, *, connection_string: str | None = None,
                  namespace: str | None = None, credential: Any = None, worker_id: str = "",

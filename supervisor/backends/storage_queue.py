@@ -63,7 +63,8 @@ class StorageQueueBackend:
     """A Storage Queue and its ``-failed`` companion.  Main thread unless stated."""
 
     name = "storage-queue"
-    lost_lease_return_delay = 0.0  # a lapsed visibility timeout makes the message visible
+    # A lapsed visibility timeout makes the message visible; slack for a renewal in transit.
+    lost_lease_return_delay = 2.0
 
     def __init__(self, queue: str, *, connection_string: str | None = None,
                  account_url: str | None = None, worker_id: str = "",
