@@ -39,6 +39,7 @@ from .process import (
     set_child_subreaper,
     task_environment,
 )
+from .security import TaskGuard
 from .settings import Settings
 from .watchdog import RunningTask, Watchdog
 
@@ -63,8 +64,11 @@ class State(enum.Enum):
 
 class Worker:
     def __init__(self, settings: Settings, backend: Backend,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 guard: TaskGuard | None = None) -> None:
         self.s = settings
+        # signature/allow-list checks, task user, resource limits (security.py)
+        self.guard = guard if guard is not None else TaskGuard.from_settings(settings)
         self.backend = backend
         self.clock = clock
         self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -408,6 +412,13 @@ class Worker:
         max_attempts = task.max_attempts or self.s.max_attempts
         log.info("received task (attempt %d of %d): %s", lease.attempt, max_attempts,
                  _short(task.cmd), extra={"task_id": task_id, "attempt": lease.attempt})
+        refusal = self.guard.refusal(task, time.time())
+        if refusal is not None:  # never run: the message may come from anyone who can write
+            log.error("%s; dead-lettering it without a run", refusal, extra={"task_id": task_id})
+            self._settle(keeper, lambda le: le.dead_letter(refusal, "", None), "dead-lettered")
+            self.counts["dead_lettered"] += 1
+            self.metrics.task_dead_lettered()
+            return
         if lease.attempt > max_attempts:
             reason = f"attempts exhausted ({lease.attempt - 1} of {max_attempts} used)"
             log.error("%s; failing it without a run", reason, extra={"task_id": task_id})
@@ -420,11 +431,13 @@ class Worker:
             "JOBQ_QUEUE_NAME": self.s.queue,
             "JOBQ_ATTEMPT": str(lease.attempt),
             "PYTHONUNBUFFERED": "1",
+            **self.guard.environment(),
         })
         env.update(task.env)
         marker = f"{self.token}:{self._seq}"
         try:
-            proc = TaskProcess.spawn(task.cmd, env, task.cwd, marker)
+            proc = TaskProcess.spawn(task.cmd, env, task.cwd, marker,
+                                     **self.guard.spawn_options())
         except OSError as exc:
             reason = f"spawn failed: {exc.strerror or exc}" + (
                 f" (cwd {task.cwd})" if task.cwd and isinstance(exc, FileNotFoundError) else "")
@@ -538,7 +551,7 @@ class Worker:
         if rt.term_reason == "time limit":
             reason = f"task time limit of {self.s.task_time_limit:g}s exceeded ({status})"
         else:
-            reason = status
+            reason = status if rt.term_reason else self.guard.annotate_failure(status, rc, tail)
         log.warning("finished: %s in %.1fs", reason, duration, extra=extra)
         max_attempts = (rt.task.max_attempts if rt.task is not None else None) or \
             self.s.max_attempts
