@@ -214,7 +214,6 @@ def worker_main(argv: list[str] | None = None) -> int:
     except SecurityConfigError as exc:
         return _fail_usage("jobq-supervisor", str(exc))
     setup_logging(settings.log_level, settings.log_format)
-    guard.log_warnings()
     if settings.lock_file:
         from .lockfile import AlreadyRunning, acquire
 

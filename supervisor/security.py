@@ -277,7 +277,7 @@ class TaskGuard:
                    max_procs=procs, prlimit=prlimit, warnings=tuple(warnings))
 
     def log_warnings(self) -> None:
-        """One WARNING line each (main thread, once at start)."""
+        """One WARNING line each (main thread, once: when the first receive succeeded)."""
         for text in self.warnings:
             log.warning("%s", text)
 

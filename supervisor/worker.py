@@ -386,6 +386,8 @@ class Worker:
         if not self.ready_sent:
             self.notifier.ready()
             self.ready_sent = True
+            # once ready, not before: a run stopped by a config error stays one line
+            self.guard.log_warnings()
         if len(leases) < free:
             self.next_receive = t_sent + self.s.poll_interval
             if not leases:

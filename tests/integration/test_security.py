@@ -7,7 +7,6 @@ user ``jobqtest`` they create when missing.
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import shutil
