@@ -298,3 +298,24 @@ def test_sigterm_ignoring_user_task_is_killed_on_shutdown_and_by_the_lifeline(
     sup.signal(signal.SIGKILL)
     sup.wait(10)
     assert death_time(procs, 10) is not None, "the lifeline did not kill the user's task"
+
+
+def test_task_user_needs_a_root_supervisor(task_user):
+    """Started as an ordinary user, --task-user is a configuration error (exit 2, one line).
+
+    The venv's interpreter may live where that user cannot go (/root/.pyenv): run the system
+    python3 on this tree and the venv's site-packages instead, when that imports."""
+    site = Path(psutil.__file__).parents[1]
+    env = dict(os.environ, PYTHONPATH=f"{Path(__file__).parents[2]}:{site}")
+    argv = [SYSTEM_PYTHON, "-c", "import sys; from supervisor.cli import worker_main; "
+            "sys.exit(worker_main())", "--task-user", "nobody"]
+    as_user = dict(user=task_user.pw_uid, group=task_user.pw_gid, extra_groups=[], cwd="/",
+                   env=env, capture_output=True, text=True, timeout=20)
+    probe = subprocess.run(argv[:2] + ["import supervisor.cli, psutil"], **as_user)
+    if probe.returncode != 0:
+        pytest.skip(f"the task user cannot import this tree: {probe.stderr.strip()[-200:]}")
+    res = subprocess.run(argv, **as_user)
+    assert res.returncode == 2, res.stderr
+    [line] = res.stderr.strip().splitlines()
+    assert "--task-user: switching to another user needs root" in line
+    assert f"runs as uid {task_user.pw_uid}" in line
