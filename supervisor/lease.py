@@ -17,7 +17,7 @@ from typing import Callable
 
 from .backends.base import BackendError, Lease, LeaseLost
 from .settings import safety_margin
-from .threads import start_thread
+from .threads import start_fast
 
 log = logging.getLogger("jobq.lease")
 
@@ -61,11 +61,10 @@ class LeaseKeeper:
         self._wake = threading.Event()
         self._settlement: Settlement | None = None
         self._finish_requested = False
-        self._thread: threading.Thread | None = None
 
     # -- main thread ---------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = start_thread(self._run, f"lease-{self.task_id[:12]}")
+        start_fast(self._run)
 
     def finish(self, settlement: Settlement | None, description: str = "") -> None:
         """Stop renewing and run ``settlement`` on the keeper thread (None: settle nothing)."""

@@ -37,25 +37,31 @@ class Lifeline:
             close_fds=True,
         )
         self.pid = self._proc.pid
+        self._pending: list[str] = []
 
-    def _send(self, line: str) -> None:
-        stdin = self._proc.stdin
-        if stdin is None:
+    def register(self, pgid: int) -> None:
+        self._pending.append(f"+{pgid}\n")
+
+    def unregister(self, pgid: int) -> None:
+        self._pending.append(f"-{pgid}\n")
+
+    def flush(self) -> None:
+        """Send what was registered this turn in one write (main thread, once per turn).
+
+        A task spawned a moment before the supervisor dies and not yet sent is still found
+        by the helper through the JOBQ_LIFELINE marker in its environment."""
+        if not self._pending or self._proc.stdin is None:
             return
+        data, self._pending = "".join(self._pending).encode("ascii"), []
         try:
-            stdin.write(line.encode("ascii"))
-            stdin.flush()
+            self._proc.stdin.write(data)
+            self._proc.stdin.flush()
         except (BrokenPipeError, ValueError, OSError):
             pass
 
-    def register(self, pgid: int) -> None:
-        self._send(f"+{pgid}\n")
-
-    def unregister(self, pgid: int) -> None:
-        self._send(f"-{pgid}\n")
-
     def close(self, timeout: float = 5.0) -> None:
         """Clean exit: EOF lets the helper sweep once more and leave."""
+        self.flush()
         if self._proc.stdin is not None:
             try:
                 self._proc.stdin.close()

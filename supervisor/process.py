@@ -20,16 +20,15 @@ import os
 import re
 import signal
 import subprocess
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable
 
 import psutil
 
+from .output import TaskOutput
+
 log = logging.getLogger("jobq.process")
 
-OUTPUT_TAIL_BYTES = 20 * 1024
 MARKER_VAR = "JOBQ_LIFELINE"
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -57,78 +56,6 @@ def task_environment(base: dict[str, str], extra: dict[str, str]) -> dict[str, s
     return env
 
 
-class OutputTail:
-    """Streams a task's output to the log line by line and keeps the last ~20 KiB.
-
-    Runs one reader thread per task; ``on_eof`` is called from that thread when the pipe closes
-    (all holders of the write end are gone).
-    """
-
-    def __init__(self, task_id: str, pipe, on_eof: Callable[[], None], logger: logging.Logger,
-                 log_file: str | None = None) -> None:
-        self._task_id = task_id
-        self._pipe = pipe
-        self._on_eof = on_eof
-        self._log = logger
-        self._lines: collections.deque[str] = collections.deque()
-        self._size = 0
-        self._lock = threading.Lock()
-        self.closed = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"output-{task_id[:12]}",
-                                        daemon=True)
-        self._log_file = log_file
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        """Reader thread: read lines until EOF."""
-        out = None
-        try:
-            if self._log_file:
-                try:
-                    out = open(self._log_file, "ab")
-                except OSError as exc:
-                    self._log.warning("cannot open task log %s: %s", self._log_file, exc,
-                                      extra={"task_id": self._task_id})
-            for raw in iter(self._pipe.readline, b""):
-                if out is not None:
-                    try:
-                        out.write(raw)
-                        out.flush()
-                    except OSError as exc:
-                        self._log.warning("task log %s: %s", self._log_file, exc,
-                                          extra={"task_id": self._task_id})
-                        out.close()
-                        out = None
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                self._log.info("%s", line, extra={"task_id": self._task_id, "stream": "output"})
-                self._append(line)
-        except (OSError, ValueError) as exc:
-            self._log.debug("output reader stopped: %s", exc, extra={"task_id": self._task_id})
-        finally:
-            if out is not None:
-                out.close()
-            try:
-                self._pipe.close()
-            except OSError:
-                pass
-            self.closed.set()
-            self._on_eof()
-
-    def _append(self, line: str) -> None:
-        with self._lock:
-            self._lines.append(line)
-            self._size += len(line) + 1
-            while self._size > OUTPUT_TAIL_BYTES and len(self._lines) > 1:
-                self._size -= len(self._lines.popleft()) + 1
-
-    def text(self) -> str:
-        with self._lock:
-            text = "\n".join(self._lines)
-        return text[-OUTPUT_TAIL_BYTES:]
-
-
 @dataclass
 class TaskProcess:
     """One running task's process: its shell's Popen, its group and its marker."""
@@ -136,7 +63,7 @@ class TaskProcess:
     popen: subprocess.Popen
     marker: str  # value of JOBQ_LIFELINE in the task's environment
     pgid: int
-    output: OutputTail | None = None
+    output: TaskOutput | None = None
     returncode: int | None = None
     known_pids: set[int] = field(default_factory=set)
 
@@ -149,7 +76,7 @@ class TaskProcess:
               argv_prefix: Sequence[str] = (), user: int | None = None,
               group: int | None = None, extra_groups: Sequence[int] | None = None,
               ) -> TaskProcess:
-        """Start ``bash -c cmd`` in a new session (main thread).  Raises OSError on failure.
+        """Start ``bash -c cmd`` in a new session (a spawner thread).  Raises OSError.
 
         ``argv_prefix`` is a launcher that execs the shell in place (``prlimit ... --``), so the
         pid stays the group leader; ``user``/``group``/``extra_groups`` are Popen's own (the
@@ -161,7 +88,7 @@ class TaskProcess:
             user=user,
             group=group,
             extra_groups=extra_groups,
-            stdin=subprocess.DEVNULL,
+            stdin=_devnull(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=env,
@@ -187,6 +114,16 @@ class TaskProcess:
         except PermissionError:
             return True
         return True
+
+
+_DEVNULL: list[int] = []
+
+
+def _devnull() -> int:
+    """One /dev/null descriptor for every task's stdin (opening it per spawn costs time)."""
+    if not _DEVNULL:
+        _DEVNULL.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+    return _DEVNULL[0]
 
 
 def describe_exit(returncode: int) -> str:

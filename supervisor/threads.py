@@ -8,6 +8,7 @@ where the handler enqueues them at once.
 
 from __future__ import annotations
 
+import _thread
 import signal
 import threading
 from typing import Callable
@@ -25,3 +26,18 @@ def start_thread(target: Callable[[], None], name: str) -> threading.Thread:
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     return thread
+
+
+def start_fast(target: Callable[[], None]) -> None:
+    """Like start_thread, without waiting for the thread to be scheduled (main thread).
+
+    ``threading.Thread.start`` blocks until the new thread runs; on a busy 2-core machine that
+    wait cost the main loop more per task than the spawn.  Lease keepers signal their own end
+    through an Event, so they need no Thread object to join.
+    """
+
+    def run() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
+        target()
+
+    _thread.start_new_thread(run, ())

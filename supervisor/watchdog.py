@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .lease import LeaseKeeper
-from .process import TaskProcess, our_children, signal_group, signal_pids, task_trees
+from .process import (
+    TaskProcess,
+    our_children,
+    read_marker,
+    signal_group,
+    signal_pids,
+    task_trees,
+)
 from .threads import start_thread
 
 log = logging.getLogger("jobq.watchdog")
@@ -219,8 +226,11 @@ class Watchdog:
         if not pending:
             return False
         exclude = self._shell_pids()
-        strays = [p for p in our_children() if p not in exclude]
-        trees = task_trees([rt.proc for rt in pending], exclude) if strays else {}
+        # Only an adopted orphan of one of these tasks calls for the (costly) /proc walk; a
+        # child that is merely a shell spawned a moment ago carries another task's marker.
+        markers = {rt.proc.marker for rt in pending}
+        orphans = [p for p in our_children() if p not in exclude and read_marker(p) in markers]
+        trees = task_trees([rt.proc for rt in pending], exclude) if orphans else {}
         busy = False
         for rt in pending:
             pids = trees.get(rt.proc.marker, set())

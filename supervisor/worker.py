@@ -22,6 +22,7 @@ from .lease import LeaseKeeper
 from .lifeline import Lifeline
 from .metrics import Metrics
 from .notify import Notifier
+from .output import OutputPump, TaskOutput
 from .preemption import (
     STOP_SIGNALS,
     PreemptEvent,
@@ -32,8 +33,6 @@ from .preemption import (
     scheduled_events_enabled,
 )
 from .process import (
-    OutputTail,
-    TaskProcess,
     describe_exit,
     reap_orphans,
     set_child_subreaper,
@@ -41,6 +40,7 @@ from .process import (
 )
 from .security import TaskGuard
 from .settings import Settings
+from .spawner import Spawner, SpawnJob
 from .watchdog import RunningTask, Watchdog
 
 log = logging.getLogger("jobq.worker")
@@ -50,6 +50,8 @@ EXIT_OK, EXIT_UNEXPECTED, EXIT_FAILURES, EXIT_TASKS_FAILED = 0, 1, 3, 4
 OUTPUT_GRACE = 1.0  # after the shell exits, wait this long at most for the output to close
 EXTERNAL_SIGTERM_GRACE = 1.0  # a task killed by SIGTERM from outside: is a stop coming?
 ORPHAN_REAP_EVERY = 5.0
+ORPHAN_REAP_BUSY = 0.2
+SPAWN_THREADS = 2
 BACKEND_RETRY_MAX = 10.0
 PREEMPT_MARGIN = 5.0  # a preempted task is SIGKILLed this long before the event's NotBefore
 STATUS_EVERY = 1.0
@@ -84,6 +86,11 @@ class Worker:
         # released task id -> (keeper doing the release, delay) or when a lost lease is back
         self.awaiting_return: dict[str, tuple[LeaseKeeper, float] | float] = {}
         self.lifeline: Lifeline | None = None
+        self.output_pump = OutputPump()
+        self.spawner = Spawner(SPAWN_THREADS, on_done=lambda job: self.events.put(job))
+        self.starting: list[SpawnJob] = []  # submitted to the spawner, not yet back
+        # The inherited environment minus secrets, computed once: os.environ does not change.
+        self.base_env = task_environment(dict(os.environ), {"PYTHONUNBUFFERED": "1"})
         self.watchdog = Watchdog(kill_timeout=settings.kill_timeout,
                                  lock_lost_behavior=settings.lock_lost_behavior, clock=clock,
                                  exclude_pids=self._helper_pids)
@@ -119,6 +126,8 @@ class Worker:
             set_child_subreaper()
             self.lifeline = Lifeline(self.token)
             self.watchdog.start()
+            self.output_pump.start()
+            self.spawner.start()
             self._start_poller()
             log.info("worker %s started: backend=%s queue=%s slots=%d lock=%gs renew=%gs",
                      self.s.worker_id, self.s.backend, self.s.queue, self.s.num_workers,
@@ -157,6 +166,10 @@ class Worker:
         return {self.lifeline.pid} if self.lifeline is not None else set()
 
     def _teardown(self) -> None:
+        self.spawner.stop()
+        for job in list(self.starting):  # forked by now: register them so they are killed
+            if job.done.is_set():
+                self._spawned(job)
         for rt in self.active + self.cleaning:
             rt.kill_reason = rt.kill_reason or "supervisor exiting"
         if self.active or self.cleaning:
@@ -171,6 +184,7 @@ class Worker:
         for keeper in self.settling:
             keeper.join(max(0.0, budget - self.clock()))
         self.watchdog.stop()
+        self.output_pump.stop()
         if self.poller is not None:
             self.poller.stop()
         if self.lifeline is not None:
@@ -190,13 +204,16 @@ class Worker:
         for item in self._wait(self._next_wakeup()):
             if isinstance(item, int):
                 self._on_signal(item)
+            elif isinstance(item, SpawnJob):
+                self._spawned(item)
             elif isinstance(item, tuple) and item[0] == "scheduled-event":
                 self._on_scheduled_event(item[1])
 
     def _next_wakeup(self) -> float:
         now = self.clock()
         t = now + self.s.poll_interval
-        if self.state is State.RUNNING and len(self.active) < self.s.num_workers:
+        if (self.state is State.RUNNING
+                and len(self.active) + len(self.starting) < self.s.num_workers):
             t = min(t, self.next_receive)
         for rt in self.active:
             if rt.exited_at is not None:
@@ -306,6 +323,9 @@ class Worker:
                 and self.poller is not None and self.preempt_event is not None):
             self.preempt_acked = self.poller.acknowledge(self.preempt_event.event_id)
         self._report(self.clock())
+        if self.lifeline is not None:
+            self.lifeline.flush()
+        self.output_pump.flush()
 
     def _report(self, now: float) -> None:
         """systemd status/watchdog and the metrics file (main thread)."""
@@ -337,7 +357,7 @@ class Worker:
 
     def _finished(self) -> bool:
         if self.state in (State.STOPPING, State.DRAINING):
-            return not self.active and not self.settling
+            return not self.active and not self.settling and not self.starting
         if self.state is State.PREEMPTING:
             return False  # the VM goes away, or the event is cancelled and we go on
         if self.s.exit_when_empty and self._empty():
@@ -346,7 +366,7 @@ class Worker:
         return False
 
     def _empty(self) -> bool:
-        if self.active or self.settling or self.last_empty_receive is None:
+        if self.active or self.starting or self.settling or self.last_empty_receive is None:
             return False
         for back in self.awaiting_return.values():
             if isinstance(back, tuple):  # a retry: visible `delay` after its release was written
@@ -367,7 +387,7 @@ class Worker:
 
     # ------------------------------------------------------------------------- receive
     def _receive(self, now: float) -> None:
-        free = self.s.num_workers - len(self.active)
+        free = self.s.num_workers - len(self.active) - len(self.starting)
         if free <= 0 or now < self.next_receive:
             return
         t_sent = self.clock()
@@ -428,19 +448,26 @@ class Worker:
             self.counts["failed"] += 1
             return
         self._seq += 1
-        env = task_environment(dict(os.environ), {
-            "JOBQ_TASK_ID": task.id,
-            "JOBQ_QUEUE_NAME": self.s.queue,
-            "JOBQ_ATTEMPT": str(lease.attempt),
-            "PYTHONUNBUFFERED": "1",
-            **self.guard.environment(),
-        })
+        env = dict(self.base_env)
+        env.update(JOBQ_TASK_ID=task.id, JOBQ_QUEUE_NAME=self.s.queue,
+                   JOBQ_ATTEMPT=str(lease.attempt), **self.guard.environment())
         env.update(task.env)
         marker = f"{self.token}:{self._seq}"
-        try:
-            proc = TaskProcess.spawn(task.cmd, env, task.cwd, marker,
-                                     **self.guard.spawn_options())
-        except OSError as exc:
+        job = SpawnJob(task.cmd, env, task.cwd, marker, context=(lease, keeper, max_attempts),
+                       options=self.guard.spawn_options())
+        self.starting.append(job)
+        self.spawner.submit(job)
+
+    def _spawned(self, job: SpawnJob) -> None:
+        """A spawner thread is done with ``job``: register the task (main thread)."""
+        self.starting.remove(job)
+        lease, keeper, max_attempts = job.context
+        task = lease.task
+        task_id = task.id
+        proc = job.proc
+        if proc is None:
+            exc = job.error
+            assert exc is not None
             reason = f"spawn failed: {exc.strerror or exc}" + (
                 f" (cwd {task.cwd})" if task.cwd and isinstance(exc, FileNotFoundError) else "")
             log.error("%s", reason, extra={"task_id": task_id})
@@ -456,12 +483,13 @@ class Worker:
         log_file = None
         if self.s.task_log_dir:
             log_file = os.path.join(self.s.task_log_dir, f"{task_id}.{lease.attempt}.log")
-        proc.output = OutputTail(task_id, proc.popen.stdout, lambda: self.events.put(None),
+        assert proc.popen.stdout is not None
+        proc.output = TaskOutput(task_id, proc.popen.stdout, lambda: self.events.put(None),
                                  task_log, log_file)
         self.metrics.task_started()
         log.info("started pid=%d pgid=%d", proc.pid, proc.pgid,
                  extra={"task_id": task_id, "pid": proc.pid})
-        proc.output.start()
+        self.output_pump.add(proc.output)
         self.active.append(rt)
         self.watchdog.add(rt)
         if self.state in (State.STOPPING, State.PREEMPTING):
@@ -474,10 +502,16 @@ class Worker:
             if rt.exited_at is None and rt.proc.poll() is not None:
                 rt.exited_at = now
                 exited = True
-        if exited or self.cleaning or now >= self.next_orphan_reap:
+        # Orphans (leftovers of exited shells) are reaped soon while some are being cleaned
+        # up, else now and then; not on every exit, which would cost every task a /proc read.
+        busy = any(rt.cleanup_deadline is not None and not rt.clean.is_set()
+                   for rt in self.cleaning)
+        if busy:
+            self.next_orphan_reap = min(self.next_orphan_reap, now + ORPHAN_REAP_BUSY)
+        if now >= self.next_orphan_reap and not self.starting:
             registered = {rt.proc.pid for rt in self.active if rt.exited_at is None}
             reap_orphans(registered | self._helper_pids())
-            self.next_orphan_reap = now + ORPHAN_REAP_EVERY
+            self.next_orphan_reap = now + (ORPHAN_REAP_BUSY if busy else ORPHAN_REAP_EVERY)
         if exited:
             self.watchdog.wake()  # leftovers of exited shells
 

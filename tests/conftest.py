@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -16,6 +17,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+# Every supervisor a test starts carries this tag, and its tasks inherit it: leak checks look
+# only at our own processes, not at those of another suite running on the same machine.
+SESSION_TAG = uuid.uuid4().hex
 
 
 def command(name: str) -> list[str]:
@@ -41,7 +45,7 @@ def wait_for(cond: Callable[[], object], timeout: float = 30.0, interval: float 
 
 
 def marked_processes(token_prefix: str = "") -> list[psutil.Process]:
-    """Live (non-zombie) processes that carry a task marker (JOBQ_LIFELINE)."""
+    """Live (non-zombie) task processes (JOBQ_LIFELINE marker) of this test session."""
     found = []
     for proc in psutil.process_iter():
         try:
@@ -50,7 +54,8 @@ def marked_processes(token_prefix: str = "") -> list[psutil.Process]:
             env = proc.environ()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        if env.get("JOBQ_LIFELINE", "").startswith(token_prefix) and "JOBQ_LIFELINE" in env:
+        if (env.get("JOBQ_LIFELINE", "").startswith(token_prefix) and "JOBQ_LIFELINE" in env
+                and env.get("JOBQ_TEST_SESSION") == SESSION_TAG):
             found.append(proc)
     return found
 
@@ -63,6 +68,7 @@ class Supervisor:
         self.log_path = tmp / f"{name}.log"
         self._log = open(self.log_path, "wb")
         full_env = dict(os.environ)
+        full_env["JOBQ_TEST_SESSION"] = SESSION_TAG
         full_env.update(env or {})
         self.proc = subprocess.Popen(
             command("jobq-supervisor") + args, stdout=self._log, stderr=subprocess.STDOUT,

@@ -34,5 +34,8 @@ def open_backend(settings: Settings, for_ctl: bool = False) -> Backend:
             connection_string=settings.connection_string,
             account_url=settings.account_url,
             worker_id=settings.worker_id,
+            # The main thread receives: a hung call must not hold up signal handling long.
+            connect_timeout=3.0,
+            read_timeout=5.0,
         )
     raise BackendConfigError(f"--backend: {settings.backend} is not available yet")

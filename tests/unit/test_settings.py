@@ -134,7 +134,18 @@ def test_renew_every_explicit_flag_wins() -> None:
 # --------------------------------------------------------------------------- validate
 def test_defaults_validate() -> None:
     for backend in ("sqlite", "storage-queue", "servicebus"):
+        creds = {} if backend == "sqlite" else {"connection_string": "x"}
+        Settings(backend=backend, **creds).validate()
+
+
+@pytest.mark.parametrize("backend", ["storage-queue", "servicebus"])
+def test_azure_backends_need_exactly_one_credential(backend) -> None:
+    other = {"account_url": "https://a"} if backend == "storage-queue" else {"namespace": "n"}
+    with pytest.raises(SettingsError, match="exactly one"):
         Settings(backend=backend).validate()
+    with pytest.raises(SettingsError, match="exactly one"):
+        Settings(backend=backend, connection_string="x", **other).validate()
+    Settings(backend=backend, **other).validate()
 
 
 def _error(**kwargs) -> str:
@@ -148,7 +159,8 @@ def test_renew_interval_too_long_for_the_lock() -> None:
     assert _error(renew_interval=2430.0).startswith("--renew-interval")
     assert _error(renew_interval=3000.0).startswith("--renew-interval")
     Settings(renew_interval=2429.0).validate()
-    assert _error(backend="servicebus", renew_interval=54.0).startswith("--renew-interval")
+    assert _error(backend="servicebus", connection_string="x",
+                  renew_interval=54.0).startswith("--renew-interval")
 
 
 @pytest.mark.parametrize(
@@ -165,8 +177,10 @@ def test_renew_interval_too_long_for_the_lock() -> None:
         ({"retry_delay": -1.0}, "--retry-delay"),
         ({"renew_before": -1.0}, "--renew-before"),
         ({"stale_lock_age": -1.0}, "--stale-lock-age"),
-        ({"backend": "storage-queue", "lock_duration": 604801.0}, "--lock-duration"),
-        ({"backend": "storage-queue", "lock_duration": 0.5}, "--lock-duration"),
+        ({"backend": "storage-queue", "connection_string": "x", "lock_duration": 604801.0},
+         "--lock-duration"),
+        ({"backend": "storage-queue", "connection_string": "x", "lock_duration": 0.5},
+         "--lock-duration"),
         ({"lock_duration": 0.0}, "--lock-duration"),
         ({"renew_interval": 0.0}, "--renew-interval"),
         ({"backend": "redis"}, "--backend"),
@@ -185,7 +199,7 @@ def test_validate_names_the_option(kwargs: dict, option: str) -> None:
 
 @pytest.mark.parametrize("visibility", [1.0, 604800.0])
 def test_storage_queue_visibility_bounds_are_inclusive(visibility: float) -> None:
-    Settings(backend="storage-queue", lock_duration=visibility).validate()
+    Settings(backend="storage-queue", connection_string="x", lock_duration=visibility).validate()
 
 
 def test_repr_hides_the_connection_string() -> None:
@@ -268,7 +282,8 @@ def test_cli_invalid_setting_is_usage_error_naming_the_option() -> None:
 
 
 def test_cli_visibility_timeout_is_an_alias_of_lock_duration() -> None:
-    s = parse_worker_settings(["--backend", "storage-queue", "--visibility-timeout", "5m"])
+    s = parse_worker_settings(["--backend", "storage-queue", "--visibility-timeout", "5m",
+                               "--connection-string", "UseDevelopmentStorage=true"])
     assert s.lock_duration == 300.0
     assert s.lock == 300.0
     assert parse_worker_settings(["--lock-duration", "90"]).lock_duration == 90.0

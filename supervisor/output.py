@@ -1,0 +1,184 @@
+"""Task output: one pump thread reads every task's pipe, logs it line by line, keeps a tail.
+
+One thread with epoll instead of a reader thread per task: starting a thread per task cost the
+main thread more than the spawn itself at high task rates.  Lines are logged with the task id;
+the last ~20 KiB are kept for the failure reason; an optional per-task log file gets the raw
+bytes.  When a pipe reaches EOF (every holder of its write end is gone) ``on_eof`` runs on the
+pump thread.  The pump never blocks on a pipe: leftovers of a task that still hold it simply
+keep it open until they are killed, and the main loop does not wait for that (see worker.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import selectors
+import threading
+from typing import IO, Callable
+
+from .threads import start_thread
+
+OUTPUT_TAIL_BYTES = 20 * 1024
+MAX_LINE = 64 * 1024  # a line longer than this is logged in pieces
+
+
+class TaskOutput:
+    """One task's output state.  Written by the pump thread; ``text()`` from any thread."""
+
+    def __init__(self, task_id: str, pipe: IO[bytes], on_eof: Callable[[], None],
+                 logger: logging.Logger, log_file: str | None = None) -> None:
+        self.task_id = task_id
+        self.pipe = pipe
+        self.on_eof = on_eof
+        self.log = logger
+        self.log_file = log_file
+        self.closed = threading.Event()
+        self._lines: collections.deque[str] = collections.deque()
+        self._size = 0
+        self._partial = b""
+        self._lock = threading.Lock()
+        self._file: IO[bytes] | None = None
+
+    # -- pump thread ---------------------------------------------------------------------
+    def open_file(self) -> None:
+        if not self.log_file:
+            return
+        try:
+            self._file = open(self.log_file, "ab")
+        except OSError as exc:
+            self.log.warning("cannot open task log %s: %s", self.log_file, exc,
+                             extra={"task_id": self.task_id})
+
+    def feed(self, data: bytes) -> None:
+        if self._file is not None:
+            try:
+                self._file.write(data)
+                self._file.flush()
+            except OSError as exc:
+                self.log.warning("task log %s: %s; no longer writing it", self.log_file, exc,
+                                 extra={"task_id": self.task_id})
+                self._close_file()
+        buf = self._partial + data
+        *lines, self._partial = buf.split(b"\n")
+        while len(self._partial) > MAX_LINE:
+            lines.append(self._partial[:MAX_LINE])
+            self._partial = self._partial[MAX_LINE:]
+        for raw in lines:
+            self._emit(raw)
+
+    def finish(self) -> None:
+        if self._partial:
+            self._emit(self._partial)
+            self._partial = b""
+        self._close_file()
+        try:
+            self.pipe.close()
+        except OSError:
+            pass
+        self.closed.set()
+        self.on_eof()
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+
+    def _emit(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", "replace")
+        self.log.info("%s", line, extra={"task_id": self.task_id, "stream": "output"})
+        with self._lock:
+            self._lines.append(line)
+            self._size += len(line) + 1
+            while self._size > OUTPUT_TAIL_BYTES and len(self._lines) > 1:
+                self._size -= len(self._lines.popleft()) + 1
+
+    # -- any thread ----------------------------------------------------------------------
+    def text(self) -> str:
+        with self._lock:
+            text = "\n".join(self._lines)
+        return text[-OUTPUT_TAIL_BYTES:]
+
+
+class OutputPump:
+    """The pump thread and its registry.  ``add`` is called by the main thread."""
+
+    def __init__(self) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._new: collections.deque[TaskOutput] = collections.deque()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = start_thread(self._run, "output-pump")
+
+    def add(self, output: TaskOutput) -> None:
+        """Queue a task's pipe; ``flush`` hands the turn's new pipes over (main thread)."""
+        self._new.append(output)
+
+    def flush(self) -> None:
+        """Wake the pump once per main-loop turn, not once per task (main thread)."""
+        if self._new:
+            self._poke()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._poke()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _poke(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # already awake
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for key, _events in self._selector.select():
+                    output = key.data
+                    if output is None:
+                        self._drain_wake()
+                        continue
+                    self._read(output)
+                while self._new:
+                    output = self._new.popleft()
+                    output.open_file()
+                    os.set_blocking(output.pipe.fileno(), False)
+                    self._selector.register(output.pipe.fileno(), selectors.EVENT_READ, output)
+        finally:
+            for key in list(self._selector.get_map().values()):
+                if key.data is not None:
+                    self._selector.unregister(key.fd)
+                    key.data.finish()
+            self._selector.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _read(self, output: TaskOutput) -> None:
+        fd = output.pipe.fileno()
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            output.log.debug("output read failed: %s", exc, extra={"task_id": output.task_id})
+            data = b""
+        if data:
+            output.feed(data)
+            return
+        self._selector.unregister(fd)
+        output.finish()

@@ -1,0 +1,78 @@
+"""Spawner: a few threads that fork tasks, so that one slow fork does not hold up the loop.
+
+Forking a shell costs ~1.5-2 ms on these machines, and fork_exec releases the GIL: two
+spawner threads start tasks almost twice as fast as the main thread alone (measured 450 vs
+666 spawns/s).  The main thread still decides everything: it submits a prepared job and, when
+the job comes back on its event queue, registers the process (lease, lifeline, output,
+watchdog).  Reaping stays on the main thread; it skips orphan reaping while a job is in
+flight, so a just-forked shell that already exited is never mistaken for an orphan.
+
+These threads keep the default signal mask (unlike our other helper threads): a child
+inherits the mask of the thread that forked it, and a task must not start with SIGTERM
+blocked.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .process import TaskProcess
+
+log = logging.getLogger("jobq.spawner")
+
+
+@dataclass(eq=False)
+class SpawnJob:
+    """Everything the main thread prepared for one task; ``proc``/``error`` are the result."""
+
+    cmd: str
+    env: dict[str, str]
+    cwd: str | None
+    marker: str
+    context: Any = None  # the main thread's own bookkeeping (lease, keeper, task)
+    options: dict[str, Any] = field(default_factory=dict)  # TaskProcess.spawn keywords
+    proc: TaskProcess | None = None
+    error: OSError | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Spawner:
+    def __init__(self, threads: int, on_done: Callable[[SpawnJob], None]) -> None:
+        self._jobs: queue.SimpleQueue[SpawnJob | None] = queue.SimpleQueue()
+        self._on_done = on_done
+        self._threads = [threading.Thread(target=self._run, name=f"spawner-{i}", daemon=True)
+                         for i in range(threads)]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def submit(self, job: SpawnJob) -> None:
+        """Main thread."""
+        self._jobs.put(job)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+        for t in self._threads:
+            t.join(timeout)
+
+    def _run(self) -> None:
+        """Spawner thread: fork each job's shell, hand the result back."""
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                job.proc = TaskProcess.spawn(job.cmd, job.env, job.cwd, job.marker, **job.options)
+            except OSError as exc:
+                job.error = exc
+            except Exception as exc:  # a bug here must not lose the job or kill the thread
+                log.exception("spawning failed unexpectedly")
+                job.error = OSError(str(exc))
+            job.done.set()
+            self._on_done(job)
