@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import logging.handlers
+import queue
 import sys
 import time
 
@@ -24,6 +27,8 @@ class JsonFormatter(logging.Formatter):
                 out[key] = value
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exc"] = record.exc_text
         return json.dumps(out, default=str)
 
 
@@ -42,11 +47,28 @@ class TextFormatter(logging.Formatter):
         return text
 
 
+class _QueueHandler(logging.handlers.QueueHandler):
+    """Hands the record over as it is: our formatters need its extra attributes, and merging
+    args into the message is cheap enough to leave to the listener."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        if record.exc_info:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_info = None
+        return record
+
+
 def setup_logging(level: str, fmt: str) -> None:
+    """Records are built where they are logged; formatting and writing happen on a listener
+    thread, so a busy main loop does not wait on stderr (stopped, and drained, at exit)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    listener = logging.handlers.QueueListener(records, handler)
+    listener.start()
+    atexit.register(listener.stop)
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [_QueueHandler(records)]
     root.setLevel(level.upper())
     # The Azure SDKs log every HTTP request at INFO.
     logging.getLogger("azure").setLevel(max(logging.WARNING, root.level))

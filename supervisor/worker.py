@@ -52,6 +52,8 @@ EXTERNAL_SIGTERM_GRACE = 1.0  # a task killed by SIGTERM from outside: is a stop
 ORPHAN_REAP_EVERY = 5.0
 ORPHAN_REAP_BUSY = 0.2
 SPAWN_THREADS = 2
+LIFELINE_FLUSH_EVERY = 0.2
+CHANGE_PROBE_EVERY = 0.1
 BACKEND_RETRY_MAX = 10.0
 PREEMPT_MARGIN = 5.0  # a preempted task is SIGKILLed this long before the event's NotBefore
 STATUS_EVERY = 1.0
@@ -89,6 +91,9 @@ class Worker:
         self.output_pump = OutputPump()
         self.spawner = Spawner(SPAWN_THREADS, on_done=lambda job: self.events.put(job))
         self.starting: list[SpawnJob] = []  # submitted to the spawner, not yet back
+        self.next_lifeline_flush = clock()
+        # A cheap "anything new?" probe lets an idle worker start pushed work at once.
+        self.change_probe: Callable[[], bool] | None = getattr(backend, "changed", None)
         # The inherited environment minus secrets, computed once: os.environ does not change.
         self.base_env = task_environment(dict(os.environ), {"PYTHONUNBUFFERED": "1"})
         self.watchdog = Watchdog(kill_timeout=settings.kill_timeout,
@@ -215,6 +220,8 @@ class Worker:
         if (self.state is State.RUNNING
                 and len(self.active) + len(self.starting) < self.s.num_workers):
             t = min(t, self.next_receive)
+            if self.change_probe is not None:
+                t = min(t, now + CHANGE_PROBE_EVERY)
         for rt in self.active:
             if rt.exited_at is not None:
                 t = min(t, now + 0.05)
@@ -323,8 +330,12 @@ class Worker:
                 and self.poller is not None and self.preempt_event is not None):
             self.preempt_acked = self.poller.acknowledge(self.preempt_event.event_id)
         self._report(self.clock())
-        if self.lifeline is not None:
+        now = self.clock()
+        if self.lifeline is not None and now >= self.next_lifeline_flush:
+            # At most a few writes a second: every write wakes the helper, and a task not yet
+            # sent is still found by its environment marker if we die in between.
             self.lifeline.flush()
+            self.next_lifeline_flush = now + LIFELINE_FLUSH_EVERY
         self.output_pump.flush()
 
     def _report(self, now: float) -> None:
@@ -388,7 +399,11 @@ class Worker:
     # ------------------------------------------------------------------------- receive
     def _receive(self, now: float) -> None:
         free = self.s.num_workers - len(self.active) - len(self.starting)
-        if free <= 0 or now < self.next_receive:
+        if free <= 0:
+            return
+        if now < self.next_receive and not (
+                self.change_probe is not None and self.receive_backoff == 0
+                and self.change_probe()):
             return
         t_sent = self.clock()
         try:

@@ -154,6 +154,7 @@ class SqliteBackend:
         # A lost lease comes back when some worker's reaper sees it stale.
         self.lost_lease_return_delay = stale_lock_age + reaper_interval if reaper_interval else 0.0
         self._next_reap = 0.0
+        self._data_version = -1
         self._lease_lock = threading.Lock()
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
@@ -212,22 +213,35 @@ class SqliteBackend:
             self._lease_lock.release()
 
     # -- worker side -------------------------------------------------------------------
+    def changed(self) -> bool:
+        """True when another connection committed since the last call (main thread).
+
+        ``PRAGMA data_version`` is answered from shared memory, so an idle worker can ask
+        every 100 ms and start a freshly pushed task at once instead of at its next poll."""
+        try:
+            version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+        except sqlite3.Error:
+            return True
+        changed = version != self._data_version
+        self._data_version = version
+        return changed
+
     def receive(self, max_messages: int, lock_duration: float) -> list[SqliteLease]:
         now = time.time()
         leases = []
         try:
             with self._tx() as conn:
                 rows = conn.execute(
-                    "SELECT seq, id, body, attempt, token, max_attempts FROM jobs "
-                    "WHERE queue=? AND status='pending' AND visible_at<=? ORDER BY seq LIMIT ?",
-                    (self.queue, now, max_messages)).fetchall()
-                for seq, job_id, body, attempt, token, max_att in rows:
-                    conn.execute(
-                        "UPDATE jobs SET status='running', attempt=attempt+1, token=token+1, "
-                        "locked_by=?, locked_at=?, locked_until=?, updated_at=? WHERE seq=?",
-                        (self.worker_id, now, now + lock_duration, now, seq))
-                    leases.append(SqliteLease(self, seq, job_id, body, attempt + 1, token + 1,
-                                              max_att, lock_duration))
+                    "UPDATE jobs SET status='running', attempt=attempt+1, token=token+1, "
+                    "locked_by=?, locked_at=?, locked_until=?, updated_at=? WHERE seq IN ("
+                    "SELECT seq FROM jobs WHERE queue=? AND status='pending' AND visible_at<=? "
+                    "ORDER BY seq LIMIT ?) "
+                    "RETURNING seq, id, body, attempt, token, max_attempts",
+                    (self.worker_id, now, now + lock_duration, now, self.queue, now,
+                     max_messages)).fetchall()
+            for seq, job_id, body, attempt, token, max_att in sorted(rows):
+                leases.append(SqliteLease(self, seq, job_id, body, attempt, token, max_att,
+                                          lock_duration))
         except sqlite3.DatabaseError as exc:
             raise BackendError(f"SQLite receive failed: {exc}") from None
         return leases
