@@ -40,6 +40,15 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _size(text: str) -> int:
+    from .security import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -137,10 +146,32 @@ def worker_parser() -> _Parser:
                    help="seconds between Scheduled Events polls")
     p.add_argument("--scheduled-events-ack", action="store_true", default=False,
                    help="acknowledge a Preempt (StartRequests) once every task is requeued")
+    _add_security_options(p)
     p.add_argument("--log-level", default="INFO", type=str.upper,
                    choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     p.add_argument("--log-format", choices=LOG_FORMATS, default="text")
     return p
+
+
+def _add_security_options(p: Any) -> None:
+    """The worker's issue-7 options (security.py checks them at start)."""
+    p.add_argument("--signing-key-file", action="append", default=None, metavar="PATH",
+                   help="accept only tasks signed with this HMAC key (repeatable for key "
+                        "rotation; env/INI: comma-separated list)")
+    p.add_argument("--max-task-age", type=_duration, default=None,
+                   help="refuse signed tasks issued longer ago than this")
+    p.add_argument("--allowed-commands", default=None, metavar="REGEX",
+                   help="refuse tasks whose command does not fully match REGEX")
+    p.add_argument("--task-user", default=None, metavar="NAME",
+                   help="run tasks as this user (the supervisor must run as root)")
+    p.add_argument("--task-group", default=None, metavar="NAME",
+                   help="run tasks with this group (default: the task user's group)")
+    p.add_argument("--task-memory-limit", type=_size, default=None, metavar="SIZE",
+                   help="address-space limit per task process, e.g. 512M, 2G (prlimit --as)")
+    p.add_argument("--task-cpu-limit", type=_duration, default=None, metavar="SECONDS",
+                   help="CPU-time limit per task process (prlimit --cpu)")
+    p.add_argument("--task-max-procs", type=_positive_int, default=None, metavar="N",
+                   help="process limit of the task user (prlimit --nproc; not for root)")
 
 
 def _parse(parser: _Parser, argv: list[str]) -> argparse.Namespace:
@@ -176,6 +207,12 @@ def worker_main(argv: list[str] | None = None) -> int:
         settings = parse_worker_settings(argv)
     except UsageError as exc:
         return _fail_usage("jobq-supervisor", str(exc))
+    from .security import SecurityConfigError, TaskGuard
+
+    try:
+        guard = TaskGuard.from_settings(settings)
+    except SecurityConfigError as exc:
+        return _fail_usage("jobq-supervisor", str(exc))
     setup_logging(settings.log_level, settings.log_format)
     if settings.lock_file:
         from .lockfile import AlreadyRunning, acquire
@@ -196,7 +233,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     from .metrics import MetricsUnavailable
 
     try:
-        worker = Worker(settings, backend)
+        worker = Worker(settings, backend, guard=guard)
     except MetricsUnavailable as exc:
         backend.close()
         return _fail_usage("jobq-supervisor", str(exc))
@@ -245,6 +282,10 @@ def ctl_parser() -> _Parser:
         ignore_unknown_config_file_keys=True,
     )
     _add_backend_options(p)
+    # also here, so JOBQ_SIGNING_KEY_FILE and a shared worker INI apply (sub-parsers read
+    # neither); push signs with the first key, so list the newest first
+    p.add_argument("--signing-key-file", action="append", default=None, metavar="PATH",
+                   help="push: sign tasks with this key (env/INI: comma-separated list)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -261,6 +302,8 @@ def ctl_parser() -> _Parser:
                       help="attempts for these tasks (default: the worker's --max-attempts)")
     push.add_argument("--env", action="append", default=[], metavar="K=V")
     push.add_argument("--cwd", default=None)
+    push.add_argument("--signing-key-file", action="append", default=argparse.SUPPRESS,
+                      metavar="PATH", help="sign the tasks with this key (the first one given)")
     cmd("size", "number of pending tasks")
     st = cmd("status", "counts per state and the running tasks")
     st.add_argument("--json", action="store_true")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from .backends.base import Backend
 from .cli import UsageError, dumps, iso
+from .security import SecurityConfigError, load_key, sign_task, split_paths
 from .settings import Settings
 from .task import Task, TaskFormatError
 
@@ -45,9 +47,18 @@ def cmd_push(ns: Any, backend: Backend) -> int:
     if ns.task_max_attempts is not None and ns.task_max_attempts < 1:
         raise UsageError("--max-attempts: must be at least 1")
     env = _env_pairs(ns.env)
+    key_paths = split_paths(getattr(ns, "signing_key_file", None))
+    try:
+        # the newest key comes first (the worker accepts every key it is given)
+        key = load_key(key_paths[0]) if key_paths else None
+    except SecurityConfigError as exc:
+        raise UsageError(str(exc)) from None
     try:
         tasks = [Task(cmd=c, env=env, cwd=ns.cwd, max_attempts=ns.task_max_attempts)
                  for c in commands]
+        if key is not None:
+            now = time.time()
+            tasks = [sign_task(t, key, now) for t in tasks]
         for t in tasks:
             t.to_json()
     except TaskFormatError as exc:

@@ -20,7 +20,7 @@ import os
 import re
 import signal
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import psutil
@@ -72,12 +72,22 @@ class TaskProcess:
         return self.popen.pid
 
     @classmethod
-    def spawn(cls, cmd: str, env: dict[str, str], cwd: str | None, marker: str) -> TaskProcess:
-        """Start ``bash -c cmd`` in a new session (main thread).  Raises OSError on failure."""
+    def spawn(cls, cmd: str, env: dict[str, str], cwd: str | None, marker: str, *,
+              argv_prefix: Sequence[str] = (), user: int | None = None,
+              group: int | None = None, extra_groups: Sequence[int] | None = None,
+              ) -> TaskProcess:
+        """Start ``bash -c cmd`` in a new session (a spawner thread).  Raises OSError.
+
+        ``argv_prefix`` is a launcher that execs the shell in place (``prlimit ... --``), so the
+        pid stays the group leader; ``user``/``group``/``extra_groups`` are Popen's own (the
+        child switches ids between fork and exec, without a preexec_fn)."""
         env = dict(env)
         env[MARKER_VAR] = marker
         popen = subprocess.Popen(
-            ["/bin/bash", "-c", cmd],
+            [*argv_prefix, "/bin/bash", "-c", cmd],
+            user=user,
+            group=group,
+            extra_groups=extra_groups,
             stdin=_devnull(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

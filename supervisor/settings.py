@@ -88,6 +88,16 @@ class Settings:
     log_level: str = "INFO"
     log_format: str = "text"
     worker_id: str = ""
+    # security (see security.py; checked there, at start, by TaskGuard.from_settings)
+    signing_key_file: list[str] | None = None  # paths, each maybe a comma-separated list
+    max_task_age: float | None = None
+    allowed_commands: str | None = None
+    task_user: str | None = None
+    task_group: str | None = None
+    task_memory_limit: int | None = None  # bytes
+    task_cpu_limit: float | None = None  # CPU seconds
+    task_max_procs: int | None = None
+    config_file: str | None = None  # the --config file, for the world-readable warning
 
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in fields(self)}

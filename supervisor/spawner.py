@@ -34,6 +34,7 @@ class SpawnJob:
     cwd: str | None
     marker: str
     context: Any = None  # the main thread's own bookkeeping (lease, keeper, task)
+    options: dict[str, Any] = field(default_factory=dict)  # TaskProcess.spawn keywords
     proc: TaskProcess | None = None
     error: OSError | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -67,7 +68,7 @@ class Spawner:
             if job is None:
                 return
             try:
-                job.proc = TaskProcess.spawn(job.cmd, job.env, job.cwd, job.marker)
+                job.proc = TaskProcess.spawn(job.cmd, job.env, job.cwd, job.marker, **job.options)
             except OSError as exc:
                 job.error = exc
             except Exception as exc:  # a bug here must not lose the job or kill the thread

@@ -4,7 +4,8 @@ Wire format is the ai4s-jobq v1 envelope (plain JSON text)::
 
     {"version": 1, "reply_requested": false, "num_retries": 0, "id": "<hex>",
      "kwargs": "<JSON string of {cmd, env?, cwd?}>",
-     "jobq_max_attempts": 5, "jobq_preemptions": 0}
+     "jobq_max_attempts": 5, "jobq_preemptions": 0,
+     "jobq_sig": {"kid": "...", "iat": 1700000000, "mac": "<hex>"}}   # only when signed
 
 ai4s-jobq's worker rejects unknown keys inside ``kwargs``, so our own fields live at the top
 level, where it ignores them.  Our simpler own format ``{"cmd": ..., "env": ..., "cwd": ...}``
@@ -41,6 +42,9 @@ class Task:
     preemptions: int = 0  # times released by preemption (not counted as attempts)
     # ai4s-jobq's "retries left"; written as max_attempts - 1 so its worker retries alike
     num_retries: int = field(default=0, compare=False)
+    # top-level "jobq_sig" as received or as added by security.sign_task; verified (and its
+    # shape checked) only by security.py, so a malformed one is a refusal, not poison
+    signature: Any = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         _validate(self.cmd, self.env, self.cwd, self.max_attempts, self.id)
@@ -65,6 +69,8 @@ class Task:
             # present (maybe null) marks our own message: see _from_dict
             "jobq_max_attempts": self.max_attempts,
         }
+        if self.signature is not None:
+            body["jobq_sig"] = self.signature
         text = json.dumps(body)
         if len(text.encode("utf-8")) > MAX_BODY_BYTES:
             raise TaskFormatError(f"task body is {len(text)} bytes, more than {MAX_BODY_BYTES}")
@@ -132,6 +138,7 @@ class Task:
             num_retries = 0
             max_attempts = data.get("max_attempts")
             preemptions = data.get("preemptions", 0)
+        signature = data.get("jobq_sig")
         if "cmd" not in kwargs:
             raise TaskFormatError("task has no command (cmd)")
         env = kwargs.get("env")
@@ -155,6 +162,7 @@ class Task:
             max_attempts=max_attempts,
             preemptions=preemptions,
             num_retries=num_retries,
+            signature=signature,
         )
 
 

@@ -38,6 +38,7 @@ from .process import (
     set_child_subreaper,
     task_environment,
 )
+from .security import TaskGuard
 from .settings import Settings
 from .spawner import Spawner, SpawnJob
 from .watchdog import RunningTask, Watchdog
@@ -67,8 +68,11 @@ class State(enum.Enum):
 
 class Worker:
     def __init__(self, settings: Settings, backend: Backend,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 guard: TaskGuard | None = None) -> None:
         self.s = settings
+        # signature/allow-list checks, task user, resource limits (security.py)
+        self.guard = guard if guard is not None else TaskGuard.from_settings(settings)
         self.backend = backend
         self.clock = clock
         self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -417,6 +421,8 @@ class Worker:
         if not self.ready_sent:
             self.notifier.ready()
             self.ready_sent = True
+            # once ready, not before: a run stopped by a config error stays one line
+            self.guard.log_warnings()
         if len(leases) < free:
             self.next_receive = t_sent + self.s.poll_interval
             if not leases:
@@ -443,6 +449,13 @@ class Worker:
         max_attempts = task.max_attempts or self.s.max_attempts
         log.info("received task (attempt %d of %d): %s", lease.attempt, max_attempts,
                  _short(task.cmd), extra={"task_id": task_id, "attempt": lease.attempt})
+        refusal = self.guard.refusal(task, time.time())
+        if refusal is not None:  # never run: the message may come from anyone who can write
+            log.error("%s; dead-lettering it without a run", refusal, extra={"task_id": task_id})
+            self._settle(keeper, lambda le: le.dead_letter(refusal, "", None), "dead-lettered")
+            self.counts["dead_lettered"] += 1
+            self.metrics.task_dead_lettered()
+            return
         if lease.attempt > max_attempts:
             reason = f"attempts exhausted ({lease.attempt - 1} of {max_attempts} used)"
             log.error("%s; failing it without a run", reason, extra={"task_id": task_id})
@@ -452,10 +465,11 @@ class Worker:
         self._seq += 1
         env = dict(self.base_env)
         env.update(JOBQ_TASK_ID=task.id, JOBQ_QUEUE_NAME=self.s.queue,
-                   JOBQ_ATTEMPT=str(lease.attempt))
+                   JOBQ_ATTEMPT=str(lease.attempt), **self.guard.environment())
         env.update(task.env)
         marker = f"{self.token}:{self._seq}"
-        job = SpawnJob(task.cmd, env, task.cwd, marker, context=(lease, keeper, max_attempts))
+        job = SpawnJob(task.cmd, env, task.cwd, marker, context=(lease, keeper, max_attempts),
+                       options=self.guard.spawn_options())
         self.starting.append(job)
         self.spawner.submit(job)
 
@@ -588,7 +602,7 @@ class Worker:
         if rt.term_reason == "time limit":
             reason = f"task time limit of {self.s.task_time_limit:g}s exceeded ({status})"
         else:
-            reason = status
+            reason = status if rt.term_reason else self.guard.annotate_failure(status, rc, tail)
         log.warning("finished: %s in %.1fs", reason, duration, extra=extra)
         max_attempts = (rt.task.max_attempts if rt.task is not None else None) or \
             self.s.max_attempts

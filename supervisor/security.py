@@ -1,0 +1,368 @@
+"""Security: signed tasks, a command allow-list, an unprivileged task user, resource limits.
+
+Everything a worker decides about *whether* and *how* a received task may run, built once at
+start (``TaskGuard.from_settings``, main thread, before the backend is opened) and then only
+read.  The worker calls ``refusal`` before a task runs, ``spawn_options``/``environment`` when
+it spawns one and ``annotate_failure`` when one failed; all on the main thread.
+
+Signatures.  ``jobq-ctl push --signing-key-file F`` adds, at the top level of the ai4s-jobq
+envelope (never inside ``kwargs``, which ai4s-jobq's worker checks strictly)::
+
+    "jobq_sig": {"kid": "<8 hex>", "iat": <epoch seconds>, "mac": "<64 hex>"}
+
+``mac`` is HMAC-SHA256 with the key over the canonical form of the task: the JSON text, keys
+sorted and no whitespace, of ``{"cmd", "env", "cwd", "id", "iat"}``.  ``kid`` is the first 8 hex
+digits of sha256(key): it names the key without revealing it, so a worker configured with
+several keys (rotation) picks the right one.  A key file holds the key bytes; one trailing
+newline is stripped.  Not covered by the MAC: the attempt bookkeeping (``num_retries``,
+``jobq_max_attempts``, ``jobq_preemptions``) that workers rewrite in flight.
+
+Resource limits use util-linux ``prlimit`` in front of the shell (``prlimit --as=.. -- /bin/bash
+-c CMD``): it sets the limits on itself and execs, so the task keeps its pid, its process group
+and its marker, and no ``preexec_fn`` runs in the forked child (unsafe with threads).
+"""
+
+from __future__ import annotations
+
+import grp
+import hashlib
+import hmac
+import json
+import logging
+import math
+import os
+import pwd
+import re
+import shutil
+import signal
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .task import Task
+
+log = logging.getLogger("jobq.security")
+
+SIG_FIELD = "jobq_sig"
+SIG_PREFIX = "signature invalid"
+FUTURE_SKEW = 300.0  # with --max-task-age, an issued-at this far in the future is refused
+MIN_KEY_BYTES = 16
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+# Output that a failed allocation leaves behind (Python, C/libc, C++, Java, bash).
+_ALLOC_FAILURE = re.compile(
+    r"MemoryError|Cannot allocate memory|std::bad_alloc|out of memory|OutOfMemoryError"
+    r"|memory exhausted|failed to allocate|allocation failed", re.IGNORECASE)
+_MEMORY_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGKILL)
+
+
+class SecurityConfigError(ValueError):
+    """A security option that cannot work: one line naming the option (exit status 2)."""
+
+
+# ------------------------------------------------------------------------------- sizes
+def parse_size(text: str) -> int:
+    """``512M``, ``2G``, ``100MiB``, ``1048576`` -> bytes (binary units).  Raises ValueError."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise ValueError(f"invalid size {text!r} (use e.g. 512M, 2G)")
+    value = int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"size must be positive: {text!r}")
+    return value
+
+
+def format_size(n: int) -> str:
+    for unit, factor in (("T", 1024**4), ("G", 1024**3), ("M", 1024**2), ("K", 1024)):
+        if n % factor == 0:
+            return f"{n // factor}{unit}"
+    return str(n)
+
+
+# -------------------------------------------------------------------------------- keys
+@dataclass(frozen=True)
+class SigningKey:
+    kid: str
+    secret: bytes = field(repr=False)
+    path: str = ""
+
+
+def key_id(secret: bytes) -> str:
+    return hashlib.sha256(secret).hexdigest()[:8]
+
+
+def split_paths(values: Sequence[str] | None) -> list[str]:
+    """Flag values, each possibly a comma-separated list (how the environment variable and the
+    INI file give several), -> paths in order."""
+    out: list[str] = []
+    for value in values or ():
+        out += [p.strip() for p in str(value).split(",") if p.strip()]
+    return out
+
+
+def load_key(path: str, option: str = "--signing-key-file") -> SigningKey:
+    """Read one key file (main thread, at start).  Raises SecurityConfigError."""
+    try:
+        with open(path, "rb") as fh:
+            secret = fh.read()
+    except OSError as exc:
+        raise SecurityConfigError(f"{option}: cannot read {path}: {exc.strerror}") from None
+    if secret.endswith(b"\r\n"):
+        secret = secret[:-2]
+    elif secret.endswith(b"\n"):
+        secret = secret[:-1]
+    if not secret:
+        raise SecurityConfigError(f"{option}: {path} is empty")
+    return SigningKey(kid=key_id(secret), secret=secret, path=path)
+
+
+def load_keys(values: Sequence[str] | None) -> list[SigningKey]:
+    return [load_key(p) for p in split_paths(values)]
+
+
+# --------------------------------------------------------------------------- signatures
+def canonical(task: Task, iat: int) -> bytes:
+    """The bytes the MAC covers: sorted-key, whitespace-free JSON of cmd, env, cwd, id, iat."""
+    doc = {"cmd": task.cmd, "env": dict(task.env), "cwd": task.cwd, "id": task.id, "iat": iat}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def _mac(secret: bytes, task: Task, iat: int) -> str:
+    return hmac.new(secret, canonical(task, iat), hashlib.sha256).hexdigest()
+
+
+def sign_task(task: Task, key: SigningKey, now: float) -> Task:
+    """The task with a fresh ``jobq_sig`` (jobq-ctl push, main thread)."""
+    iat = int(now)
+    return replace(task, signature={"kid": key.kid, "iat": iat, "mac": _mac(key.secret, task, iat)})
+
+
+def verify(task: Task, keys: Sequence[SigningKey], max_age: float | None,
+           now: float) -> str | None:
+    """None if the task carries a valid signature by one of ``keys``; else the refusal reason,
+    which always starts with "signature invalid"."""
+    sig = task.signature
+    if sig is None:
+        return f"{SIG_PREFIX}: no signature"
+    if (not isinstance(sig, dict) or not isinstance(sig.get("kid"), str)
+            or not isinstance(sig.get("mac"), str)
+            or not isinstance(sig.get("iat"), int) or isinstance(sig.get("iat"), bool)):
+        return f"{SIG_PREFIX}: malformed {SIG_FIELD}"
+    by_kid = {k.kid: k for k in keys}
+    key = by_kid.get(sig["kid"])
+    if key is None:
+        return f"{SIG_PREFIX}: unknown key id {sig['kid'][:16]!r}"
+    expected = _mac(key.secret, task, sig["iat"])
+    # compare_digest wants both str ASCII-only: a non-ASCII mac is simply a mismatch
+    if not sig["mac"].isascii() or not hmac.compare_digest(expected, sig["mac"].lower()):
+        return f"{SIG_PREFIX}: tampered (MAC mismatch)"
+    if max_age is not None:
+        age = now - sig["iat"]
+        if age > max_age:
+            return f"{SIG_PREFIX}: expired (issued {age:.0f}s ago, --max-task-age {max_age:g}s)"
+        if age < -FUTURE_SKEW:
+            return f"{SIG_PREFIX}: issued {-age:.0f}s in the future"
+    return None
+
+
+# --------------------------------------------------------------------------- task user
+@dataclass(frozen=True)
+class TaskUser:
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+
+def resolve_user(user: str, group: str | None) -> TaskUser:
+    """Look the task user (and group) up in passwd/group (main thread, at start)."""
+    try:
+        pw = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    except KeyError:
+        raise SecurityConfigError(f"--task-user: no such user {user!r}") from None
+    gid = pw.pw_gid
+    if group:
+        try:
+            gid = grp.getgrgid(int(group)).gr_gid if group.isdigit() else grp.getgrnam(
+                group).gr_gid
+        except KeyError:
+            raise SecurityConfigError(f"--task-group: no such group {group!r}") from None
+    # Popen(user=) alone would keep root's supplementary groups: give the user's own.
+    groups = tuple(os.getgrouplist(pw.pw_name, gid))
+    return TaskUser(name=pw.pw_name, uid=pw.pw_uid, gid=gid, groups=groups, home=pw.pw_dir)
+
+
+# ------------------------------------------------------------------------------ guard
+@dataclass(frozen=True)
+class TaskGuard:
+    """The security policy of one worker; immutable after start."""
+
+    keys: tuple[SigningKey, ...] = ()
+    max_task_age: float | None = None
+    allowed: re.Pattern[str] | None = None
+    user: TaskUser | None = None
+    memory_limit: int | None = None
+    cpu_limit: int | None = None
+    max_procs: int | None = None
+    prlimit: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    @classmethod
+    def from_settings(cls, s: Any, euid: int | None = None) -> TaskGuard:
+        """Check the security options and read the key files (main thread, at start).
+
+        Raises SecurityConfigError -- one line naming the option -- for anything that cannot
+        work.  Warnings are collected in ``warnings`` for ``log_warnings`` (logging may not be
+        set up yet)."""
+        euid = os.geteuid() if euid is None else euid
+        warnings: list[str] = []
+        keys = load_keys(getattr(s, "signing_key_file", None))
+        for k in keys:
+            if len(k.secret) < MIN_KEY_BYTES:
+                warnings.append(f"--signing-key-file: {k.path} holds only {len(k.secret)} "
+                                f"bytes; use at least 32 random bytes")
+        max_age = getattr(s, "max_task_age", None)
+        if max_age is not None:
+            if max_age <= 0:
+                raise SecurityConfigError("--max-task-age: must be positive")
+            if not keys:
+                raise SecurityConfigError("--max-task-age: needs --signing-key-file (the "
+                                          "issue time is only trustworthy when signed)")
+        allowed = None
+        pattern = getattr(s, "allowed_commands", None)
+        if pattern is not None:
+            try:
+                allowed = re.compile(pattern)
+            except re.error as exc:
+                raise SecurityConfigError(
+                    f"--allowed-commands: invalid regular expression: {exc}") from None
+        user = None
+        task_user = getattr(s, "task_user", None)
+        task_group = getattr(s, "task_group", None)
+        if task_group and not task_user:
+            raise SecurityConfigError("--task-group: needs --task-user")
+        if task_user:
+            if euid != 0:
+                raise SecurityConfigError(
+                    f"--task-user: switching to another user needs root; this supervisor "
+                    f"runs as uid {euid} (start it as root, or drop --task-user)")
+            user = resolve_user(task_user, task_group)
+        elif euid == 0:
+            warnings.append("tasks run as root (no --task-user): a task can do anything on "
+                            "this machine, including reading this supervisor's credentials")
+        memory = getattr(s, "task_memory_limit", None)
+        cpu = getattr(s, "task_cpu_limit", None)
+        procs = getattr(s, "task_max_procs", None)
+        for option, value in (("--task-memory-limit", memory), ("--task-cpu-limit", cpu),
+                              ("--task-max-procs", procs)):
+            if value is not None and value <= 0:
+                raise SecurityConfigError(f"{option}: must be positive")
+        prlimit = None
+        if memory is not None or cpu is not None or procs is not None:
+            prlimit = shutil.which("prlimit")
+            if prlimit is None:
+                option = ("--task-memory-limit" if memory is not None else
+                          "--task-cpu-limit" if cpu is not None else "--task-max-procs")
+                raise SecurityConfigError(f"{option}: needs util-linux prlimit, which is not "
+                                          f"on PATH")
+        if procs is not None and (user is None or user.uid == 0) and euid == 0:
+            warnings.append("--task-max-procs is not enforced for tasks that run as root "
+                            "(RLIMIT_NPROC does not apply to root); use --task-user")
+        warnings += secret_file_warnings(getattr(s, "config_file", None),
+                                         [k.path for k in keys])
+        return cls(keys=tuple(keys), max_task_age=max_age, allowed=allowed, user=user,
+                   memory_limit=memory, cpu_limit=math.ceil(cpu) if cpu is not None else None,
+                   max_procs=procs, prlimit=prlimit, warnings=tuple(warnings))
+
+    def log_warnings(self) -> None:
+        """One WARNING line each (main thread, once: when the first receive succeeded)."""
+        for text in self.warnings:
+            log.warning("%s", text)
+
+    # -- before a run --------------------------------------------------------------------
+    def refusal(self, task: Task, now: float) -> str | None:
+        """Why this task must not run (it is dead-lettered), or None (main thread)."""
+        if self.keys:
+            reason = verify(task, self.keys, self.max_task_age, now)
+            if reason:
+                return reason
+        if self.allowed is not None and not self.allowed.fullmatch(task.cmd):
+            return "command not allowed (--allowed-commands)"
+        return None
+
+    # -- spawning --------------------------------------------------------------------------
+    def argv_prefix(self) -> list[str]:
+        """``prlimit ... --`` in front of ``/bin/bash -c CMD``, or nothing."""
+        if self.prlimit is None:
+            return []
+        argv = [self.prlimit]
+        if self.memory_limit is not None:
+            argv.append(f"--as={self.memory_limit}")
+        if self.cpu_limit is not None:
+            # soft < hard: SIGXCPU first (catchable: a task may save its state), SIGKILL a
+            # CPU-second later.  With soft == hard the kernel goes straight to SIGKILL.
+            argv.append(f"--cpu={self.cpu_limit}:{self.cpu_limit + 1}")
+        if self.max_procs is not None:
+            argv.append(f"--nproc={self.max_procs}")
+        return argv + ["--"]
+
+    def spawn_options(self) -> dict[str, Any]:
+        """Keyword arguments for TaskProcess.spawn."""
+        opts: dict[str, Any] = {"argv_prefix": self.argv_prefix()}
+        if self.user is not None:
+            opts.update(user=self.user.uid, group=self.user.gid,
+                        extra_groups=list(self.user.groups))
+        return opts
+
+    def environment(self) -> dict[str, str]:
+        """Variables that follow from the task user (the message's own env still wins)."""
+        if self.user is None:
+            return {}
+        return {"HOME": self.user.home, "USER": self.user.name, "LOGNAME": self.user.name}
+
+    # -- after a run -----------------------------------------------------------------------
+    def annotate_failure(self, status: str, returncode: int, tail: str) -> str:
+        """``status`` plus what a limit probably had to do with it (main thread).
+
+        Honest about certainty: only SIGXCPU is unambiguous (the kernel sends it for
+        RLIMIT_CPU alone); the rest is a likely cause, so it ends in "?"."""
+        sig = -returncode if returncode < 0 else (returncode - 128 if returncode > 128 else 0)
+        if self.cpu_limit is not None:
+            if sig == signal.SIGXCPU:
+                return f"cpu limit of {self.cpu_limit}s exceeded ({status})"
+            if sig == signal.SIGKILL:
+                return f"{status} (cpu limit of {self.cpu_limit}s exceeded?)"
+        if self.memory_limit is not None and returncode != 0 and (
+                sig in _MEMORY_SIGNALS or _ALLOC_FAILURE.search(tail[-4096:])):
+            return f"{status} (memory limit {format_size(self.memory_limit)} exceeded?)"
+        return status
+
+
+def secret_file_warnings(config_file: str | None, key_files: Sequence[str]) -> list[str]:
+    """One line per world-readable file that holds a secret (main thread, at start)."""
+    out = []
+    if config_file and _world_readable(config_file) and _has_connection_string(config_file):
+        out.append(f"{config_file} holds a connection string and is readable by every user "
+                   f"(chmod o-r {config_file})")
+    for path in key_files:
+        if _world_readable(path):
+            out.append(f"signing key file {path} is readable by every user (chmod o-r {path})")
+    return out
+
+
+def _world_readable(path: str) -> bool:
+    try:
+        return bool(os.stat(path).st_mode & stat.S_IROTH)
+    except OSError:
+        return False
+
+
+def _has_connection_string(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return False
+    return re.search(r"^\s*connection[-_]string\s*[=:]\s*\S", text, re.MULTILINE) is not None
