@@ -425,8 +425,8 @@ class Worker:
         marker = f"{self.token}:{self._seq}"
         try:
             proc = TaskProcess.spawn(task.cmd, env, task.cwd, marker)
-        except OSError as exc:
-            reason = f"spawn failed: {exc.strerror or exc}" + (
+        except (OSError, ValueError) as exc:  # ValueError: a string the OS cannot take
+            reason = f"spawn failed: {getattr(exc, 'strerror', None) or exc}" + (
                 f" (cwd {task.cwd})" if task.cwd and isinstance(exc, FileNotFoundError) else "")
             log.error("%s", reason, extra={"task_id": task_id})
             self._failed(keeper, task_id, lease.attempt, max_attempts, reason, "", None)
