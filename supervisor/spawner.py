@@ -36,7 +36,7 @@ class SpawnJob:
     context: Any = None  # the main thread's own bookkeeping (lease, keeper, task)
     options: dict[str, Any] = field(default_factory=dict)  # TaskProcess.spawn keywords
     proc: TaskProcess | None = None
-    error: OSError | None = None
+    error: OSError | ValueError | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -69,7 +69,7 @@ class Spawner:
                 return
             try:
                 job.proc = TaskProcess.spawn(job.cmd, job.env, job.cwd, job.marker, **job.options)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # ValueError: a string the OS cannot take
                 job.error = exc
             except Exception as exc:  # a bug here must not lose the job or kill the thread
                 log.exception("spawning failed unexpectedly")

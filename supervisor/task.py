@@ -15,6 +15,7 @@ is accepted on input too.  Nothing here raises anything but TaskFormatError.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -166,11 +167,25 @@ class Task:
         )
 
 
+def _os_encodable(text: str) -> bool:
+    """Whether the OS can be given this string (argv, environment, path): os.fsencode works.
+
+    JSON may carry lone surrogates (``"\\ud800"``); only U+DC80..U+DCFF map back to bytes."""
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _validate(cmd: Any, env: Any, cwd: Any, max_attempts: Any, task_id: Any) -> None:
     if not isinstance(cmd, str) or not cmd.strip():
         raise TaskFormatError("command (cmd) must be a non-empty string")
     if "\x00" in cmd:
         raise TaskFormatError("command contains a NUL byte")
+    if not _os_encodable(cmd):
+        raise TaskFormatError("command contains characters no OS string can hold "
+                              "(lone UTF-16 surrogates)")
     if len(cmd.encode("utf-8", "surrogatepass")) > MAX_COMMAND_BYTES:
         raise TaskFormatError(f"command is longer than {MAX_COMMAND_BYTES} bytes")
     if not isinstance(task_id, str) or not task_id or len(task_id) > 128:
@@ -182,8 +197,14 @@ def _validate(cmd: Any, env: Any, cwd: Any, max_attempts: Any, task_id: Any) -> 
             raise TaskFormatError(f"bad environment variable name {key!r}")
         if not isinstance(value, str) or "\x00" in value:
             raise TaskFormatError(f"environment variable {key} must be a string without NUL")
+        if not _os_encodable(key) or not _os_encodable(value):
+            raise TaskFormatError(f"environment variable {key!r} contains characters no OS "
+                                  "string can hold (lone UTF-16 surrogates)")
     if cwd is not None and (not isinstance(cwd, str) or not cwd or "\x00" in cwd):
         raise TaskFormatError("cwd must be a non-empty string")
+    if cwd is not None and not _os_encodable(cwd):
+        raise TaskFormatError("cwd contains characters no OS string can hold "
+                              "(lone UTF-16 surrogates)")
     if max_attempts is not None and (
         not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
     ):

@@ -12,6 +12,7 @@ import enum
 import logging
 import os
 import queue
+import re
 import secrets
 import signal
 import time
@@ -483,7 +484,7 @@ class Worker:
         if proc is None:
             exc = job.error
             assert exc is not None
-            reason = f"spawn failed: {exc.strerror or exc}" + (
+            reason = f"spawn failed: {getattr(exc, 'strerror', None) or exc}" + (
                 f" (cwd {task.cwd})" if task.cwd and isinstance(exc, FileNotFoundError) else "")
             log.error("%s", reason, extra={"task_id": task_id})
             self._failed(keeper, task_id, lease.attempt, max_attempts, reason, "", None)
@@ -497,7 +498,9 @@ class Worker:
                          if self.s.task_time_limit else None)
         log_file = None
         if self.s.task_log_dir:
-            log_file = os.path.join(self.s.task_log_dir, f"{task_id}.{lease.attempt}.log")
+            # The id comes from the message: never let it name a path outside the directory.
+            safe_id = re.sub(r"[^A-Za-z0-9_-]", "_", task_id)[:128]
+            log_file = os.path.join(self.s.task_log_dir, f"{safe_id}.{lease.attempt}.log")
         assert proc.popen.stdout is not None
         proc.output = TaskOutput(task_id, proc.popen.stdout, lambda: self.events.put(None),
                                  task_log, log_file)

@@ -62,9 +62,17 @@ def _connect(path: str, busy_timeout: float) -> sqlite3.Connection:
     # upgrade a read lock (which SQLite answers with SQLITE_BUSY without waiting).
     conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
                            check_same_thread=False)
+    # Text that is not UTF-8 (another tool wrote the table, or a BLOB cast to TEXT) must not
+    # make a whole SELECT fail: one such body would stall every receive.  It reads with
+    # U+FFFD instead and the body is dead-lettered as poison (as on Storage Queue).
+    conn.text_factory = _decode_text
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     return conn
+
+
+def _decode_text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
 
 
 def _is_lock_error(exc: sqlite3.Error) -> bool:

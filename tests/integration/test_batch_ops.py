@@ -77,3 +77,19 @@ def test_task_log_dir_unwritable_still_runs_task(env):
     assert sup.wait(30) == 0
     assert env.job(tid)["status"] == "succeeded"
     assert "cannot open task log" in sup.log()
+
+
+def test_task_log_dir_id_cannot_escape_the_directory(env):
+    from supervisor.backends.sqlite import SqliteBackend
+    from supervisor.task import Task
+
+    logs = env.tmp / "tasklogs"
+    logs.mkdir()
+    backend = SqliteBackend(str(env.db), "default", "test")
+    backend.push([Task(cmd="echo sneaky", id="../../escaped")])
+    backend.close()
+    sup = env.supervisor("--exit-when-empty", "--task-log-dir", str(logs))
+    assert sup.wait(30) == 0
+    assert not (env.tmp.parent / "escaped.1.log").exists()
+    [written] = list(logs.iterdir())
+    assert written.read_text() == "sneaky\n" and written.name.endswith(".1.log")

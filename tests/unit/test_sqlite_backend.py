@@ -367,6 +367,20 @@ def test_poison_body_comes_back_as_a_lease_without_task(a) -> None:
     assert rec.body == "this is not json"
 
 
+def test_body_that_is_not_utf8_text_is_poison_not_a_stalled_queue(a, raw) -> None:
+    """A TEXT body with bytes that are not UTF-8 (written by another tool) used to make every
+    receive fail ("Could not decode to UTF-8 column 'body'"): the queue stalled for good."""
+    raw.execute("INSERT INTO jobs (id, queue, body, status, created_at, updated_at) "
+                "VALUES ('bad', 'default', CAST(? AS TEXT), 'pending', 0, 0)", (b"{\xff\xfe",))
+    good = push(a, "echo fine")[0]
+    bad_lease, good_lease = a.receive(2, LOCK)
+    assert bad_lease.task is None and "not JSON" in (bad_lease.format_error or "")
+    assert "\ufffd" in bad_lease.raw_body
+    assert good_lease.task == good
+    bad_lease.dead_letter("poison", bad_lease.raw_body)
+    assert [r.id for r in a.failed()] == ["bad"]
+
+
 def test_not_a_database_is_a_config_error(tmp_path) -> None:
     path = tmp_path / "notes.txt"
     path.write_text("this is a text file, not a database\n" * 100)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from hypothesis import given, settings
@@ -112,6 +113,10 @@ POISON = {
     "blank cmd": '{"cmd": "   "}',
     "cmd not a string": '{"cmd": ["ls", "-l"]}',
     "cmd with NUL": '{"cmd": "echo \\u0000"}',
+    "cmd with a lone surrogate": '{"cmd": "echo \\ud800"}',
+    "env value with a lone surrogate": '{"cmd": "true", "env": {"A": "\\udbff"}}',
+    "env name with a lone surrogate": '{"cmd": "true", "env": {"\\ud800": "1"}}',
+    "cwd with a lone surrogate": '{"cmd": "true", "cwd": "/tmp/\\udfff"}',
     "cmd too long": json.dumps({"cmd": "x" * (33 * 1024)}),
     "version 2": envelope({"cmd": "true"}, version=2),
     "version true": envelope({"cmd": "true"}, version=True),
@@ -239,3 +244,12 @@ def test_ai4s_compat_num_retries_and_scalar_env() -> None:
     # ours: the worker default stays the worker's when no --max-attempts was given
     assert Task.parse(Task(cmd="true").to_json()).max_attempts is None
     assert json.loads(Task(cmd="true", max_attempts=4).to_json())["num_retries"] == 3
+
+
+def test_escaped_bytes_round_trip_to_the_os() -> None:
+    """U+DC80..U+DCFF are how Python carries bytes that are not UTF-8 (argv of jobq-ctl push):
+    they survive the JSON and reach the OS as the original bytes."""
+    task = Task(cmd="echo caf\udce9", env={"A": "\udcff"}, cwd="/tmp/\udc80")
+    parsed = Task.parse(task.to_json())
+    assert os.fsencode(parsed.cmd) == b"echo caf\xe9"
+    assert os.fsencode(parsed.env["A"]) == b"\xff" and os.fsencode(parsed.cwd) == b"/tmp/\x80"

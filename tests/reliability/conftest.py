@@ -1,0 +1,91 @@
+"""Fixtures of the reliability suite: `env` (SQLite) and `sq` (Storage Queue on the session's
+Azurite), like those of tests/conftest.py and tests/azure, but the check that no task process
+survived only looks at this test's own tasks: every supervisor started through them carries
+JOBQ_RELIABILITY_RUN=<id> in its environment, which its tasks inherit.  (The machine may run
+other suites at the same time; their tasks are none of our business.)"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+# Re-exported so the tests here can use Azurite (pytest finds fixtures by name in conftest).
+from tests.azure.conftest import azurite, queue_name  # noqa: F401
+from tests.azure.test_storage_queue_worker import SqEnv
+from tests.conftest import Env, Supervisor
+
+RUN_VAR = "JOBQ_RELIABILITY_RUN"
+
+
+class _Scoped:
+    run_id: str
+
+    def supervisor(self, *args: str, env: dict[str, str] | None = None, **kw) -> Supervisor:
+        full = {RUN_VAR: self.run_id}
+        full.update(env or {})
+        return super().supervisor(*args, env=full, **kw)  # type: ignore[misc]
+
+
+class RelEnv(_Scoped, Env):
+    def __init__(self, tmp: Path, run_id: str) -> None:
+        super().__init__(tmp)
+        self.run_id = run_id
+
+
+class RelSqEnv(_Scoped, SqEnv):
+    def __init__(self, tmp: Path, port: int, queue: str, run_id: str) -> None:
+        super().__init__(tmp, port, queue)
+        self.run_id = run_id
+
+
+def run_processes(run_id: str) -> list[psutil.Process]:
+    """Live task processes (they carry JOBQ_LIFELINE) of supervisors of this run."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            environ = proc.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if environ.get(RUN_VAR) == run_id and "JOBQ_LIFELINE" in environ:
+            found.append(proc)
+    return found
+
+
+def assert_no_survivors(run_id: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (left := run_processes(run_id)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for proc in left:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    assert not left, f"task processes survived the test: {left}"
+
+
+@pytest.fixture
+def run_id() -> str:
+    return uuid.uuid4().hex
+
+
+@pytest.fixture
+def env(tmp_path, run_id):
+    e = RelEnv(tmp_path, run_id)
+    yield e
+    e.cleanup()
+    assert_no_survivors(run_id)
+
+
+@pytest.fixture
+def sq(tmp_path, azurite, queue_name, run_id):  # noqa: F811
+    e = RelSqEnv(tmp_path, azurite.port, queue_name, run_id)
+    e.ctl("size")  # creates the queue and its -failed twin
+    yield e
+    e.cleanup()
+    assert_no_survivors(run_id)
