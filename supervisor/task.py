@@ -178,6 +178,14 @@ def _os_encodable(text: str) -> bool:
     return True
 
 
+def parse_or_body(body: str) -> Task | str:
+    """The task, or the body itself when it is not one (for peek listings)."""
+    try:
+        return Task.parse(body)
+    except TaskFormatError:
+        return body
+
+
 def _validate(cmd: Any, env: Any, cwd: Any, max_attempts: Any, task_id: Any) -> None:
     if not isinstance(cmd, str) or not cmd.strip():
         raise TaskFormatError("command (cmd) must be a non-empty string")

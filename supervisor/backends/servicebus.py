@@ -37,7 +37,7 @@ from azure.servicebus import (
     ServiceBusSubQueue,
 )
 
-from ..task import Task, TaskFormatError
+from ..task import Task, parse_or_body
 from .base import Backend, BackendConfigError, FailedRecord, Lease, QueueStatus
 from .servicebus_lease import ServiceBusLease
 from .servicebus_pool import ReceiverPool
@@ -291,11 +291,7 @@ class ServiceBusBackend:
     def peek(self, n: int) -> list[Task | str]:
         out: list[Task | str] = []
         for message in self._peek_all(None, max(0, n)):
-            body = message_text(message)
-            try:
-                out.append(Task.parse(body))
-            except TaskFormatError:
-                out.append(body)
+            out.append(parse_or_body(message_text(message)))
         return out
 
     def status(self) -> QueueStatus:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from ..task import Task, TaskFormatError
+from ..task import Task, TaskFormatError, parse_or_body
 from .base import BackendConfigError, BackendError, FailedRecord, LeaseLost, QueueStatus
 
 log = logging.getLogger("jobq.sqlite")
@@ -324,10 +324,7 @@ class SqliteBackend:
         out: list[Task | str] = []
         for (body,) in self._query("SELECT body FROM jobs WHERE queue=? AND status='pending' "
                                    "ORDER BY seq LIMIT ?", (self.queue, n)):
-            try:
-                out.append(Task.parse(body))
-            except TaskFormatError:
-                out.append(body)
+            out.append(parse_or_body(body))
         return out
 
     def status(self) -> QueueStatus:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from azure.core.exceptions import ResourceExistsError
 from azure.storage.queue import QueueClient, QueueMessage
 
-from ..task import Task, TaskFormatError
+from ..task import Task, parse_or_body
 from .base import (
     Backend,
     BackendConfigError,
@@ -186,11 +186,7 @@ class StorageQueueBackend:
         messages = self._call("peek", lambda: self._main.peek_messages(max_messages=min(n, _PAGE)))
         out: list[Task | str] = []
         for message in messages:
-            body = message_text(message.content)
-            try:
-                out.append(Task.parse(body))
-            except TaskFormatError:
-                out.append(body)
+            out.append(parse_or_body(message_text(message.content)))
         return out
 
     def status(self) -> QueueStatus:
