@@ -129,7 +129,9 @@ def test_unresponsive_broker_task_dies_before_the_lock_expires(sb_env):
     assert sup.wait(40) == 0, sup.log()
     assert other.wait(40) == 0, other.log()
     runs = [line.split() for line in out.read_text().splitlines()]
-    assert [r[1] for r in runs] == ["1", "2"]
+    # Attempt 2 or 3: a delivery that reached an SDK receiver whose receive call had already
+    # given up (frames queued during the freeze) lapses there and counts a delivery too.
+    assert len(runs) == 2 and runs[0][1] == "1" and runs[1][1] in ("2", "3"), runs
     assert float(runs[1][2]) > dead, "the second run started before the first one died"
     assert broker.active_count("work") == 0
     assert _kinds(broker).count("complete") == 1
