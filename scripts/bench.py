@@ -68,6 +68,17 @@ def wait_until(cond, timeout: float, interval: float = 0.01) -> bool:
     return False
 
 
+def all_dead(procs: list[psutil.Process]) -> bool:
+    """Every process gone or a zombie (its parent has not reaped it yet)."""
+    for p in procs:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            continue
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -279,10 +290,7 @@ def escalation_lateness(tmp: Path, kill_timeout: float = 1.0) -> float:
     t0 = time.time()
     proc.send_signal(signal.SIGTERM)
 
-    def gone() -> bool:
-        return all(not v.is_running() or v.status() == psutil.STATUS_ZOMBIE for v in victims)
-
-    wait_until(gone, kill_timeout + 30, 0.002)
+    wait_until(lambda: all_dead(victims), kill_timeout + 30, 0.002)
     dead = time.time()
     proc.wait(60)
     return dead - (t0 + kill_timeout)
@@ -305,8 +313,7 @@ def sqlite_lock_loss(tmp: Path) -> tuple[float, float]:
     conn = sqlite3.connect(db, timeout=30, isolation_level=None)
     conn.execute("BEGIN EXCLUSIVE")
     locked_until = conn.execute("SELECT locked_until FROM jobs WHERE id=?", (tid,)).fetchone()[0]
-    wait_until(lambda: all(not v.is_running() or v.status() == psutil.STATUS_ZOMBIE
-                           for v in victims), 20, 0.002)
+    wait_until(lambda: all_dead(victims), 20, 0.002)
     dead = time.time()
     conn.execute("ROLLBACK")
     conn.close()
@@ -338,8 +345,7 @@ def azurite_lock_loss(tmp: Path, conn_str: str, port: int, queue: str) -> float:
         victims = [c for c in ps.children(recursive=True) if c.name() in ("sleep", "bash")]
         time.sleep(1.5)
         proxy.blackhole()
-        wait_until(lambda: all(not v.is_running() or v.status() == psutil.STATUS_ZOMBIE
-                               for v in victims), 20, 0.002)
+        wait_until(lambda: all_dead(victims), 20, 0.002)
         dead = time.time()
         qc = QueueClient.from_connection_string(conn_str, queue)
         wait_until(lambda: list(qc.peek_messages()), 30, 0.02)
