@@ -185,11 +185,28 @@ def sqlite_throughput(tmp: Path, n: int) -> float:
     return n / run_span(json_log(tmp / "tp.log"))
 
 
+def push_with_retry(backend, tasks: list[Task], tries: int = 5) -> None:
+    """Azurite under load sometimes resets a connection; push what is left again."""
+    from supervisor.backends.base import BackendError
+
+    left = list(tasks)
+    for attempt in range(tries):
+        try:
+            while left:
+                backend.push(left[:1])
+                left.pop(0)
+            return
+        except BackendError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.5)
+
+
 def azurite_throughput(tmp: Path, conn_str: str, queue: str, n: int) -> float:
     from supervisor.backends.storage_queue import StorageQueueBackend
 
     backend = StorageQueueBackend(queue, connection_string=conn_str, worker_id="bench")
-    backend.push([Task(cmd="true") for _ in range(n)])
+    push_with_retry(backend, [Task(cmd="true") for _ in range(n)])
     backend.close()
     proc = supervisor(["--backend", "storage-queue", "--queue", queue, "-n", "4",
                        "--exit-when-empty", "--log-format", "json", "--poll-interval", "0.05"],
