@@ -21,7 +21,7 @@ import re
 import signal
 import subprocess
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psutil
 
@@ -65,7 +65,6 @@ class TaskProcess:
     pgid: int
     output: TaskOutput | None = None
     returncode: int | None = None
-    known_pids: set[int] = field(default_factory=set)
 
     @property
     def pid(self) -> int:

@@ -216,7 +216,6 @@ class Watchdog:
             pids = trees.get(rt.proc.marker, set())
             if pids:
                 signal_pids(pids, sig)
-                rt.proc.known_pids |= pids
         log.debug("sent %s to %d task(s)", signal.Signals(sig).name, len(rts))
 
     def _cleanup(self, now: float) -> bool:

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 
 from ..task import Task, TaskFormatError, parse_or_body
 from .base import BackendConfigError, BackendError, FailedRecord, LeaseLost, QueueStatus
@@ -97,8 +98,6 @@ class SqliteLease:
         try:
             task = Task.parse(body)
             if max_attempts is not None and task.max_attempts is None:
-                from dataclasses import replace
-
                 task = replace(task, max_attempts=max_attempts)
             self.task = task
         except TaskFormatError as exc:

@@ -42,7 +42,6 @@ class FakeProc:
     pgid: int
     marker: str
     popen: FakePopen = field(default_factory=FakePopen)
-    known_pids: set = field(default_factory=set)
 
     def group_alive(self) -> bool:
         return True
