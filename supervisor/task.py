@@ -22,6 +22,8 @@ from typing import Any
 
 MAX_BODY_BYTES = 60 * 1024  # Storage Queue allows 64 KiB per message; keep headroom
 MAX_COMMAND_BYTES = 32 * 1024
+# A message asking for billions of attempts would keep a failing task cycling forever.
+MAX_ATTEMPTS = 1000
 _KWARGS_KEYS = {"cmd", "env", "cwd", "bg_dirsync_to"}
 
 
@@ -214,9 +216,10 @@ def _validate(cmd: Any, env: Any, cwd: Any, max_attempts: Any, task_id: Any) -> 
         raise TaskFormatError("cwd contains characters no OS string can hold "
                               "(lone UTF-16 surrogates)")
     if max_attempts is not None and (
-        not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
+        not isinstance(max_attempts, int) or isinstance(max_attempts, bool)
+        or not 1 <= max_attempts <= MAX_ATTEMPTS
     ):
-        raise TaskFormatError("max attempts must be a positive integer")
+        raise TaskFormatError(f"max attempts must be an integer from 1 to {MAX_ATTEMPTS}")
 
 
 def _short(exc: BaseException) -> str:

@@ -621,7 +621,8 @@ class Worker:
             self.counts["failed"] += 1
             self.metrics.task_dead_lettered()
         else:
-            delay = min(self.s.retry_delay * 2 ** (attempt - 1), self.s.retry_delay_max)
+            # The exponent is capped: 2**1100 does not fit a float.
+            delay = min(self.s.retry_delay * 2 ** min(attempt - 1, 60), self.s.retry_delay_max)
             log.info("will retry in %.0fs (attempt %d of %d failed)", delay, attempt,
                      max_attempts, extra={"task_id": task_id})
             self._settle(keeper, lambda le: le.release(count_attempt=True, delay=delay),

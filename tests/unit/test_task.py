@@ -136,6 +136,7 @@ POISON = {
     "cwd empty": '{"cmd": "true", "cwd": ""}',
     "cwd not string": '{"cmd": "true", "cwd": 5}',
     "max attempts zero": '{"cmd": "true", "max_attempts": 0}',
+    "max attempts absurd": '{"cmd": "true", "max_attempts": 8156311673}',
     "max attempts string": envelope({"cmd": "true"}, jobq_max_attempts="3"),
     "negative preemptions": envelope({"cmd": "true"}, jobq_preemptions=-1),
     "num_retries not int": envelope({"cmd": "true"}, num_retries="0"),
