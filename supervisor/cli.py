@@ -41,7 +41,7 @@ def _duration(text: str) -> float:
 
 
 def _size(text: str) -> int:
-    from .security import parse_size
+    from .limits import parse_size
 
     try:
         return parse_size(text)
@@ -167,11 +167,16 @@ def _add_security_options(p: Any) -> None:
     p.add_argument("--task-group", default=None, metavar="NAME",
                    help="run tasks with this group (default: the task user's group)")
     p.add_argument("--task-memory-limit", type=_size, default=None, metavar="SIZE",
-                   help="address-space limit per task process, e.g. 512M, 2G (prlimit --as)")
+                   help="memory limit per task, e.g. 512M, 2G (systemd: MemoryMax of the "
+                        "task's scope; rlimit: address space per process)")
     p.add_argument("--task-cpu-limit", type=_duration, default=None, metavar="SECONDS",
-                   help="CPU-time limit per task process (prlimit --cpu)")
+                   help="CPU-time limit per task process (RLIMIT_CPU, both mechanisms)")
     p.add_argument("--task-max-procs", type=_positive_int, default=None, metavar="N",
-                   help="process limit of the task user (prlimit --nproc; not for root)")
+                   help="process limit (systemd: TasksMax of the task's scope; rlimit: "
+                        "RLIMIT_NPROC of the task user, not for root)")
+    p.add_argument("--task-limits", choices=("auto", "systemd", "rlimit"), default="auto",
+                   help="how the task limits are applied: systemd scopes (cgroups), rlimits, "
+                        "or auto: systemd when it can create scopes, else rlimits")
 
 
 def _parse(parser: _Parser, argv: list[str]) -> argparse.Namespace:

@@ -77,9 +77,10 @@ class TaskProcess:
               ) -> TaskProcess:
         """Start ``bash -c cmd`` in a new session (a spawner thread).  Raises OSError.
 
-        ``argv_prefix`` is a launcher that execs the shell in place (``prlimit ... --``), so the
-        pid stays the group leader; ``user``/``group``/``extra_groups`` are Popen's own (the
-        child switches ids between fork and exec, without a preexec_fn)."""
+        ``argv_prefix`` are launchers that exec the shell in place (``systemd-run --scope``,
+        ``prlimit``, ``setpriv``), so the pid stays the group leader; ``user``/``group``/
+        ``extra_groups`` are Popen's own (the child switches ids between fork and exec, without
+        a preexec_fn)."""
         env = dict(env)
         env[MARKER_VAR] = marker
         popen = subprocess.Popen(

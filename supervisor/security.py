@@ -17,9 +17,9 @@ several keys (rotation) picks the right one.  A key file holds the key bytes; on
 newline is stripped.  Not covered by the MAC: the attempt bookkeeping (``num_retries``,
 ``jobq_max_attempts``, ``jobq_preemptions``) that workers rewrite in flight.
 
-Resource limits use util-linux ``prlimit`` in front of the shell (``prlimit --as=.. -- /bin/bash
--c CMD``): it sets the limits on itself and execs, so the task keeps its pid, its process group
-and its marker, and no ``preexec_fn`` runs in the forked child (unsafe with threads).
+Resource limits (``--task-memory-limit``, ``--task-cpu-limit``, ``--task-max-procs``) are
+applied by a launcher in front of the shell: a systemd scope (cgroups) or rlimits; see
+limits.py, which also words what a limit had to do with a failure.
 """
 
 from __future__ import annotations
@@ -33,14 +33,15 @@ import math
 import os
 import pwd
 import re
-import shutil
-import signal
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .limits import TaskLimits, TaskUserIds, format_size, parse_size
 from .task import Task
+
+__all__ = ["format_size", "parse_size"]  # re-exported: their old home
 
 log = logging.getLogger("jobq.security")
 
@@ -48,36 +49,8 @@ SIG_FIELD = "jobq_sig"
 SIG_PREFIX = "signature invalid"
 FUTURE_SKEW = 300.0  # with --max-task-age, an issued-at this far in the future is refused
 MIN_KEY_BYTES = 16
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-# Output that a failed allocation leaves behind (Python, C/libc, C++, Java, bash).
-_ALLOC_FAILURE = re.compile(
-    r"MemoryError|Cannot allocate memory|std::bad_alloc|out of memory|OutOfMemoryError"
-    r"|memory exhausted|failed to allocate|allocation failed", re.IGNORECASE)
-_MEMORY_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGKILL)
-
-
 class SecurityConfigError(ValueError):
     """A security option that cannot work: one line naming the option (exit status 2)."""
-
-
-# ------------------------------------------------------------------------------- sizes
-def parse_size(text: str) -> int:
-    """``512M``, ``2G``, ``100MiB``, ``1048576`` -> bytes (binary units).  Raises ValueError."""
-    match = _SIZE.match(str(text))
-    if not match:
-        raise ValueError(f"invalid size {text!r} (use e.g. 512M, 2G)")
-    value = int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
-    if value <= 0:
-        raise ValueError(f"size must be positive: {text!r}")
-    return value
-
-
-def format_size(n: int) -> str:
-    for unit, factor in (("T", 1024**4), ("G", 1024**3), ("M", 1024**2), ("K", 1024)):
-        if n % factor == 0:
-            return f"{n // factor}{unit}"
-    return str(n)
 
 
 # -------------------------------------------------------------------------------- keys
@@ -203,10 +176,7 @@ class TaskGuard:
     max_task_age: float | None = None
     allowed: re.Pattern[str] | None = None
     user: TaskUser | None = None
-    memory_limit: int | None = None
-    cpu_limit: int | None = None
-    max_procs: int | None = None
-    prlimit: str | None = None
+    limits: TaskLimits = field(default_factory=TaskLimits)
     warnings: tuple[str, ...] = ()
 
     @classmethod
@@ -259,22 +229,21 @@ class TaskGuard:
                               ("--task-max-procs", procs)):
             if value is not None and value <= 0:
                 raise SecurityConfigError(f"{option}: must be positive")
-        prlimit = None
-        if memory is not None or cpu is not None or procs is not None:
-            prlimit = shutil.which("prlimit")
-            if prlimit is None:
-                option = ("--task-memory-limit" if memory is not None else
-                          "--task-cpu-limit" if cpu is not None else "--task-max-procs")
-                raise SecurityConfigError(f"{option}: needs util-linux prlimit, which is not "
-                                          f"on PATH")
-        if procs is not None and (user is None or user.uid == 0) and euid == 0:
+        try:
+            limits = TaskLimits.configure(
+                memory, math.ceil(cpu) if cpu is not None else None, procs,
+                getattr(s, "task_limits", None) or "auto", euid,
+                run_as_other_user=user is not None)
+        except ValueError as exc:
+            raise SecurityConfigError(str(exc)) from None
+        if (procs is not None and limits.mechanism == "rlimit"
+                and (user is None or user.uid == 0) and euid == 0):
             warnings.append("--task-max-procs is not enforced for tasks that run as root "
                             "(RLIMIT_NPROC does not apply to root); use --task-user")
         warnings += secret_file_warnings(getattr(s, "config_file", None),
                                          [k.path for k in keys])
         return cls(keys=tuple(keys), max_task_age=max_age, allowed=allowed, user=user,
-                   memory_limit=memory, cpu_limit=math.ceil(cpu) if cpu is not None else None,
-                   max_procs=procs, prlimit=prlimit, warnings=tuple(warnings))
+                   limits=limits, warnings=tuple(warnings))
 
     def log_warnings(self) -> None:
         """One WARNING line each (main thread, once: when the first receive succeeded)."""
@@ -293,27 +262,14 @@ class TaskGuard:
         return None
 
     # -- spawning --------------------------------------------------------------------------
-    def argv_prefix(self) -> list[str]:
-        """``prlimit ... --`` in front of ``/bin/bash -c CMD``, or nothing."""
-        if self.prlimit is None:
-            return []
-        argv = [self.prlimit]
-        if self.memory_limit is not None:
-            argv.append(f"--as={self.memory_limit}")
-        if self.cpu_limit is not None:
-            # soft < hard: SIGXCPU first (catchable: a task may save its state), SIGKILL a
-            # CPU-second later.  With soft == hard the kernel goes straight to SIGKILL.
-            argv.append(f"--cpu={self.cpu_limit}:{self.cpu_limit + 1}")
-        if self.max_procs is not None:
-            argv.append(f"--nproc={self.max_procs}")
-        return argv + ["--"]
-
-    def spawn_options(self) -> dict[str, Any]:
-        """Keyword arguments for TaskProcess.spawn."""
-        opts: dict[str, Any] = {"argv_prefix": self.argv_prefix()}
+    def spawn_options(self, marker: str) -> dict[str, Any]:
+        """Keyword arguments for TaskProcess.spawn of the task with ``marker`` (main thread)."""
+        ids = None
         if self.user is not None:
-            opts.update(user=self.user.uid, group=self.user.gid,
-                        extra_groups=list(self.user.groups))
+            ids = TaskUserIds(self.user.uid, self.user.gid, self.user.groups)
+        opts: dict[str, Any] = {"argv_prefix": self.limits.argv_prefix(marker, ids)}
+        if ids is not None and not self.limits.switches_user:
+            opts.update(user=ids.uid, group=ids.gid, extra_groups=list(ids.groups))
         return opts
 
     def environment(self) -> dict[str, str]:
@@ -323,21 +279,10 @@ class TaskGuard:
         return {"HOME": self.user.home, "USER": self.user.name, "LOGNAME": self.user.name}
 
     # -- after a run -----------------------------------------------------------------------
-    def annotate_failure(self, status: str, returncode: int, tail: str) -> str:
-        """``status`` plus what a limit probably had to do with it (main thread).
-
-        Honest about certainty: only SIGXCPU is unambiguous (the kernel sends it for
-        RLIMIT_CPU alone); the rest is a likely cause, so it ends in "?"."""
-        sig = -returncode if returncode < 0 else (returncode - 128 if returncode > 128 else 0)
-        if self.cpu_limit is not None:
-            if sig == signal.SIGXCPU:
-                return f"cpu limit of {self.cpu_limit}s exceeded ({status})"
-            if sig == signal.SIGKILL:
-                return f"{status} (cpu limit of {self.cpu_limit}s exceeded?)"
-        if self.memory_limit is not None and returncode != 0 and (
-                sig in _MEMORY_SIGNALS or _ALLOC_FAILURE.search(tail[-4096:])):
-            return f"{status} (memory limit {format_size(self.memory_limit)} exceeded?)"
-        return status
+    def annotate_failure(self, status: str, returncode: int, tail: str,
+                         marker: str | None = None) -> str:
+        """``status`` plus what a limit had to do with it (main thread); see limits.py."""
+        return self.limits.annotate_failure(status, returncode, tail, marker)
 
 
 def secret_file_warnings(config_file: str | None, key_files: Sequence[str]) -> list[str]:

@@ -97,6 +97,7 @@ class Settings:
     task_memory_limit: int | None = None  # bytes
     task_cpu_limit: float | None = None  # CPU seconds
     task_max_procs: int | None = None
+    task_limits: str = "auto"  # auto, systemd or rlimit (limits.py)
     config_file: str | None = None  # the --config file, for the world-readable warning
 
     def __repr__(self) -> str:
@@ -194,6 +195,8 @@ class Settings:
             raise bad("scheduled-events-interval", "must be positive")
         if self.metrics_interval <= 0:
             raise bad("metrics-interval", "must be positive")
+        if self.task_limits not in ("auto", "systemd", "rlimit"):
+            raise bad("task-limits", "must be auto, systemd or rlimit")
         if self.log_format not in LOG_FORMATS:
             raise bad("log-format", "must be text or json")
         if self.log_level.upper() not in LOG_LEVELS:

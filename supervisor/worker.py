@@ -138,6 +138,7 @@ class Worker:
             log.info("worker %s started: backend=%s queue=%s slots=%d lock=%gs renew=%gs",
                      self.s.worker_id, self.s.backend, self.s.queue, self.s.num_workers,
                      self.s.lock, self.s.renew_every)
+            log.info("%s", self.guard.limits.describe())
             while not self._finished():
                 self._wait_and_drain()
                 self._turn()
@@ -470,7 +471,7 @@ class Worker:
         env.update(task.env)
         marker = f"{self.token}:{self._seq}"
         job = SpawnJob(task.cmd, env, task.cwd, marker, context=(lease, keeper, max_attempts),
-                       options=self.guard.spawn_options())
+                       options=self.guard.spawn_options(marker))
         self.starting.append(job)
         self.spawner.submit(job)
 
@@ -605,7 +606,8 @@ class Worker:
         if rt.term_reason == "time limit":
             reason = f"task time limit of {self.s.task_time_limit:g}s exceeded ({status})"
         else:
-            reason = status if rt.term_reason else self.guard.annotate_failure(status, rc, tail)
+            reason = status if rt.term_reason else self.guard.annotate_failure(
+                status, rc, tail, rt.proc.marker)
         log.warning("finished: %s in %.1fs", reason, duration, extra=extra)
         max_attempts = (rt.task.max_attempts if rt.task is not None else None) or \
             self.s.max_attempts

@@ -139,9 +139,9 @@ def test_option_errors(tmp_path, monkeypatch):
         TaskGuard.from_settings(settings(task_user="root", task_group="no-such-grp"), euid=0)
     with pytest.raises(SecurityConfigError, match="^--task-group: needs --task-user"):
         TaskGuard.from_settings(settings(task_group="root"), euid=0)
-    monkeypatch.setattr(security.shutil, "which", lambda name: None)
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH without prlimit
     with pytest.raises(SecurityConfigError, match="^--task-cpu-limit: needs util-linux prlimit"):
-        TaskGuard.from_settings(settings(task_cpu_limit=1.0), euid=1000)
+        TaskGuard.from_settings(settings(task_cpu_limit=1.0, task_limits="rlimit"), euid=1000)
 
 
 def test_root_warning_only_without_task_user():
@@ -154,7 +154,7 @@ def test_root_warning_only_without_task_user():
 
 def test_task_user_spawn_options_drop_root_groups():
     guard = TaskGuard.from_settings(settings(task_user="nobody"), euid=0)
-    opts = guard.spawn_options()
+    opts = guard.spawn_options("tok:1")
     assert opts["user"] == guard.user.uid and opts["group"] == guard.user.gid
     assert 0 not in opts["extra_groups"] or guard.user.gid == 0
     env = guard.environment()
@@ -163,8 +163,10 @@ def test_task_user_spawn_options_drop_root_groups():
 
 def test_prlimit_wrapper_and_failure_reasons():
     guard = TaskGuard.from_settings(settings(task_memory_limit=parse_size("64M"),
-                                             task_cpu_limit=1.5, task_max_procs=10), euid=1000)
-    prefix = guard.argv_prefix()
+                                             task_cpu_limit=1.5, task_max_procs=10,
+                                             task_limits="rlimit"), euid=1000)
+    assert guard.limits.mechanism == "rlimit"
+    prefix = guard.spawn_options("tok:1")["argv_prefix"]
     assert prefix[1:] == [f"--as={64 << 20}", "--cpu=2:3", "--nproc=10", "--"]
     assert os.path.basename(prefix[0]) == "prlimit"
     xcpu = guard.annotate_failure("killed by SIGXCPU", -signal.SIGXCPU, "")
@@ -177,7 +179,7 @@ def test_prlimit_wrapper_and_failure_reasons():
     assert "memory limit" in guard.annotate_failure("killed by SIGSEGV", -signal.SIGSEGV, "")
     assert guard.annotate_failure("exit status 1", 1, "no such file") == "exit status 1"
     plain = TaskGuard.from_settings(settings(), euid=1000)
-    assert plain.argv_prefix() == []
+    assert plain.spawn_options("tok:1")["argv_prefix"] == []
     assert plain.annotate_failure("killed by SIGXCPU", -signal.SIGXCPU, "") == \
         "killed by SIGXCPU"
 
