@@ -64,14 +64,16 @@ class Supervisor:
     """A jobq-supervisor subprocess with its log captured to a file."""
 
     def __init__(self, tmp: Path, args: list[str], env: dict[str, str] | None = None,
-                 name: str = "sup", new_session: bool = True) -> None:
+                 name: str = "sup", new_session: bool = True,
+                 prefix: tuple[str, ...] = ()) -> None:
         self.log_path = tmp / f"{name}.log"
         self._log = open(self.log_path, "wb")
         full_env = dict(os.environ)
         full_env["JOBQ_TEST_SESSION"] = SESSION_TAG
         full_env.update(env or {})
         self.proc = subprocess.Popen(
-            command("jobq-supervisor") + args, stdout=self._log, stderr=subprocess.STDOUT,
+            [*prefix, *command("jobq-supervisor"), *args], stdout=self._log,
+            stderr=subprocess.STDOUT,
             env=full_env, cwd=tmp, start_new_session=new_session)
         self.pid = self.proc.pid
 

@@ -137,6 +137,28 @@ def test_bad_key_files_and_regex_exit_2_with_one_line(env):
     assert not env.db.exists() or env.rows() == []
 
 
+@pytest.mark.skipif(os.path.isdir("/run/systemd/system"), reason="systemd is init here")
+def test_task_limits_option_without_systemd(env):
+    """Flag, environment and INI key; systemd demanded where it is not init: exit 2."""
+    ini = env.tmp / "w.ini"
+    ini.write_text("task-limits = systemd\n")
+    for args, extra_env in ((["--task-limits", "systemd"], None),
+                            ([], {"JOBQ_TASK_LIMITS": "systemd"}),
+                            (["--config", str(ini)], None)):
+        res = run_worker("--sqlite-path", str(env.db), "--exit-when-empty",
+                         "--task-memory-limit", "100M", *args, env=extra_env)
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip().splitlines() == [
+            "jobq-supervisor: error: --task-limits systemd: systemd is not the init system "
+            "(no /run/systemd/system)"], res.stderr
+    res = run_worker("--sqlite-path", str(env.db), env={"JOBQ_TASK_LIMITS": "cgroups"})
+    assert res.returncode == 2 and "--task-limits" in res.stderr
+    env.push("true")
+    sup = env.supervisor("--exit-when-empty", "--task-memory-limit", "100M")
+    assert sup.wait(30) == 0
+    assert "task limits: rlimits via prlimit (per process)" in sup.log()
+
+
 def test_allowed_commands(env):
     ok, bad = env.push(f"touch {env.tmp}/allowed", f"touch {env.tmp}/allowed; touch "
                        f"{env.tmp}/smuggled", extra=("--max-attempts", "1"))

@@ -1,0 +1,211 @@
+"""A real, private systemd system manager for tests of the systemd scope path.
+
+Boots ``/usr/bin/systemd --system`` as PID 1 of new PID, mount, UTS and cgroup namespaces,
+with a private tmpfs on /run holding one empty target (``--unit=jobq-test.target``), so it
+starts nothing of the host's.  Its cgroups live in a fresh sub-cgroup of ours in every
+mounted hierarchy, remounted inside the namespace so that systemd sees them as its root; the
+host's /run, /sys and cgroup roots are never written.  /proc/sys is read-only in there and
+/dev/console is /dev/null, so PID 1's set-up cannot touch host settings or the console.
+
+Processes that must talk to it (``systemd-run`` sends its own pid, which only means something
+in the manager's PID namespace) run under ``manager.enter()``: nsenter into its mount, PID and
+cgroup namespaces.  ``stop()`` SIGKILLs that PID 1 by pid (the kernel then kills everything in
+its namespace), waits for the launcher and removes the cgroups it left.
+
+Needs root, util-linux unshare/nsenter and systemd; ``start`` raises ``Unavailable`` (the
+fixture skips with the reason) where one of them is missing or the manager does not come up.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+SYSTEMD = "/usr/bin/systemd"
+START_TIMEOUT = 20.0
+
+_INNER = r"""
+set -e
+mount --make-rprivate /
+mount -t tmpfs -o mode=755 jobq-test-run /run
+mkdir -p /run/systemd/system
+printf '[Unit]\nDescription=jobq test manager\n' > /run/systemd/system/jobq-test.target
+mount --bind /proc/sys /proc/sys
+mount -o remount,bind,ro /proc/sys
+mount --bind /dev/null /dev/console 2>/dev/null || true
+mount -t tmpfs -o mode=755 jobq-test-cgroup /sys/fs/cgroup
+while read -r dir fstype opts; do
+    mkdir -p "/sys/fs/cgroup/$dir"
+    mount -t "$fstype" -o "$opts" "$fstype" "/sys/fs/cgroup/$dir"
+done < "$1"
+exec env -i container=jobq-test PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+    /usr/bin/systemd --system --unit=jobq-test.target --log-target=null --show-status=no
+"""
+
+
+class Unavailable(Exception):
+    """No private systemd manager here; the message says why."""
+
+
+@dataclass
+class Hierarchy:
+    subdir: str  # below /sys/fs/cgroup ("" for a cgroup2 mounted there itself)
+    fstype: str  # cgroup or cgroup2
+    options: str  # mount options that recreate it (controllers, name=)
+    ours: Path  # our own cgroup directory in it, on the host
+
+
+@dataclass
+class SystemdManager:
+    workdir: Path
+    name: str = field(default_factory=lambda: f"jobq-test-{uuid.uuid4().hex[:10]}")
+    launcher: subprocess.Popen | None = None
+    pid: int = 0  # the manager's pid in the host's PID namespace
+    cgroups: list[Path] = field(default_factory=list)
+
+    def enter(self) -> list[str]:
+        """argv prefix that runs a command in the manager's namespaces."""
+        return ["nsenter", f"--target={self.pid}", "--mount", "--pid", "--cgroup", "--"]
+
+    def systemctl(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*self.enter(), "systemctl", *args], capture_output=True,
+                              text=True, timeout=20)
+
+    # -- life cycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        if os.geteuid() != 0:
+            raise Unavailable("needs root (a system manager in private namespaces)")
+        for tool in (SYSTEMD, "unshare", "nsenter", "systemd-run", "systemctl"):
+            if shutil.which(tool) is None:
+                raise Unavailable(f"{tool} is not installed")
+        hierarchies = _hierarchies()
+        if not hierarchies:
+            raise Unavailable("no cgroup hierarchy mounted under /sys/fs/cgroup")
+        spec = self.workdir / f"{self.name}.mounts"
+        lines = []
+        try:
+            for h in hierarchies:
+                path = h.ours / self.name
+                path.mkdir()
+                self.cgroups.append(path)
+                if (h.ours / "cpuset.cpus").exists():  # v1 cpuset: a child starts empty
+                    for knob in ("cpuset.cpus", "cpuset.mems"):
+                        (path / knob).write_text((h.ours / knob).read_text())
+                lines.append(f"{h.subdir or '.'} {h.fstype} {h.options}")
+        except OSError as exc:
+            self.stop()
+            raise Unavailable(f"cannot create a cgroup for the manager: {exc}") from None
+        spec.write_text("\n".join(lines) + "\n")
+        inner = self.workdir / f"{self.name}.sh"
+        inner.write_text(_INNER)
+        # The launcher joins the new cgroups itself, then becomes unshare; PID 1 inherits them.
+        joins = " ".join(f"echo $$ > {p / 'cgroup.procs'};" for p in self.cgroups)
+        outer = (f"{joins} exec unshare --pid --fork --mount --uts --cgroup --mount-proc "
+                 f"--propagation private /bin/bash {inner} {spec}")
+        log = open(self.workdir / f"{self.name}.log", "wb")
+        self.launcher = subprocess.Popen(["/bin/bash", "-c", outer], stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        log.close()
+        try:
+            self._wait_running()
+        except Unavailable:
+            self.stop()
+            raise
+
+    def _wait_running(self) -> None:
+        assert self.launcher is not None
+        deadline = time.monotonic() + START_TIMEOUT
+        state = ""
+        while time.monotonic() < deadline:
+            if self.launcher.poll() is not None:
+                text = (self.workdir / f"{self.name}.log").read_text(errors="replace")
+                raise Unavailable(f"the manager exited at start: {text.strip()[-500:]}")
+            if not self.pid:
+                self.pid = _systemd_below(self.launcher.pid)
+            if self.pid:
+                state = self.systemctl("is-system-running").stdout.strip()
+                if state in ("running", "degraded"):
+                    return
+            time.sleep(0.1)
+        raise Unavailable(f"the manager did not come up within {START_TIMEOUT:g}s "
+                          f"(state {state or 'unknown'})")
+
+    def stop(self) -> None:
+        if not self.pid and self.launcher is not None:
+            self.pid = _systemd_below(self.launcher.pid)
+        if self.pid:
+            try:
+                os.kill(self.pid, signal.SIGKILL)  # PID 1 of its namespace: all go with it
+            except ProcessLookupError:
+                pass
+        if self.launcher is not None:
+            try:
+                self.launcher.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.launcher.pid, signal.SIGKILL)
+                self.launcher.wait(10)
+        deadline = time.monotonic() + 10
+        for top in self.cgroups:
+            while top.exists():
+                try:
+                    for d in sorted((p for p in top.rglob("*") if p.is_dir()),
+                                    key=lambda p: len(p.parts), reverse=True):
+                        d.rmdir()
+                    top.rmdir()
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+        self.cgroups.clear()
+
+
+def _systemd_below(pid: int) -> int:
+    """The pid of the systemd process under the launcher (unshare forks it), or 0."""
+    try:
+        for child in psutil.Process(pid).children(recursive=True):
+            if child.exe() == os.path.realpath(SYSTEMD):
+                return child.pid
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass
+    return 0
+
+
+def _hierarchies() -> list[Hierarchy]:
+    """Every cgroup mount under /sys/fs/cgroup and our cgroup in it (from /proc/self)."""
+    ours: dict[str, str] = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in (controllers.split(",") if controllers else [""]):
+            ours[c] = path
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, right = line.split(" - ", 1)
+        fields = left.split()
+        root, mountpoint = fields[3], fields[4]
+        fstype, _source, super_opts = right.split()[:3]
+        if fstype not in ("cgroup", "cgroup2") or not mountpoint.startswith("/sys/fs/cgroup"):
+            continue
+        if fstype == "cgroup2":
+            key, options = "", "nsdelegate" if "nsdelegate" in super_opts else "rw"
+        else:
+            names = [o for o in super_opts.split(",") if o not in ("rw", "ro")
+                     and not o.startswith(("release_agent", "clone_children"))]
+            key = next((o for o in names if o.startswith("name=")), names[0] if names else "")
+            options = ",".join(names) if not key.startswith("name=") else f"none,{key}"
+        path = ours.get(key)
+        if path is None or not path.startswith(root):
+            continue
+        rel = path[len(root):].lstrip("/") if root != "/" else path.lstrip("/")
+        subdir = mountpoint[len("/sys/fs/cgroup"):].lstrip("/")
+        found.append(Hierarchy(subdir=subdir, fstype=fstype, options=options,
+                               ours=Path(mountpoint) / rel))
+    return found
