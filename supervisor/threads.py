@@ -9,6 +9,8 @@ where the handler enqueues them at once.
 from __future__ import annotations
 
 import _thread
+import logging
+import queue
 import signal
 import threading
 from typing import Callable
@@ -29,15 +31,40 @@ def start_thread(target: Callable[[], None], name: str) -> threading.Thread:
 
 
 def start_fast(target: Callable[[], None]) -> None:
-    """Like start_thread, without waiting for the thread to be scheduled (main thread).
+    """Run ``target`` on a thread of its own, reusing an idle one when there is (main thread).
 
-    ``threading.Thread.start`` blocks until the new thread runs; on a busy 2-core machine that
-    wait cost the main loop more per task than the spawn.  Lease keepers signal their own end
-    through an Event, so they need no Thread object to join.
+    The thread runs nothing else until ``target`` returns.  ``threading.Thread.start`` blocks
+    until the new thread runs, and creating a thread at all (``pthread_create``, with the GIL
+    held) was a good part of a short task's cost to the supervisor: a finished lease keeper's
+    thread waits ``POOL_IDLE`` seconds for the next lease instead.  Lease keepers signal their
+    own end through an Event, so they need no Thread object to join.
     """
+    try:
+        _idle.pop().put(target)  # that thread is waiting in _pooled, on its own queue
+    except IndexError:
+        _thread.start_new_thread(_pooled, (target,))
 
-    def run() -> None:
-        signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
-        target()
 
-    _thread.start_new_thread(run, ())
+POOL_IDLE = 30.0  # an idle pooled thread ends after this long without work
+_idle: list[queue.SimpleQueue[Callable[[], None]]] = []  # list.append/pop are atomic
+
+
+def _pooled(target: Callable[[], None]) -> None:
+    """A pooled thread: run a target, then offer itself for the next one (pooled thread)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
+    inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+    while True:
+        try:
+            target()
+        except Exception:  # the target's own failure must not end a reusable thread unseen
+            logging.getLogger("jobq").exception("unexpected error on a pooled thread")
+        _idle.append(inbox)
+        try:
+            target = inbox.get(timeout=POOL_IDLE)
+        except queue.Empty:
+            try:
+                _idle.remove(inbox)
+            except ValueError:  # start_fast took it just now: its target is on the way
+                target = inbox.get()
+                continue
+            return

@@ -449,8 +449,10 @@ class Worker:
             self.metrics.task_dead_lettered()
             return
         max_attempts = task.max_attempts or self.s.max_attempts
-        log.info("received task (attempt %d of %d): %s", lease.attempt, max_attempts,
-                 _short(task.cmd), extra={"task_id": task_id, "attempt": lease.attempt})
+        # One INFO line per start, not two: log records are a good part of a short task's
+        # cost to the supervisor.  The "started" line carries the attempt and the command.
+        log.debug("received task (attempt %d of %d)", lease.attempt, max_attempts,
+                  extra={"task_id": task_id, "attempt": lease.attempt})
         refusal = self.guard.refusal(task, time.time())
         if refusal is not None:  # never run: the message may come from anyone who can write
             log.error("%s; dead-lettering it without a run", refusal, extra={"task_id": task_id})
@@ -506,8 +508,9 @@ class Worker:
         proc.output = TaskOutput(task_id, proc.popen.stdout, lambda: self.events.put(None),
                                  task_log, log_file)
         self.metrics.task_started()
-        log.info("started pid=%d pgid=%d", proc.pid, proc.pgid,
-                 extra={"task_id": task_id, "pid": proc.pid})
+        log.info("started pid=%d pgid=%d (attempt %d of %d): %s", proc.pid, proc.pgid,
+                 lease.attempt, max_attempts, _short(task.cmd),
+                 extra={"task_id": task_id, "pid": proc.pid, "attempt": lease.attempt})
         self.output_pump.add(proc.output)
         self.active.append(rt)
         self.watchdog.add(rt)

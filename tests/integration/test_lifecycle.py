@@ -205,7 +205,8 @@ def test_json_log_format_and_lifecycle_events(env):
     records = [json.loads(line) for line in sup.log().splitlines() if line.strip()]
     mine = [r for r in records if r.get("task_id") == tid]
     messages = " | ".join(r["message"] for r in mine)
-    for needle in ("received task", "started pid=", "out-line", "finished: exit status 0"):
+    for needle in ("received task (attempt 1 of", "started pid=", "(attempt 1 of 5): echo out-line",
+                   "out-line", "finished: exit status 0"):
         assert needle in messages
     started = next(r for r in mine if r["message"].startswith("started"))
     assert started["pid"] > 0
