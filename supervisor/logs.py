@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from .threads import start_thread
 
 MAX_BATCH = 256  # lines per write: a burst is written in pieces, never held back
+GATHER = 0.02  # seconds the writer lets records gather after a write
 _STANDARD = set(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime"}
 
 
@@ -66,9 +67,11 @@ class _QueueHandler(logging.handlers.QueueHandler):
 class LogWriter:
     """The thread that formats and writes every record (started by ``setup_logging``).
 
-    It takes all records that are waiting and writes them with one write and one flush: with
-    many short tasks, a write per record cost the supervisor a syscall (and a GIL hand-over)
-    per line.  Stopped, after draining the queue, by ``stop`` (at exit)."""
+    It takes all records that are waiting and writes them with one write and one flush, then
+    lets the next ones gather for ``GATHER`` seconds: with many short tasks, waking this thread
+    and writing once per record was a good part of the supervisor's cost per task.  So a line
+    may trail its event by that much.  Stopped, after draining the queue, by ``stop`` (at
+    exit)."""
 
     _STOP = object()
 
@@ -116,6 +119,8 @@ class LogWriter:
                     pass  # stderr closed or full: logging must never stop the supervisor
             if done and self.stopped.is_set():
                 return
+            # While we wait here, logging a record is an append without a thread wake-up.
+            self.stopped.wait(GATHER)
 
     def _format(self, record: logging.LogRecord) -> str:
         try:

@@ -118,8 +118,19 @@ class OutputPump:
         self._thread = start_thread(self._run, "output-pump")
 
     def add(self, output: TaskOutput) -> None:
-        """Queue a task's pipe; ``flush`` hands the turn's new pipes over (main thread)."""
-        self._new.append(output)
+        """Start pumping a task's pipe (main thread).
+
+        Without a log file the pipe goes straight into the pump's epoll set: epoll_ctl is safe
+        while the pump waits in epoll_wait, the selector's map entry is written before the fd
+        is armed, and so the pump need not be woken for every task.  A log file is opened on
+        the pump thread (a slow disk must not stall the main loop): ``flush`` hands those
+        pipes over, once per main-loop turn."""
+        if output.log_file:
+            self._new.append(output)
+            return
+        fd = output.pipe.fileno()
+        os.set_blocking(fd, False)
+        self._selector.register(fd, selectors.EVENT_READ, output)
 
     def flush(self) -> None:
         """Wake the pump once per main-loop turn, not once per task (main thread)."""
