@@ -220,7 +220,7 @@ class Worker:
         now = self.clock()
         t = now + self.s.poll_interval
         if (self.state is State.RUNNING
-                and len(self.active) + len(self.starting) < self.s.num_workers):
+                and self._running() + len(self.starting) < self.s.num_workers):
             t = min(t, self.next_receive)
             if self.change_probe is not None:
                 t = min(t, now + CHANGE_PROBE_EVERY)
@@ -305,6 +305,10 @@ class Worker:
     def _turn(self) -> None:
         now = self.clock()
         self._reap(now)
+        if self.state is State.RUNNING:
+            # A slot is free once its shell exited: the next task starts before this turn
+            # spends time settling the last one.
+            self._receive(now)
         self._settle_exited(now)
         # A keeper whose lease deadline passed will not settle (and may be stuck in a hung
         # call): its message comes back through the broker, so nobody waits for it.
@@ -399,8 +403,12 @@ class Worker:
             self.begin_stop("idle timeout", EXIT_OK)
 
     # ------------------------------------------------------------------------- receive
+    def _running(self) -> int:
+        """Tasks whose shell has not exited: an exited one no longer takes a slot."""
+        return sum(1 for rt in self.active if rt.exited_at is None)
+
     def _receive(self, now: float) -> None:
-        free = self.s.num_workers - len(self.active) - len(self.starting)
+        free = self.s.num_workers - self._running() - len(self.starting)
         if free <= 0:
             return
         if now < self.next_receive and not (
@@ -524,6 +532,8 @@ class Worker:
             if rt.exited_at is None and rt.proc.poll() is not None:
                 rt.exited_at = now
                 exited = True
+                if self.state is State.RUNNING:
+                    self.next_receive = min(self.next_receive, now)
         # Orphans (leftovers of exited shells) are reaped soon while some are being cleaned
         # up, else now and then; not on every exit, which would cost every task a /proc read.
         busy = any(rt.cleanup_deadline is not None and not rt.clean.is_set()
@@ -546,8 +556,6 @@ class Worker:
             self._conclude(rt, now)
             self.cleaning.append(rt)
             self.idle_since = now
-            if self.state is State.RUNNING:
-                self.next_receive = min(self.next_receive, now)
         self.active = still
 
     def _ready_to_settle(self, rt: RunningTask, now: float) -> bool:
