@@ -447,33 +447,14 @@ class Worker:
         keeper = LeaseKeeper(lease, task_id, t_sent=t_sent, granted=lease.lock_duration,
                              renew_interval=self.s.renew_every, clock=self.clock,
                              on_lost=self.watchdog.wake, on_renewal=self.metrics.renewal)
-        keeper.start()
-        if task is None:
-            reason = f"bad message: {lease.format_error}"
-            log.error("%s; dead-lettering it", reason, extra={"task_id": task_id})
-            self._settle(keeper, lambda le: le.dead_letter(reason, lease.raw_body[-2000:], None),
-                         "dead-lettered")
-            self.counts["dead_lettered"] += 1
-            self.metrics.task_dead_lettered()
+        max_attempts = (task.max_attempts if task is not None else None) or self.s.max_attempts
+        if self._reject(lease, keeper, task_id, max_attempts):
             return
-        max_attempts = task.max_attempts or self.s.max_attempts
+        assert task is not None
         # One INFO line per start, not two: log records are a good part of a short task's
         # cost to the supervisor.  The "started" line carries the attempt and the command.
         log.debug("received task (attempt %d of %d)", lease.attempt, max_attempts,
                   extra={"task_id": task_id, "attempt": lease.attempt})
-        refusal = self.guard.refusal(task, time.time())
-        if refusal is not None:  # never run: the message may come from anyone who can write
-            log.error("%s; dead-lettering it without a run", refusal, extra={"task_id": task_id})
-            self._settle(keeper, lambda le: le.dead_letter(refusal, "", None), "dead-lettered")
-            self.counts["dead_lettered"] += 1
-            self.metrics.task_dead_lettered()
-            return
-        if lease.attempt > max_attempts:
-            reason = f"attempts exhausted ({lease.attempt - 1} of {max_attempts} used)"
-            log.error("%s; failing it without a run", reason, extra={"task_id": task_id})
-            self._settle(keeper, lambda le: le.dead_letter(reason, "", None), "failed")
-            self.counts["failed"] += 1
-            return
         self._seq += 1
         env = dict(self.base_env)
         env.update(JOBQ_TASK_ID=task.id, JOBQ_QUEUE_NAME=self.s.queue,
@@ -484,6 +465,38 @@ class Worker:
                        options=self.guard.spawn_options(marker))
         self.starting.append(job)
         self.spawner.submit(job)
+        # The keeper's thread after the spawn request: the spawner is on the critical path,
+        # the first renewal is not (the lease was granted moments ago).
+        keeper.start()
+
+    def _reject(self, lease: Lease, keeper: LeaseKeeper, task_id: str,
+                max_attempts: int) -> bool:
+        """Dead-letter a message that must not run; True if it was (main thread)."""
+        task = lease.task
+        if task is None:
+            reason = f"bad message: {lease.format_error}"
+            log.error("%s; dead-lettering it", reason, extra={"task_id": task_id})
+            detail = lease.raw_body[-2000:]
+        else:
+            refusal = self.guard.refusal(task, time.time())
+            if refusal is not None:  # never run: the message may come from anyone who writes
+                log.error("%s; dead-lettering it without a run", refusal,
+                          extra={"task_id": task_id})
+                reason, detail = refusal, ""
+            elif lease.attempt > max_attempts:
+                reason = f"attempts exhausted ({lease.attempt - 1} of {max_attempts} used)"
+                log.error("%s; failing it without a run", reason, extra={"task_id": task_id})
+                keeper.start()
+                self._settle(keeper, lambda le: le.dead_letter(reason, "", None), "failed")
+                self.counts["failed"] += 1
+                return True
+            else:
+                return False
+        keeper.start()
+        self._settle(keeper, lambda le: le.dead_letter(reason, detail, None), "dead-lettered")
+        self.counts["dead_lettered"] += 1
+        self.metrics.task_dead_lettered()
+        return True
 
     def _spawned(self, job: SpawnJob) -> None:
         """A spawner thread is done with ``job``: register the task (main thread)."""
@@ -527,11 +540,14 @@ class Worker:
 
     # ------------------------------------------------------------------------ reaping
     def _reap(self, now: float) -> None:
-        exited = False
+        leftovers = False
         for rt in self.active:
             if rt.exited_at is None and rt.proc.poll() is not None:
                 rt.exited_at = now
-                exited = True
+                # Processes left in the group: the watchdog sees to them now.  Leftovers that
+                # left the group are found by its next regular check (within a second);
+                # waking it for every clean exit cost more than the check itself.
+                leftovers = leftovers or rt.proc.group_alive()
                 if self.state is State.RUNNING:
                     self.next_receive = min(self.next_receive, now)
         # Orphans (leftovers of exited shells) are reaped soon while some are being cleaned
@@ -544,7 +560,7 @@ class Worker:
             registered = {rt.proc.pid for rt in self.active if rt.exited_at is None}
             reap_orphans(registered | self._helper_pids())
             self.next_orphan_reap = now + (ORPHAN_REAP_BUSY if busy else ORPHAN_REAP_EVERY)
-        if exited:
+        if leftovers:
             self.watchdog.wake()  # leftovers of exited shells
 
     def _settle_exited(self, now: float) -> None:
