@@ -64,17 +64,34 @@ class LeaseKeeper:
         self._wake = threading.Event()
         self._settlement: Settlement | None = None
         self._finish_requested = False
+        self.started = False
+        # The thread must run by then: halfway to the first renewal (see ``start``).
+        self.start_by = t_sent + (self.next_renew - t_sent) / 2
 
     # -- main thread ---------------------------------------------------------------------
     def start(self) -> None:
-        start_fast(self._run)
+        """Start the keeper thread (once).
+
+        The main loop starts it at ``start_by`` at the latest, or at ``finish``: most short
+        tasks end long before their first renewal, and then the thread is needed only for the
+        settlement.  Nothing else needs the thread: the deadline and ``lock_lost`` that the
+        watchdog reads are set without it."""
+        if not self.started:
+            self.started = True
+            start_fast(self._run)
 
     def finish(self, settlement: Settlement | None, description: str = "") -> None:
         """Stop renewing and run ``settlement`` on the keeper thread (None: settle nothing)."""
         self._settlement = settlement
         self.settle_result = description
         self._finish_requested = True
+        if not self.started and settlement is None:
+            self.started = True  # nothing to renew or settle: no thread at all
+            self.finished_at = self.clock()
+            self.done.set()
+            return
         self._wake.set()
+        self.start()
 
     def join(self, timeout: float) -> bool:
         return self.done.wait(timeout)

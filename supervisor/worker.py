@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import os
 import queue
 import re
@@ -58,6 +59,7 @@ CHANGE_PROBE_EVERY = 0.1
 BACKEND_RETRY_MAX = 10.0
 PREEMPT_MARGIN = 5.0  # a preempted task is SIGKILLed this long before the event's NotBefore
 STATUS_EVERY = 1.0
+KEEPER_START_AHEAD = 1.0
 
 
 class State(enum.Enum):
@@ -85,6 +87,7 @@ class Worker:
         self._seq = 0
         self.active: list[RunningTask] = []  # spawned, not yet settled
         self.cleaning: list[RunningTask] = []  # settled, leftovers being cleaned
+        self.next_keeper_start = math.inf  # the earliest start_by of a keeper not started
         self.settling: list[LeaseKeeper] = []  # settlement running on the keeper thread
         # released task id -> (keeper doing the release, delay) or when a lost lease is back
         self.awaiting_return: dict[str, tuple[LeaseKeeper, float] | float] = {}
@@ -229,6 +232,7 @@ class Worker:
                 t = min(t, now + 0.05)
         if self.cleaning or self.settling:
             t = min(t, now + 0.1)
+        t = min(t, self.next_keeper_start)
         if self.s.time_limit is not None:
             t = min(t, self.started_at + self.s.time_limit)
         if self.watchdog_ping is not None:
@@ -304,6 +308,7 @@ class Worker:
     # ---------------------------------------------------------------------------- turn
     def _turn(self) -> None:
         now = self.clock()
+        self._start_keepers(now)
         self._reap(now)
         if self.state is State.RUNNING:
             # A slot is free once its shell exited: the next task starts before this turn
@@ -465,9 +470,24 @@ class Worker:
                        options=self.guard.spawn_options(marker))
         self.starting.append(job)
         self.spawner.submit(job)
-        # The keeper's thread after the spawn request: the spawner is on the critical path,
-        # the first renewal is not (the lease was granted moments ago).
-        keeper.start()
+        # The keeper's thread starts when its first renewal draws near (``_start_keepers``)
+        # or at the settlement, whichever comes first.
+        self.next_keeper_start = min(self.next_keeper_start, keeper.start_by)
+
+    def _start_keepers(self, now: float) -> None:
+        """Start the keeper threads whose first renewal draws near (main thread)."""
+        if now < self.next_keeper_start:
+            return
+        keepers = [rt.keeper for rt in self.active] + [job.context[1] for job in self.starting]
+        pending = []
+        for keeper in keepers:
+            if not keeper.started:
+                # Those due within a second start now too: one scan starts a whole wave.
+                if now + KEEPER_START_AHEAD >= keeper.start_by:
+                    keeper.start()
+                else:
+                    pending.append(keeper.start_by)
+        self.next_keeper_start = min(pending, default=math.inf)
 
     def _reject(self, lease: Lease, keeper: LeaseKeeper, task_id: str,
                 max_attempts: int) -> bool:
@@ -486,13 +506,11 @@ class Worker:
             elif lease.attempt > max_attempts:
                 reason = f"attempts exhausted ({lease.attempt - 1} of {max_attempts} used)"
                 log.error("%s; failing it without a run", reason, extra={"task_id": task_id})
-                keeper.start()
                 self._settle(keeper, lambda le: le.dead_letter(reason, "", None), "failed")
                 self.counts["failed"] += 1
                 return True
             else:
                 return False
-        keeper.start()
         self._settle(keeper, lambda le: le.dead_letter(reason, detail, None), "dead-lettered")
         self.counts["dead_lettered"] += 1
         self.metrics.task_dead_lettered()
