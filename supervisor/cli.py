@@ -17,9 +17,16 @@ from typing import Any, NoReturn
 import configargparse
 
 from . import __version__
-from .settings import BACKENDS, LOG_FORMATS, Settings, SettingsError, parse_duration
-
-EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_FAILURES, EXIT_TASKS_FAILED = 0, 1, 2, 3, 4
+from .settings import (
+    BACKENDS,
+    EXIT_OK,
+    EXIT_UNEXPECTED,
+    EXIT_USAGE,
+    LOG_FORMATS,
+    Settings,
+    SettingsError,
+    parse_duration,
+)
 
 
 class UsageError(Exception):

@@ -14,6 +14,9 @@ import uuid
 from dataclasses import dataclass, fields
 from typing import Any
 
+# Exit statuses of jobq-supervisor (README "Exit status"): one table for cli.py and worker.py.
+EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_FAILURES, EXIT_TASKS_FAILED = 0, 1, 2, 3, 4
+
 BACKENDS = ("sqlite", "storage-queue", "servicebus")
 LOCK_LOST_BEHAVIORS = ("sigkill", "sigterm")
 LOG_FORMATS = ("text", "json")

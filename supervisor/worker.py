@@ -41,14 +41,13 @@ from .process import (
     task_environment,
 )
 from .security import TaskGuard
-from .settings import Settings
+from .settings import EXIT_FAILURES, EXIT_OK, EXIT_TASKS_FAILED, Settings
 from .spawner import Spawner, SpawnJob
 from .watchdog import RunningTask, Watchdog
 
 log = logging.getLogger("jobq.worker")
 task_log = logging.getLogger("jobq.task")
 
-EXIT_OK, EXIT_UNEXPECTED, EXIT_FAILURES, EXIT_TASKS_FAILED = 0, 1, 3, 4
 OUTPUT_GRACE = 1.0  # after the shell exits, wait this long at most for the output to close
 EXTERNAL_SIGTERM_GRACE = 1.0  # a task killed by SIGTERM from outside: is a stop coming?
 ORPHAN_REAP_EVERY = 5.0
