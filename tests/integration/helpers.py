@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import sqlite3
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -60,3 +64,44 @@ def death_time(procs: list[psutil.Process], timeout: float) -> float | None:
             return time.time()
         time.sleep(0.01)
     return None
+
+
+class HeldDatabase:
+    """An exclusive lock on a SQLite file, held by a thread (see ``database_held``)."""
+
+    def __init__(self, db: Path, seconds: float) -> None:
+        self.db = db
+        self.held, self.release = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._hold, args=(seconds,))
+
+    def _hold(self, seconds: float) -> None:
+        conn = sqlite3.connect(self.db, timeout=30, isolation_level=None)
+        try:
+            conn.execute("BEGIN EXCLUSIVE")
+            self.held.set()
+            self.release.wait(seconds)
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+
+    def locked_until(self, task_id: str) -> float:
+        """The task's LockedUntil: final, as nobody can write while the lock is held."""
+        conn = sqlite3.connect(self.db, timeout=1)
+        try:
+            return conn.execute("SELECT locked_until FROM jobs WHERE id=?",
+                                (task_id,)).fetchone()[0]
+        finally:
+            conn.close()
+
+
+@contextmanager
+def database_held(db: Path, seconds: float) -> Iterator[HeldDatabase]:
+    """Hold the database exclusively for up to ``seconds`` (released when the block ends)."""
+    hold = HeldDatabase(db, seconds)
+    hold.thread.start()
+    try:
+        assert hold.held.wait(10)
+        yield hold
+    finally:
+        hold.release.set()
+        hold.thread.join()

@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-import sqlite3
-import threading
-
 import pytest
 
 from tests.conftest import marked_processes, wait_for
-from tests.integration.helpers import death_time
+from tests.integration.helpers import database_held, death_time
 
 pytestmark = pytest.mark.timeout(120)
 
 TASK = 'if [ "$JOBQ_ATTEMPT" = 1 ]; then sleep 60 & sleep 60; true; else echo second-run; fi'
-
-
-def _hold_exclusive(db, seconds: float, held: threading.Event, release: threading.Event):
-    conn = sqlite3.connect(db, timeout=30, isolation_level=None)
-    try:
-        conn.execute("BEGIN EXCLUSIVE")
-        held.set()
-        release.wait(seconds)
-        conn.execute("ROLLBACK")
-    finally:
-        conn.close()
 
 
 @pytest.mark.parametrize("behavior,signame", [("sigkill", "SIGKILL"), ("sigterm", "SIGTERM")])
@@ -39,25 +25,14 @@ def test_lock_loss_kills_task_before_lock_expiry(env, behavior, signame):
     # Let a renewal or two happen, then take the database away from the supervisor.
     wait_for(lambda: env.job(task_id)["locked_until"] > env.job(task_id)["locked_at"] + 6.5,
              20, what="a renewal")
-    held, release = threading.Event(), threading.Event()
-    holder = threading.Thread(target=_hold_exclusive, args=(env.db, 15, held, release))
-    holder.start()
-    try:
-        assert held.wait(10)
-        # While we hold the lock nobody can write: this LockedUntil is final.
-        conn = sqlite3.connect(env.db, timeout=1)
-        locked_until = conn.execute("SELECT locked_until FROM jobs WHERE id=?",
-                                    (task_id,)).fetchone()[0]
-        conn.close()
+    with database_held(env.db, 15) as hold:
+        locked_until = hold.locked_until(task_id)
         dead = death_time(procs, 14)
         assert dead is not None, "task still alive while its lease could not be renewed"
         assert dead < locked_until, (
             f"task died {dead - locked_until:.2f}s after its LockedUntil passed")
         print(f"killed {locked_until - dead:.2f}s before LockedUntil")
-        holder.join()  # the full 15 s: the renewals stay stuck all along
-    finally:
-        release.set()
-        holder.join()
+        hold.thread.join()  # the full 15 s: the renewals stay stuck all along
     assert sup.wait(60) == 0
     log = sup.log()
     assert "lock lost" in log

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import sys
-import threading
 from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.conftest import marked_processes, wait_for
-from tests.integration.helpers import death_time
+from tests.integration.helpers import database_held, death_time
 from tests.systemd_manager import SystemdManager, Unavailable
 
 pytestmark = pytest.mark.timeout(90)
@@ -129,17 +127,6 @@ def test_group_leader_sigterm_forwarding_and_scope_removal(env, manager):
     wait_for(lambda: not scopes(manager), 10, what="scope gone")
 
 
-def _hold_exclusive(db, seconds: float, held: threading.Event, release: threading.Event):
-    conn = sqlite3.connect(db, timeout=30, isolation_level=None)
-    try:
-        conn.execute("BEGIN EXCLUSIVE")
-        held.set()
-        release.wait(seconds)
-        conn.execute("ROLLBACK")
-    finally:
-        conn.close()
-
-
 def test_lock_loss_kills_the_task_in_its_scope(env, manager):
     [tid] = env.push('if [ "$JOBQ_ATTEMPT" = 1 ]; then sleep 60 & sleep 60; true; fi')
     sup, _ = start(env, manager, "--lock-duration", "6", "--renew-interval", "1",
@@ -150,20 +137,10 @@ def test_lock_loss_kills_the_task_in_its_scope(env, manager):
     procs = marked_processes()
     wait_for(lambda: env.job(tid)["locked_until"] > env.job(tid)["locked_at"] + 6.5, 20,
              what="a renewal")
-    held, release = threading.Event(), threading.Event()
-    holder = threading.Thread(target=_hold_exclusive, args=(env.db, 12, held, release))
-    holder.start()
-    try:
-        assert held.wait(10)
-        conn = sqlite3.connect(env.db, timeout=1)
-        locked_until = conn.execute("SELECT locked_until FROM jobs WHERE id=?",
-                                    (tid,)).fetchone()[0]
-        conn.close()
+    with database_held(env.db, 12) as hold:
+        locked_until = hold.locked_until(tid)
         dead = death_time(procs, 11)
         assert dead is not None and dead < locked_until
-    finally:
-        release.set()
-        holder.join()
     assert sup.wait(60) == 0, sup.log()
     assert "lock lost" in sup.log()
     assert env.job(tid)["status"] == "succeeded"
