@@ -81,7 +81,11 @@ class LeaseKeeper:
             start_fast(self._run)
 
     def finish(self, settlement: Settlement | None, description: str = "") -> None:
-        """Stop renewing and run ``settlement`` on the keeper thread (None: settle nothing)."""
+        """Stop renewing and run ``settlement`` on the keeper thread (None: settle nothing).
+
+        The caller then ``start``s the thread if it has not run yet (tests drive ``settle``
+        directly instead).  A keeper with nothing to settle that never started is done here,
+        without a thread."""
         self._settlement = settlement
         self.settle_result = description
         self._finish_requested = True
@@ -91,7 +95,6 @@ class LeaseKeeper:
             self.done.set()
             return
         self._wake.set()
-        self.start()
 
     def join(self, timeout: float) -> bool:
         return self.done.wait(timeout)

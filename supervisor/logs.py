@@ -117,7 +117,7 @@ class LogWriter:
                     self.stream.flush()
                 except (OSError, ValueError):
                     pass  # stderr closed or full: logging must never stop the supervisor
-            if done and self.stopped.is_set():
+            if done:  # only stop() queues _STOP
                 return
             # While we wait here, logging a record is an append without a thread wake-up.
             self.stopped.wait(GATHER)

@@ -38,10 +38,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .limits import TaskLimits, TaskUserIds, format_size, parse_size
+from .limits import TaskLimits, TaskUserIds
 from .task import Task
-
-__all__ = ["format_size", "parse_size"]  # re-exported: their old home
 
 log = logging.getLogger("jobq.security")
 

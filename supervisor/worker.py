@@ -309,7 +309,16 @@ class Worker:
         now = self.clock()
         self._start_keepers(now)
         self._reap(now)
+        if self.state in (State.RUNNING, State.PREEMPTING):
+            self._check_limits(now)
         if self.state is State.RUNNING:
+            try:
+                self.backend.maintenance()
+            except BackendConfigError:
+                raise
+            except BackendError as exc:
+                self.metrics.backend_error("maintenance")
+                log.warning("backend maintenance failed: %s", exc)
             # A slot is free once its shell exited: the next task starts before this turn
             # spends time settling the last one.
             self._receive(now)
@@ -324,17 +333,6 @@ class Worker:
             else:
                 still.append(rt)
         self.cleaning = still
-        if self.state in (State.RUNNING, State.PREEMPTING):
-            self._check_limits(now)
-        if self.state is State.RUNNING:
-            try:
-                self.backend.maintenance()
-            except BackendConfigError:
-                raise
-            except BackendError as exc:
-                self.metrics.backend_error("maintenance")
-                log.warning("backend maintenance failed: %s", exc)
-            self._receive(now)
         if (self.state is State.PREEMPTING and not self.active and not self.settling
                 and self.s.scheduled_events_ack and not self.preempt_acked
                 and self.poller is not None and self.preempt_event is not None):
@@ -495,21 +493,20 @@ class Worker:
         if task is None:
             reason = f"bad message: {lease.format_error}"
             log.error("%s; dead-lettering it", reason, extra={"task_id": task_id})
-            detail = lease.raw_body[-2000:]
-        else:
-            refusal = self.guard.refusal(task, time.time())
-            if refusal is not None:  # never run: the message may come from anyone who writes
-                log.error("%s; dead-lettering it without a run", refusal,
-                          extra={"task_id": task_id})
-                reason, detail = refusal, ""
-            elif lease.attempt > max_attempts:
-                reason = f"attempts exhausted ({lease.attempt - 1} of {max_attempts} used)"
-                log.error("%s; failing it without a run", reason, extra={"task_id": task_id})
-                self._settle(keeper, lambda le: le.dead_letter(reason, "", None), "failed")
-                self.counts["failed"] += 1
-                return True
-            else:
-                return False
+            return self._dead_letter(keeper, reason, lease.raw_body[-2000:])
+        refusal = self.guard.refusal(task, time.time())
+        if refusal is not None:  # never run: the message may come from anyone who can write
+            log.error("%s; dead-lettering it without a run", refusal, extra={"task_id": task_id})
+            return self._dead_letter(keeper, refusal, "")
+        if lease.attempt > max_attempts:
+            reason = f"attempts exhausted ({lease.attempt - 1} of {max_attempts} used)"
+            log.error("%s; failing it without a run", reason, extra={"task_id": task_id})
+            self._settle(keeper, lambda le: le.dead_letter(reason, "", None), "failed")
+            self.counts["failed"] += 1
+            return True
+        return False
+
+    def _dead_letter(self, keeper: LeaseKeeper, reason: str, detail: str) -> bool:
         self._settle(keeper, lambda le: le.dead_letter(reason, detail, None), "dead-lettered")
         self.counts["dead_lettered"] += 1
         self.metrics.task_dead_lettered()
@@ -612,6 +609,7 @@ class Worker:
     def _settle(self, keeper: LeaseKeeper, settlement: Callable[[Lease], None] | None,
                 description: str) -> None:
         keeper.finish(settlement, description)
+        keeper.start()  # no-op if it runs already (or was done without a thread)
         self.settling.append(keeper)
 
     def _conclude(self, rt: RunningTask, now: float) -> None:

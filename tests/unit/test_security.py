@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from supervisor import security
+from supervisor.limits import format_size, parse_size
 from supervisor.security import (
     SecurityConfigError,
     SigningKey,
@@ -17,7 +18,6 @@ from supervisor.security import (
     canonical,
     key_id,
     load_key,
-    parse_size,
     sign_task,
     split_paths,
     verify,
@@ -191,7 +191,7 @@ def test_sizes():
     for bad in ("", "12X", "-1M", "0"):
         with pytest.raises(ValueError):
             parse_size(bad)
-    assert security.format_size(100 << 20) == "100M" and security.format_size(1000) == "1000"
+    assert format_size(100 << 20) == "100M" and format_size(1000) == "1000"
 
 
 def test_world_readable_secret_files_warn_once_each(tmp_path):
