@@ -17,7 +17,7 @@ import selectors
 import threading
 from typing import IO, Callable
 
-from .threads import start_thread
+from .threads import Flag, start_thread
 
 OUTPUT_TAIL_BYTES = 20 * 1024
 MAX_LINE = 64 * 1024  # a line longer than this is logged in pieces
@@ -33,7 +33,7 @@ class TaskOutput:
         self.on_eof = on_eof
         self.log = logger
         self.log_file = log_file
-        self.closed = threading.Event()
+        self.closed = Flag()
         self._lines: collections.deque[str] = collections.deque()
         self._size = 0
         self._partial = b""

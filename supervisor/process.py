@@ -136,6 +136,17 @@ def describe_exit(returncode: int) -> str:
     return f"exit status {returncode}"
 
 
+def child_exited() -> bool:
+    """True if some child of ours has exited and was not reaped yet; reaps nothing (main thread).
+
+    One ``waitid(WNOWAIT)`` call instead of a ``poll()`` per running task: with 1,000 tasks
+    that is one system call a turn instead of a thousand."""
+    try:
+        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # no children at all
+        return False
+
+
 def our_children() -> list[int]:
     """Pids whose parent is this process (forks and adopted orphans land on the main thread)."""
     pids: list[int] = []

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .process import TaskProcess
+from .threads import Flag
 
 log = logging.getLogger("jobq.spawner")
 
@@ -37,7 +38,7 @@ class SpawnJob:
     options: dict[str, Any] = field(default_factory=dict)  # TaskProcess.spawn keywords
     proc: TaskProcess | None = None
     error: OSError | ValueError | None = None
-    done: threading.Event = field(default_factory=threading.Event)
+    done: Flag = field(default_factory=Flag)
 
 
 class Spawner:

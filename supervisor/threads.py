@@ -68,3 +68,41 @@ def _pooled(target: Callable[[], None]) -> None:
                 target = inbox.get()
                 continue
             return
+
+
+class Flag:
+    """A one-shot ``threading.Event`` (set once, never cleared) on a single C lock (any thread).
+
+    Every task carries several such flags (lease lost, keeper done, output closed, tree clean);
+    ``threading.Event`` builds a Condition with Python-level waiter lists for each, and its
+    construction and ``set`` were ~10 % of the supervisor's time per short task.  Here the
+    lock is held while the flag is clear; ``set`` releases it and a waiter passes through.
+    """
+
+    __slots__ = ("_set", "_gate")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._gate = _thread.allocate_lock()
+        self._gate.acquire()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            self._open()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        if self._gate.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            self._open()  # let the next waiter through too
+        return self._set
+
+    def _open(self) -> None:
+        try:
+            self._gate.release()
+        except RuntimeError:  # a concurrent set() or waiter released it already: open anyway
+            pass

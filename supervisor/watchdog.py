@@ -26,7 +26,7 @@ from .process import (
     signal_pids,
     task_trees,
 )
-from .threads import start_thread
+from .threads import Flag, start_thread
 
 log = logging.getLogger("jobq.watchdog")
 
@@ -64,7 +64,7 @@ class RunningTask:
     term_deadline: float | None = None
     lock_loss_handled: bool = False
     cleanup_deadline: float | None = None
-    clean: threading.Event = field(default_factory=threading.Event)
+    clean: Flag = field(default_factory=Flag)
     signals_sent: list[tuple[float, int]] = field(default_factory=list)
 
 

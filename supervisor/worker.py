@@ -35,6 +35,7 @@ from .preemption import (
     scheduled_events_enabled,
 )
 from .process import (
+    child_exited,
     describe_exit,
     reap_orphans,
     set_child_subreaper,
@@ -555,15 +556,16 @@ class Worker:
     # ------------------------------------------------------------------------ reaping
     def _reap(self, now: float) -> None:
         leftovers = False
-        for rt in self.active:
-            if rt.exited_at is None and rt.proc.poll() is not None:
-                rt.exited_at = now
-                # Processes left in the group: the watchdog sees to them now.  Leftovers that
-                # left the group are found by its next regular check (within a second);
-                # waking it for every clean exit cost more than the check itself.
-                leftovers = leftovers or rt.proc.group_alive()
-                if self.state is State.RUNNING:
-                    self.next_receive = min(self.next_receive, now)
+        if child_exited():
+            for rt in self.active:
+                if rt.exited_at is None and rt.proc.poll() is not None:
+                    rt.exited_at = now
+                    # Processes left in the group: the watchdog sees to them now.  Leftovers
+                    # that left the group are found by its next regular check (within a
+                    # second); waking it for every clean exit cost more than the check itself.
+                    leftovers = leftovers or rt.proc.group_alive()
+                    if self.state is State.RUNNING:
+                        self.next_receive = min(self.next_receive, now)
         # Orphans (leftovers of exited shells) are reaped soon while some are being cleaned
         # up, else now and then; not on every exit, which would cost every task a /proc read.
         busy = any(rt.cleanup_deadline is not None and not rt.clean.is_set()
