@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
+import queue
 import signal
 import threading
 import time
@@ -79,15 +81,27 @@ class Watchdog:
         self._exclude = exclude_pids
         self._tasks: dict[str, RunningTask] = {}
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        # Sleeps on a C-level queue: waking it costs one put, not an Event's Condition.
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        # When the current sleep ends; +inf while a tick runs (it may have listed the tasks
+        # already, so every add() then wakes the thread).  Written by the watchdog thread.
+        self._next_check = math.inf
         self._stop = threading.Event()
+        # Read by the main thread, so that it need not scan every exited task each turn:
+        self.cleaned_count = 0  # bumped whenever an exited task's tree is found gone
+        self.cleanup_busy = False  # leftovers of an exited shell are being signalled
         self._thread: threading.Thread | None = None
 
     # -- any thread ----------------------------------------------------------------------
     def add(self, rt: RunningTask) -> None:
+        """Watch a new task; wake the thread only if the task is due before its next check
+        (waking it for every start cost a thread switch per task)."""
         with self._lock:
             self._tasks[rt.proc.marker] = rt
-        self._wake.set()
+        due = min(rt.keeper.deadline, rt.time_limit_at if rt.time_limit_at is not None
+                  else math.inf)
+        if rt.stop_reason or rt.kill_reason or due <= self._next_check:
+            self._wake.put(None)
 
     def remove(self, rt: RunningTask) -> None:
         with self._lock:
@@ -98,14 +112,14 @@ class Watchdog:
             return list(self._tasks.values())
 
     def wake(self) -> None:
-        self._wake.set()
+        self._wake.put(None)
 
     def start(self) -> None:
         self._thread = start_thread(self._run, "watchdog")
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
+        self._wake.put(None)
         if self._thread is not None:
             self._thread.join(5.0)
 
@@ -117,8 +131,14 @@ class Watchdog:
             except Exception:  # the one thread that kills must not die of a bug
                 log.exception("watchdog tick failed")
                 wait = 0.1
-            self._wake.wait(wait)
-            self._wake.clear()
+            self._next_check = self.clock() + wait
+            try:
+                self._wake.get(timeout=wait)
+                while True:  # one tick answers every wake-up so far
+                    self._wake.get_nowait()
+            except queue.Empty:
+                pass
+            self._next_check = math.inf
 
     def tick(self) -> float:
         """Check every task once; signal what needs it; return seconds until the next check."""
@@ -223,6 +243,7 @@ class Watchdog:
         pending = [rt for rt in self.tasks() if rt.exited_at is not None
                    and not rt.clean.is_set()]
         if not pending:
+            self.cleanup_busy = False
             return False
         exclude = self._shell_pids()
         # Only an adopted orphan of one of these tasks calls for the (costly) /proc walk; a
@@ -236,6 +257,7 @@ class Watchdog:
             group = rt.proc.group_alive()
             if not pids and not group:
                 rt.clean.set()
+                self.cleaned_count += 1
                 continue
             busy = True
             if rt.cleanup_deadline is None:
@@ -252,4 +274,5 @@ class Watchdog:
             if group:
                 signal_group(rt.proc.pgid, sig)
             signal_pids(pids, sig)
+        self.cleanup_busy = busy
         return busy

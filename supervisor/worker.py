@@ -87,6 +87,7 @@ class Worker:
         self._seq = 0
         self.active: list[RunningTask] = []  # spawned, not yet settled
         self.cleaning: list[RunningTask] = []  # settled, leftovers being cleaned
+        self.cleaned_seen = 0  # the watchdog's cleaned_count when ``cleaning`` was last scanned
         self.next_keeper_start = math.inf  # the earliest start_by of a keeper not started
         self.settling: list[LeaseKeeper] = []  # settlement running on the keeper thread
         # released task id -> (keeper doing the release, delay) or when a lost lease is back
@@ -327,13 +328,15 @@ class Worker:
         # A keeper whose lease deadline passed will not settle (and may be stuck in a hung
         # call): its message comes back through the broker, so nobody waits for it.
         self.settling = [k for k in self.settling if not k.done.is_set() and not k.lost()]
-        still = []
-        for rt in self.cleaning:
-            if rt.clean.is_set():
-                self._forget(rt)
-            else:
-                still.append(rt)
-        self.cleaning = still
+        if self.watchdog.cleaned_count != self.cleaned_seen:  # scan only when it changed
+            self.cleaned_seen = self.watchdog.cleaned_count
+            still = []
+            for rt in self.cleaning:
+                if rt.clean.is_set():
+                    self._forget(rt)
+                else:
+                    still.append(rt)
+            self.cleaning = still
         if (self.state is State.PREEMPTING and not self.active and not self.settling
                 and self.s.scheduled_events_ack and not self.preempt_acked
                 and self.poller is not None and self.preempt_event is not None):
@@ -549,9 +552,9 @@ class Worker:
                  extra={"task_id": task_id, "pid": proc.pid, "attempt": lease.attempt})
         self.output_pump.add(proc.output)
         self.active.append(rt)
-        self.watchdog.add(rt)
         if self.state in (State.STOPPING, State.PREEMPTING):
             rt.stop_reason = "preempted"
+        self.watchdog.add(rt)
 
     # ------------------------------------------------------------------------ reaping
     def _reap(self, now: float) -> None:
@@ -568,8 +571,7 @@ class Worker:
                         self.next_receive = min(self.next_receive, now)
         # Orphans (leftovers of exited shells) are reaped soon while some are being cleaned
         # up, else now and then; not on every exit, which would cost every task a /proc read.
-        busy = any(rt.cleanup_deadline is not None and not rt.clean.is_set()
-                   for rt in self.cleaning)
+        busy = self.watchdog.cleanup_busy
         if busy:
             self.next_orphan_reap = min(self.next_orphan_reap, now + ORPHAN_REAP_BUSY)
         if now >= self.next_orphan_reap and not self.starting:
@@ -586,7 +588,10 @@ class Worker:
                 still.append(rt)
                 continue
             self._conclude(rt, now)
-            self.cleaning.append(rt)
+            if rt.clean.is_set():  # the watchdog found its tree gone before this turn
+                self._forget(rt)
+            else:
+                self.cleaning.append(rt)
             self.idle_since = now
         self.active = still
 
