@@ -1,0 +1,157 @@
+"""From a received lease to a running task: keeper, environment, spawn, registration.
+
+Main thread only.  The fork itself happens on the spawner's threads (spawner.py); the main loop
+hands each finished ``SpawnJob`` back to ``Launcher.spawned``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue
+import re
+import time
+from typing import Any, Callable
+
+from .backends.base import Lease
+from .lease import LeaseKeeper
+from .lifeline import Lifeline
+from .metrics import Metrics
+from .output import OutputPump, TaskOutput
+from .process import task_environment
+from .security import TaskGuard
+from .settings import Settings
+from .settlement import Settlement, attempts_allowed
+from .spawner import Spawner, SpawnJob
+from .watchdog import RunningTask, Watchdog
+
+log = logging.getLogger("jobq.worker")
+task_log = logging.getLogger("jobq.task")
+
+SPAWN_THREADS = 2
+KEEPER_START_AHEAD = 1.0
+
+
+class Launcher:
+    """Starts tasks for leases (main thread only).
+
+    ``starting`` holds the jobs submitted to the spawner and not yet back; ``lifeline`` is set
+    by the worker once its helper runs.  Spawner results and task output closing wake the main
+    loop through ``events``."""
+
+    def __init__(self, settings: Settings, guard: TaskGuard, settlement: Settlement,
+                 metrics: Metrics, watchdog: Watchdog, output_pump: OutputPump,
+                 events: queue.SimpleQueue[Any], token: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.s = settings
+        self.guard = guard
+        self.settlement = settlement
+        self.metrics = metrics
+        self.watchdog = watchdog
+        self.output_pump = output_pump
+        self.events = events
+        self.token = token
+        self.clock = clock
+        self._seq = 0
+        self.lifeline: Lifeline | None = None
+        self.spawner = Spawner(SPAWN_THREADS, on_done=lambda job: self.events.put(job))
+        self.starting: list[SpawnJob] = []  # submitted to the spawner, not yet back
+        self.next_keeper_start = math.inf  # the earliest start_by of a keeper not started
+        # The inherited environment minus secrets, computed once: os.environ does not change.
+        self.base_env = task_environment(dict(os.environ), {"PYTHONUNBUFFERED": "1"})
+
+    def start(self) -> None:
+        self.spawner.start()
+
+    def stop(self) -> None:
+        self.spawner.stop()
+
+    def dispatch(self, lease: Lease, t_sent: float) -> None:
+        """Submit a spawn for ``lease``, or dead-letter it if it must not run (main thread)."""
+        task = lease.task
+        task_id = task.id if task is not None else lease.message_id
+        self.settlement.returned(task_id)
+        keeper = LeaseKeeper(lease, task_id, t_sent=t_sent, granted=lease.lock_duration,
+                             renew_interval=self.s.renew_every, clock=self.clock,
+                             on_lost=self.watchdog.wake, on_renewal=self.metrics.renewal)
+        max_attempts = attempts_allowed(task, self.s)
+        if self.settlement.reject(lease, keeper, task_id, max_attempts):
+            return
+        assert task is not None
+        # One INFO line per start, not two: log records are a good part of a short task's
+        # cost to the supervisor.  The "started" line carries the attempt and the command.
+        log.debug("received task (attempt %d of %d)", lease.attempt, max_attempts,
+                  extra={"task_id": task_id, "attempt": lease.attempt})
+        self._seq += 1
+        env = dict(self.base_env)
+        env.update(JOBQ_TASK_ID=task.id, JOBQ_QUEUE_NAME=self.s.queue,
+                   JOBQ_ATTEMPT=str(lease.attempt), **self.guard.environment())
+        env.update(task.env)
+        marker = f"{self.token}:{self._seq}"
+        job = SpawnJob(task.cmd, env, task.cwd, marker, context=(lease, keeper, max_attempts),
+                       options=self.guard.spawn_options(marker))
+        self.starting.append(job)
+        self.spawner.submit(job)
+        # The keeper's thread starts when its first renewal draws near (``start_keepers``)
+        # or at the settlement, whichever comes first.
+        self.next_keeper_start = min(self.next_keeper_start, keeper.start_by)
+
+    def start_keepers(self, now: float, active: list[RunningTask]) -> None:
+        """Start the keeper threads whose first renewal draws near (main thread)."""
+        if now < self.next_keeper_start:
+            return
+        keepers = [rt.keeper for rt in active] + [job.context[1] for job in self.starting]
+        pending = []
+        for keeper in keepers:
+            if not keeper.started:
+                # Those due within a second start now too: one scan starts a whole wave.
+                if now + KEEPER_START_AHEAD >= keeper.start_by:
+                    keeper.start()
+                else:
+                    pending.append(keeper.start_by)
+        self.next_keeper_start = min(pending, default=math.inf)
+
+    def spawned(self, job: SpawnJob) -> RunningTask | None:
+        """A spawner thread is done with ``job``: the task to register, or None if the spawn
+        failed (then the attempt is settled as failed) (main thread)."""
+        self.starting.remove(job)
+        lease, keeper, max_attempts = job.context
+        task = lease.task
+        task_id = task.id
+        proc = job.proc
+        if proc is None:
+            exc = job.error
+            assert exc is not None
+            reason = f"spawn failed: {getattr(exc, 'strerror', None) or exc}" + (
+                f" (cwd {task.cwd})" if task.cwd and isinstance(exc, FileNotFoundError) else "")
+            log.error("%s", reason, extra={"task_id": task_id})
+            self.settlement.failed(keeper, task_id, lease.attempt, max_attempts, reason, "",
+                                   None)
+            return None
+        if self.lifeline is not None:
+            self.lifeline.register(proc.pgid)
+        now = self.clock()
+        rt = RunningTask(task_id=task_id, attempt=lease.attempt, proc=proc, keeper=keeper,
+                         started=now, lease=lease, task=task,
+                         time_limit_at=now + self.s.task_time_limit
+                         if self.s.task_time_limit else None)
+        log_file = None
+        if self.s.task_log_dir:
+            # The id comes from the message: never let it name a path outside the directory.
+            safe_id = re.sub(r"[^A-Za-z0-9_-]", "_", task_id)[:128]
+            log_file = os.path.join(self.s.task_log_dir, f"{safe_id}.{lease.attempt}.log")
+        assert proc.popen.stdout is not None
+        proc.output = TaskOutput(task_id, proc.popen.stdout, lambda: self.events.put(None),
+                                 task_log, log_file)
+        self.metrics.task_started()
+        log.info("started pid=%d pgid=%d (attempt %d of %d): %s", proc.pid, proc.pgid,
+                 lease.attempt, max_attempts, _short(task.cmd),
+                 extra={"task_id": task_id, "pid": proc.pid, "attempt": lease.attempt})
+        self.output_pump.add(proc.output)
+        return rt
+
+
+def _short(text: str, limit: int = 200) -> str:
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,91 @@
+"""What the worker tells the outside: systemd status and watchdog pings, the metrics file, and
+the one-line summary at exit.
+
+Main thread only.  The main loop calls ``report`` once a turn; each output has its own period.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from .lease import LeaseKeeper
+from .metrics import Metrics
+from .notify import Notifier
+from .settings import Settings
+from .watchdog import RunningTask
+
+log = logging.getLogger("jobq.worker")
+
+STATUS_EVERY = 1.0
+
+
+class Reporter:
+    """systemd status/watchdog and the metrics file (main thread only).
+
+    ``counts`` is the worker's outcome counter dict (``Settlement.counts``), read, never
+    written."""
+
+    def __init__(self, settings: Settings, notifier: Notifier, metrics: Metrics,
+                 counts: dict[str, int], clock: Callable[[], float] = time.monotonic) -> None:
+        self.s = settings
+        self.notifier = notifier
+        self.metrics = metrics
+        self.counts = counts
+        self.next_metrics = clock()
+        wd = notifier.watchdog_interval()
+        self.watchdog_ping = wd / 2 if wd else None
+        self.next_ping = clock()
+        self.last_status = ""
+        self.next_status = clock()
+        self.stalled_logged = False
+
+    def next_due(self) -> float:
+        """When ``report`` has something to do next, inf if never (main thread)."""
+        t = float("inf")
+        if self.watchdog_ping is not None:
+            t = min(t, self.next_ping)
+        if self.metrics.enabled:
+            t = min(t, self.next_metrics)
+        return t
+
+    def report(self, now: float, state: str, active: list[RunningTask],
+               settling: list[LeaseKeeper]) -> None:
+        """Ping, status and metrics as far as each is due (main thread).
+
+        ``state`` names the worker's state; ``active`` are its tasks not yet settled,
+        ``settling`` the keepers whose settlement is running."""
+        if self.watchdog_ping is not None and now >= self.next_ping:
+            keepers = [rt.keeper for rt in active] + settling
+            stalled = [k.task_id for k in keepers if not k.healthy(now)]
+            if stalled:
+                if not self.stalled_logged:
+                    log.error("lease thread(s) stalled for %s: withholding the systemd "
+                              "watchdog ping", ", ".join(stalled))
+                    self.stalled_logged = True
+            else:
+                self.stalled_logged = False
+                self.notifier.watchdog()
+            self.next_ping = now + self.watchdog_ping
+        if self.notifier.enabled and now >= self.next_status:
+            c = self.counts
+            text = (f"{state}: running={len(active)} "
+                    f"succeeded={c['succeeded']} failed={c['failed']} "
+                    f"requeued={c['requeued']} lock_lost={c['lock_lost']}")
+            if text != self.last_status:
+                self.notifier.status(text)
+                self.last_status = text
+            self.next_status = now + STATUS_EVERY
+        if self.metrics.enabled and now >= self.next_metrics:
+            self.metrics.set_running(len(active))
+            self.metrics.write()
+            self.next_metrics = now + self.s.metrics_interval
+
+    def summary(self, duration: float, stop_reason: str, exit_code: int) -> None:
+        """The one line logged at exit (main thread)."""
+        c = self.counts
+        log.info("summary: succeeded=%d failed=%d dead_lettered=%d retried=%d requeued=%d "
+                 "lock_lost=%d duration=%.1fs stop=%r exit=%d", c["succeeded"], c["failed"],
+                 c["dead_lettered"], c["retried"], c["requeued"], c["lock_lost"],
+                 duration, stop_reason or "done", exit_code)

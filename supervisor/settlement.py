@@ -1,0 +1,178 @@
+"""What happens to a lease once its task is over, or once it must not run at all.
+
+Main thread only.  ``Settlement`` decides the outcome (complete, retry, dead-letter, requeue,
+leave a lost lease alone), counts it, and hands the broker call to the lease's keeper thread.
+It also remembers what this worker released and when it comes back (``--exit-when-empty``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import Callable
+
+from .backends.base import Backend, Lease
+from .lease import LeaseKeeper
+from .metrics import Metrics
+from .process import describe_exit
+from .security import TaskGuard
+from .settings import Settings
+from .task import Task
+from .watchdog import RunningTask
+
+log = logging.getLogger("jobq.worker")
+
+
+def attempts_allowed(task: Task | None, settings: Settings) -> int:
+    """The message's own max_attempts, else the worker's (any thread)."""
+    return (task.max_attempts if task is not None else None) or settings.max_attempts
+
+
+def retry_delay(settings: Settings, attempt: int) -> float:
+    """Exponential backoff before a failed attempt is visible again (any thread)."""
+    # The exponent is capped: 2**1100 does not fit a float.
+    return min(settings.retry_delay * 2 ** min(attempt - 1, 60), settings.retry_delay_max)
+
+
+class Settlement:
+    """Outcomes of this worker's leases (main thread only).
+
+    ``on_failure_streak(n)`` is called after the n-th failure in a row once n reaches
+    ``--max-consecutive-failures``; the worker decides whether to stop."""
+
+    def __init__(self, settings: Settings, backend: Backend, guard: TaskGuard,
+                 metrics: Metrics, on_failure_streak: Callable[[int], None]) -> None:
+        self.s = settings
+        self.backend = backend
+        self.guard = guard
+        self.metrics = metrics
+        self.on_failure_streak = on_failure_streak
+        self.settling: list[LeaseKeeper] = []  # settlement running on the keeper thread
+        # released task id -> (keeper doing the release, delay) or when a lost lease is back
+        self.awaiting_return: dict[str, tuple[LeaseKeeper, float] | float] = {}
+        self.consecutive_failures = 0
+        self.counts = {"succeeded": 0, "failed": 0, "retried": 0, "requeued": 0,
+                       "lock_lost": 0, "dead_lettered": 0}
+
+    # ------------------------------------------------------------------- bookkeeping
+    def returned(self, task_id: str) -> None:
+        """``task_id`` was received again: nobody waits for it any more (main thread)."""
+        self.awaiting_return.pop(task_id, None)
+
+    def all_back_by(self, t: float) -> bool:
+        """Everything this worker released was visible on the queue by ``t`` (main thread)."""
+        for back in self.awaiting_return.values():
+            if isinstance(back, tuple):  # a retry: visible `delay` after its release was written
+                keeper, delay = back
+                if keeper.finished_at is None:
+                    return False
+                back = keeper.finished_at + delay
+            if t < back:
+                return False
+        return True
+
+    def prune(self) -> None:
+        """Forget the keepers that are done settling (main thread)."""
+        # A keeper whose lease deadline passed will not settle (and may be stuck in a hung
+        # call): its message comes back through the broker, so nobody waits for it.
+        self.settling = [k for k in self.settling if not k.done.is_set() and not k.lost()]
+
+    # ------------------------------------------------------------------- outcomes
+    def settle(self, keeper: LeaseKeeper, settlement: Callable[[Lease], None] | None,
+               description: str) -> None:
+        keeper.finish(settlement, description)
+        keeper.start()  # no-op if it runs already (or was done without a thread)
+        self.settling.append(keeper)
+
+    def reject(self, lease: Lease, keeper: LeaseKeeper, task_id: str,
+               max_attempts: int) -> bool:
+        """Dead-letter a message that must not run; True if it was (main thread)."""
+        task = lease.task
+        if task is None:
+            reason = f"bad message: {lease.format_error}"
+            log.error("%s; dead-lettering it", reason, extra={"task_id": task_id})
+            return self.dead_letter(keeper, reason, lease.raw_body[-2000:])
+        refusal = self.guard.refusal(task, time.time())
+        if refusal is not None:  # never run: the message may come from anyone who can write
+            log.error("%s; dead-lettering it without a run", refusal, extra={"task_id": task_id})
+            return self.dead_letter(keeper, refusal, "")
+        if lease.attempt > max_attempts:
+            reason = f"attempts exhausted ({lease.attempt - 1} of {max_attempts} used)"
+            log.error("%s; failing it without a run", reason, extra={"task_id": task_id})
+            self.settle(keeper, lambda le: le.dead_letter(reason, "", None), "failed")
+            self.counts["failed"] += 1
+            return True
+        return False
+
+    def dead_letter(self, keeper: LeaseKeeper, reason: str, detail: str) -> bool:
+        self.settle(keeper, lambda le: le.dead_letter(reason, detail, None), "dead-lettered")
+        self.counts["dead_lettered"] += 1
+        self.metrics.task_dead_lettered()
+        return True
+
+    def conclude(self, rt: RunningTask, now: float, stopping: bool) -> None:
+        """Settle a task whose shell exited (main thread); ``stopping``: the worker is."""
+        rc = rt.proc.returncode
+        assert rc is not None
+        duration = now - rt.started
+        tail = rt.proc.output.text() if rt.proc.output is not None else ""
+        keeper = rt.keeper
+        status = describe_exit(rc)
+        extra = {"task_id": rt.task_id, "exit_status": rc, "duration": round(duration, 3)}
+        if rt.lock_loss_handled or keeper.lost():
+            log.error("finished after lock loss (%s, %.1fs); not settled: the message comes "
+                      "back through the broker", status, duration, extra=extra)
+            self.settle(keeper, None, "lock lost")
+            self.counts["lock_lost"] += 1
+            self.metrics.lock_lost()
+            self.awaiting_return[rt.task_id] = (
+                keeper.expires + self.backend.lost_lease_return_delay + self.s.poll_interval)
+            return
+        preempted = rt.stop_reason is not None or (
+            stopping and rc in (-signal.SIGTERM, 128 + signal.SIGTERM))
+        if preempted:
+            log.warning("preempted (%s, %.1fs): back to the queue, attempt not counted",
+                        status, duration, extra=extra)
+            self.settle(keeper, lambda le: le.release(count_attempt=False), "requeued")
+            self.counts["requeued"] += 1
+            self.metrics.task_requeued()
+            return
+        if rc == 0 and rt.term_reason is None:
+            log.info("finished: %s in %.1fs", status, duration, extra=extra)
+            self.settle(keeper, lambda le: le.complete(), "completed")
+            self.counts["succeeded"] += 1
+            self.metrics.task_succeeded()
+            self.consecutive_failures = 0
+            return
+        if rt.term_reason == "time limit":
+            reason = f"task time limit of {self.s.task_time_limit:g}s exceeded ({status})"
+        else:
+            reason = status if rt.term_reason else self.guard.annotate_failure(
+                status, rc, tail, rt.proc.marker)
+        log.warning("finished: %s in %.1fs", reason, duration, extra=extra)
+        self.failed(keeper, rt.task_id, rt.attempt, attempts_allowed(rt.task, self.s), reason,
+                    tail, rc)
+
+    def failed(self, keeper: LeaseKeeper, task_id: str, attempt: int, max_attempts: int,
+               reason: str, tail: str, rc: int | None) -> None:
+        """A failed attempt: retry with backoff, or dead-letter the last one (main thread)."""
+        self.metrics.task_failed()
+        if attempt >= max_attempts:
+            full = f"{reason}; attempt {attempt} of {max_attempts}, giving up"
+            log.error("failed for good: %s", full, extra={"task_id": task_id})
+            self.settle(keeper, lambda le: le.dead_letter(full, tail, rc), "failed")
+            self.counts["failed"] += 1
+            self.metrics.task_dead_lettered()
+        else:
+            delay = retry_delay(self.s, attempt)
+            log.info("will retry in %.0fs (attempt %d of %d failed)", delay, attempt,
+                     max_attempts, extra={"task_id": task_id})
+            self.settle(keeper, lambda le: le.release(count_attempt=True, delay=delay),
+                        "retry")
+            self.awaiting_return[task_id] = (keeper, delay)
+            self.counts["retried"] += 1
+        self.consecutive_failures += 1
+        limit = self.s.max_consecutive_failures
+        if limit and self.consecutive_failures >= limit:
+            self.on_failure_streak(self.consecutive_failures)
