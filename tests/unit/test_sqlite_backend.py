@@ -459,3 +459,39 @@ def test_receive_against_an_exclusive_lock_is_a_backend_error(db, open_backend) 
         holder.execute("ROLLBACK")
         holder.close()
     assert len(b.receive(1, LOCK)) == 1
+
+
+def test_receive_walks_the_queue_in_order_without_sorting_it(a, raw) -> None:
+    """Receive must stop after LIMIT rows: a sort of every pending job made each receive
+    O(queue depth).  The plan is SQLite's own answer, whatever the machine's speed."""
+    from supervisor.backends.sqlite import RECEIVE_SQL
+
+    push(a, *["true"] * 50)
+    plan = raw.execute("EXPLAIN QUERY PLAN " + RECEIVE_SQL,
+                       ("w", 0, 0, 0, "default", time.time(), 4)).fetchall()
+    details = " | ".join(str(row[-1]) for row in plan)
+    assert "jobs_ready" in details, details
+    assert "TEMP B-TREE" not in details, details
+
+
+def test_an_old_database_gets_the_new_index(db) -> None:
+    conn = sqlite3.connect(db)
+    conn.executescript("CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT "
+                       "NULL, queue TEXT NOT NULL, body TEXT NOT NULL, status TEXT NOT NULL, "
+                       "attempt INTEGER NOT NULL DEFAULT 0, max_attempts INTEGER, preemptions "
+                       "INTEGER NOT NULL DEFAULT 0, token INTEGER NOT NULL DEFAULT 0, locked_by "
+                       "TEXT, locked_at REAL, locked_until REAL, visible_at REAL NOT NULL "
+                       "DEFAULT 0, created_at REAL NOT NULL, updated_at REAL NOT NULL, reason "
+                       "TEXT, output_tail TEXT, exit_status INTEGER, UNIQUE (queue, id));"
+                       "CREATE INDEX jobs_by_state ON jobs (queue, status, visible_at, seq);")
+    conn.close()
+    backend = SqliteBackend(db, "default", "w")
+    try:
+        names = {r[0] for r in sqlite3.connect(db).execute(
+            "SELECT name FROM sqlite_master WHERE type='index'")}
+        assert "jobs_ready" in names and "jobs_by_state" not in names
+        backend.push([Task(cmd="true")])
+        [lease] = backend.receive(4, 60)
+        assert lease.task is not None and lease.task.cmd == "true"
+    finally:
+        backend.close()
