@@ -6,12 +6,14 @@ hands each finished ``SpawnJob`` back to ``Launcher.spawned``.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
 import queue
 import re
 import time
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from .backends.base import Lease
@@ -31,6 +33,11 @@ task_log = logging.getLogger("jobq.task")
 
 SPAWN_THREADS = 2
 KEEPER_START_AHEAD = 1.0
+# Receive-ahead: while tasks are this short (moving average of their run time), a receive also
+# takes up to one more lease per slot, held here until a slot frees.  A held lease goes back
+# to the queue (attempt not counted) after HOLD_MAX seconds, or at once when the worker stops.
+SHORT_TASK = 0.5
+HOLD_MAX = 2.0
 
 
 class Launcher:
@@ -60,6 +67,10 @@ class Launcher:
         self.next_keeper_start = math.inf  # the earliest start_by of a keeper not started
         # The inherited environment minus secrets, computed once: os.environ does not change.
         self.base_env = task_environment(dict(os.environ), {"PYTHONUNBUFFERED": "1"})
+        # Leases received ahead, not started: (lease, monotonic time the receive was sent).
+        self.ready: collections.deque[tuple[Lease, float]] = collections.deque()
+        self.recent_duration: float | None = None  # moving average of tasks' run times
+        self.can_hold = bool(getattr(settlement.backend, "receive_ahead", False))
 
     def start(self) -> None:
         self.spawner.start()
@@ -67,14 +78,70 @@ class Launcher:
     def stop(self) -> None:
         self.spawner.stop()
 
+    # -- receive-ahead -------------------------------------------------------------------
+    def ahead(self) -> int:
+        """How many leases a receive may take beyond the free slots (main thread).
+
+        Each receive costs a round trip and a commit; taking a few more at once halves what a
+        short task costs the main loop.  Only for short tasks, and only where the backend says
+        holding a lease a moment is cheap (SQLite): a long task would keep held work from
+        other workers."""
+        if not self.can_hold or self.recent_duration is None \
+                or self.recent_duration > SHORT_TASK:
+            return 0
+        return max(0, self.s.num_workers - len(self.ready))
+
+    def note_duration(self, seconds: float) -> None:
+        """A task ran this long (main thread)."""
+        r = self.recent_duration
+        self.recent_duration = seconds if r is None else 0.8 * r + 0.2 * seconds
+
+    def hold(self, leases: Sequence[Lease], t_sent: float) -> None:
+        self.ready.extend((lease, t_sent) for lease in leases)
+
+    def expire_ready(self, now: float) -> float:
+        """Release held leases past HOLD_MAX; return when the next one expires (main thread)."""
+        self.release_ready(older_than=now - self._hold_max())
+        return self.ready[0][1] + self._hold_max() if self.ready else math.inf
+
+    def take_ready(self, free: int) -> int:
+        """Start up to ``free`` held leases; return how many slots they took (main thread)."""
+        taken = 0
+        while self.ready and taken < free:
+            lease, t_sent = self.ready.popleft()
+            self.dispatch(lease, t_sent)
+            taken += 1
+        return taken
+
+    def release_ready(self, older_than: float = math.inf) -> None:
+        """Give held leases received before ``older_than`` back to the queue, attempt not
+        counted (main thread)."""
+        while self.ready and self.ready[0][1] < older_than:
+            lease, t_sent = self.ready.popleft()
+            task_id = lease.task.id if lease.task is not None else lease.message_id
+            log.debug("received ahead, not started: back to the queue",
+                      extra={"task_id": task_id})
+            keeper = self._keeper(lease, task_id, t_sent)
+            self.settlement.settle(keeper, lambda le: le.release(count_attempt=False),
+                                   "requeued")
+            self.settlement.awaiting_return[task_id] = (keeper, 0.0)
+
+    def _hold_max(self) -> float:
+        # Well before the lease's first renewal would be due: a held lease has no thread.
+        return min(HOLD_MAX, self.s.lock / 8)
+
+    # -- start ---------------------------------------------------------------------------
+    def _keeper(self, lease: Lease, task_id: str, t_sent: float) -> LeaseKeeper:
+        return LeaseKeeper(lease, task_id, t_sent=t_sent, granted=lease.lock_duration,
+                           renew_interval=self.s.renew_every, clock=self.clock,
+                           on_lost=self.watchdog.wake, on_renewal=self.metrics.renewal)
+
     def dispatch(self, lease: Lease, t_sent: float) -> None:
         """Submit a spawn for ``lease``, or dead-letter it if it must not run (main thread)."""
         task = lease.task
         task_id = task.id if task is not None else lease.message_id
         self.settlement.returned(task_id)
-        keeper = LeaseKeeper(lease, task_id, t_sent=t_sent, granted=lease.lock_duration,
-                             renew_interval=self.s.renew_every, clock=self.clock,
-                             on_lost=self.watchdog.wake, on_renewal=self.metrics.renewal)
+        keeper = self._keeper(lease, task_id, t_sent)
         max_attempts = attempts_allowed(task, self.s)
         if self.settlement.reject(lease, keeper, task_id, max_attempts):
             return

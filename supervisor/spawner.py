@@ -7,21 +7,22 @@ the job comes back on its event queue, registers the process (lease, lifeline, o
 watchdog).  Reaping stays on the main thread; it skips orphan reaping while a job is in
 flight, so a just-forked shell that already exited is never mistaken for an orphan.
 
-These threads keep the default signal mask (unlike our other helper threads): a child
-inherits the mask of the thread that forked it, and a task must not start with SIGTERM
-blocked.
+Like our other helper threads they block the supervisor's signals, so that SIGCHLD and
+SIGTERM reach the main thread at once; the task itself starts with no signal blocked
+(``TaskProcess.spawn`` clears the mask it would inherit).
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import signal
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .process import TaskProcess
-from .threads import Flag
+from .threads import HANDLED_SIGNALS, Flag
 
 log = logging.getLogger("jobq.spawner")
 
@@ -64,6 +65,7 @@ class Spawner:
 
     def _run(self) -> None:
         """Spawner thread: fork each job's shell, hand the result back."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
         while True:
             job = self._jobs.get()
             if job is None:

@@ -13,6 +13,7 @@ reporting.py (systemd, metrics file, summary).
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import secrets
 import signal
@@ -28,7 +29,7 @@ from .metrics import Metrics
 from .notify import Notifier
 from .output import OutputPump
 from .preemption import SignalQueue
-from .process import child_exited, reap_orphans, set_child_subreaper
+from .process import exited_child, reap_orphans, set_child_subreaper
 from .reporting import Reporter
 from .security import TaskGuard
 from .settings import EXIT_TASKS_FAILED, Settings
@@ -62,6 +63,7 @@ class Worker:
         self.active: list[RunningTask] = []  # spawned, not yet settled
         self.cleaning: list[RunningTask] = []  # settled, leftovers being cleaned
         self.cleaned_seen = 0  # the watchdog's cleaned_count when ``cleaning`` was last scanned
+        self.next_ready_expiry = math.inf  # when a lease received ahead goes back unstarted
         self.lifeline: Lifeline | None = None
         self.output_pump = OutputPump()
         self.next_lifeline_flush = clock()
@@ -137,6 +139,7 @@ class Worker:
 
     def _teardown(self) -> None:
         self.launcher.stop()
+        self.launcher.release_ready()
         for job in list(self.launcher.starting):  # forked by now: register them so they are killed
             if job.done.is_set():
                 self._spawned(job)
@@ -185,6 +188,8 @@ class Worker:
         if (self.state is State.RUNNING
                 and self._running() + len(self.launcher.starting) < self.s.num_workers):
             t = min(t, self.next_receive)
+            if self.launcher.ready:
+                t = now
             if self.change_probe is not None:
                 t = min(t, now + CHANGE_PROBE_EVERY)
         for rt in self.active:
@@ -192,7 +197,7 @@ class Worker:
                 t = min(t, now + 0.05)
         if self.cleaning or self.settling:
             t = min(t, now + 0.1)
-        t = min(t, self.launcher.next_keeper_start)
+        t = min(t, self.launcher.next_keeper_start, self.next_ready_expiry)
         if self.s.time_limit is not None:
             t = min(t, self.lifecycle.started_at + self.s.time_limit)
         t = min(t, self.reporter.next_due())
@@ -216,6 +221,8 @@ class Worker:
             # A slot is free once its shell exited: the next task starts before this turn
             # spends time settling the last one.
             self._receive(now)
+        elif self.launcher.ready:  # stopping, draining or preempted: none of them starts
+            self.launcher.release_ready()
         self._settle_exited(now)
         self.settlement.prune()
         if self.watchdog.cleaned_count != self.cleaned_seen:  # scan only when it changed
@@ -243,7 +250,8 @@ class Worker:
 
     def _finished(self) -> bool:
         if self.state in (State.STOPPING, State.DRAINING):
-            return not self.active and not self.settling and not self.launcher.starting
+            return (not self.active and not self.settling and not self.launcher.starting
+                    and not self.launcher.ready)
         if self.state is State.PREEMPTING:
             return False  # the VM goes away, or the event is cancelled and we go on
         if self.s.exit_when_empty and self._empty():
@@ -252,7 +260,7 @@ class Worker:
         return False
 
     def _empty(self) -> bool:
-        if (self.active or self.launcher.starting or self.settling
+        if (self.active or self.launcher.starting or self.settling or self.launcher.ready
                 or self.last_empty_receive is None):
             return False
         return self.settlement.all_back_by(self.last_empty_receive)
@@ -263,7 +271,11 @@ class Worker:
         return sum(1 for rt in self.active if rt.exited_at is None)
 
     def _receive(self, now: float) -> None:
+        self.next_ready_expiry = self.launcher.expire_ready(now)
         free = self.s.num_workers - self._running() - len(self.launcher.starting)
+        if free <= 0:
+            return
+        free -= self.launcher.take_ready(free)  # leases received ahead go first
         if free <= 0:
             return
         if now < self.next_receive and not (
@@ -271,8 +283,9 @@ class Worker:
                 and self.change_probe()):
             return
         t_sent = self.clock()
+        want = free + self.launcher.ahead()
         try:
-            leases = self.backend.receive(free, self.s.lock)
+            leases = self.backend.receive(want, self.s.lock)
         except BackendConfigError:
             raise
         except BackendError as exc:
@@ -288,12 +301,14 @@ class Worker:
             self.ready_sent = True
             # once ready, not before: a run stopped by a config error stays one line
             self.guard.log_warnings()
-        if len(leases) < free:
+        if len(leases) < want:
             self.next_receive = t_sent + self.s.poll_interval
             if not leases:
                 self.last_empty_receive = t_sent
-        for lease in leases:
+        for lease in leases[:free]:
             self.launcher.dispatch(lease, t_sent)
+        self.launcher.hold(leases[free:], t_sent)
+        self.next_ready_expiry = self.launcher.expire_ready(self.clock())
 
     def _spawned(self, job: SpawnJob) -> None:
         """A spawner thread is done with ``job``: register the task (main thread)."""
@@ -308,16 +323,26 @@ class Worker:
     # ------------------------------------------------------------------------ reaping
     def _reap(self, now: float) -> None:
         leftovers = False
-        if child_exited():
-            for rt in self.active:
-                if rt.exited_at is None and rt.proc.poll() is not None:
-                    rt.exited_at = now
-                    # Processes left in the group: the watchdog sees to them now.  Leftovers
-                    # that left the group are found by its next regular check (within a
-                    # second); waking it for every clean exit cost more than the check itself.
-                    leftovers = leftovers or rt.proc.group_alive()
-                    if self.state is State.RUNNING:
-                        self.next_receive = min(self.next_receive, now)
+        shells: dict[int, RunningTask] | None = None
+        while (pid := exited_child()) is not None:
+            if shells is None:
+                shells = {rt.proc.pid: rt for rt in self.active if rt.exited_at is None}
+            shell = shells.pop(pid, None)
+            if shell is not None and shell.proc.poll() is not None:
+                exited = [shell]
+            else:  # not a running shell of ours (an orphan, a helper): look at every task
+                exited = [rt for rt in shells.values() if rt.proc.poll() is not None]
+            for rt in exited:
+                shells.pop(rt.proc.pid, None)
+                rt.exited_at = now
+                # Processes left in the group: the watchdog sees to them now.  Leftovers
+                # that left the group are found by its next regular check (within a
+                # second); waking it for every clean exit cost more than the check itself.
+                leftovers = leftovers or rt.proc.group_alive()
+                if self.state is State.RUNNING:
+                    self.next_receive = min(self.next_receive, now)
+            if exited != [shell]:
+                break  # that child is not ours to reap now: reap_orphans sees to orphans
         # Orphans (leftovers of exited shells) are reaped soon while some are being cleaned
         # up, else now and then; not on every exit, which would cost every task a /proc read.
         busy = self.watchdog.cleanup_busy
@@ -337,6 +362,7 @@ class Worker:
                 still.append(rt)
                 continue
             self.settlement.conclude(rt, now, stopping=self.state is State.STOPPING)
+            self.launcher.note_duration(rt.exited_at - rt.started)
             if rt.clean.is_set():  # the watchdog found its tree gone before this turn
                 self._forget(rt)
             else:

@@ -267,3 +267,28 @@ def test_ctl_busy_database_waits_instead_of_failing(env):
         conn.close()
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
+
+
+def test_tasks_start_with_no_signal_blocked_or_ignored(env, tmp_path):
+    """Both ways of starting a shell (posix_spawn; Popen when the task has a cwd): the
+    supervisor's threads block its signals and Python ignores SIGPIPE, the task must inherit
+    neither (`yes | head` must end by SIGPIPE, a task must be able to get SIGTERM)."""
+    out = tmp_path / "masks"
+
+    def probe(tag: str) -> str:
+        return (f"grep -E '^Sig(Blk|Ign)' /proc/$$/status > {out}.{tag}; "
+                f"yes | head -1 > /dev/null; echo ${{PIPESTATUS[0]}} > {out}.{tag}.pipe")
+
+    env.push(probe("plain"))
+    env.push(probe("cwd"), extra=("--cwd", str(tmp_path)))
+    sup = env.supervisor("--exit-when-empty")
+    assert sup.wait(60) == 0, sup.log()[-2000:]
+    ours = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGPIPE}
+    for tag in ("plain", "cwd"):
+        masks = dict(line.split(":") for line in (tmp_path / f"masks.{tag}").read_text()
+                     .splitlines())
+        for name in ("SigBlk", "SigIgn"):
+            bits = int(masks[name], 16)
+            assert not [s for s in ours if bits & (1 << (s - 1))], (tag, masks)
+        # yes died of SIGPIPE (128+13), not of a write error with SIGPIPE ignored (exit 1)
+        assert (tmp_path / f"masks.{tag}.pipe").read_text().split() == ["141"], tag
