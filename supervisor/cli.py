@@ -208,6 +208,9 @@ def _fail_usage(prog: str, message: str) -> int:
     return EXIT_USAGE
 
 
+SWITCH_INTERVAL = 0.0005
+
+
 def worker_main(argv: list[str] | None = None) -> int:
     """Entry point of ``jobq-supervisor`` (main thread)."""
     from .backends.base import BackendConfigError
@@ -249,6 +252,11 @@ def worker_main(argv: list[str] | None = None) -> int:
     except MetricsUnavailable as exc:
         backend.close()
         return _fail_usage("jobq-supervisor", str(exc))
+    # Every task passes through several threads (main loop, spawner, output pump, lease
+    # keeper), each handing over the GIL; a thread woken by an event waits for the GIL up to
+    # the switch interval while another runs Python.  0.5 ms instead of the default 5 ms:
+    # measured +10 % tasks/s on short tasks (scripts/bench), no CPU-bound thread here to lose.
+    sys.setswitchinterval(SWITCH_INTERVAL)
     try:
         return worker.run()
     except BackendConfigError as exc:

@@ -117,3 +117,23 @@ def test_no_task_outlives_supervisor_kill9(env):
     assert dead is not None, f"survivors: {[p for p in procs if p.is_running()]}"
     assert dead - t0 <= 2.0
     sup.wait(10)
+
+
+def test_leases_received_ahead_go_back_uncounted_at_a_stop(env):
+    """Short tasks make the SQLite worker take one lease more than its free slots; a stop
+    gives such a held, never-started lease back without counting an attempt."""
+    ids = env.push(*["sleep 0.3"] * 30)
+    sup = env.supervisor("-n", "1", "--log-level", "DEBUG")
+
+    def holding() -> bool:  # one task runs, one more lease is held for it
+        return env.rows("SELECT COUNT(*) FROM jobs WHERE status='running'")[0][0] == 2
+
+    wait_for(holding, 60, interval=0.01, what="a lease received ahead")
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(60) == 0, sup.log()[-3000:]
+    assert "received ahead, not started: back to the queue" in sup.log()
+    rows = env.rows("SELECT id, status, attempt FROM jobs")
+    assert sorted(r[0] for r in rows) == sorted(ids)
+    assert {r[1] for r in rows} <= {"succeeded", "pending"}, rows
+    assert [r for r in rows if r[1] == "pending" and r[2] != 0] == [], rows
+    assert sum(r[1] == "pending" for r in rows) >= 2  # the running one and the held one
