@@ -22,11 +22,11 @@ import signal
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import IO
 
 import psutil
 
 from .output import TaskOutput
+from .shell import SpawnedShell, popen_shell, posix_spawn_shell
 
 log = logging.getLogger("jobq.process")
 
@@ -55,81 +55,6 @@ def task_environment(base: dict[str, str], extra: dict[str, str]) -> dict[str, s
     env = {k: v for k, v in base.items() if not _SECRET_NAME.search(k)}
     env.update(extra)
     return env
-
-
-class SpawnedShell:
-    """What a task needs of ``subprocess.Popen`` -- pid, stdout, poll(), returncode -- for a
-    shell started with ``os.posix_spawn`` (main thread polls; one reaper only)."""
-
-    __slots__ = ("pid", "stdout", "returncode")
-
-    def __init__(self, pid: int, stdout: IO[bytes]) -> None:
-        self.pid = pid
-        self.stdout: IO[bytes] | None = stdout
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped elsewhere: the status is gone (as Popen does)
-                self.returncode = 0
-                return 0
-            if pid == self.pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-
-# Signals the supervisor ignores (Python ignores SIGPIPE) stay ignored across exec: a task gets
-# them back at their defaults, as Popen's restore_signals does.
-_RESTORED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFZ", "SIGXFSZ")
-                          if hasattr(signal, n))
-
-
-def _posix_spawn_shell(argv: list[str], env: dict[str, str]) -> SpawnedShell | None:
-    """Start ``argv`` (absolute path) in a new session with stdout+stderr on a pipe, or None
-    when this path does not apply (a spawner thread).  Raises OSError.
-
-    ``os.posix_spawn`` (glibc: clone(CLONE_VM|CLONE_VFORK), all in C) costs the supervisor
-    ~0.2 ms of CPU per task where ``Popen`` costs ~0.5 ms (measured here, bash -c true); at
-    hundreds of tasks a second that is a good part of the supervisor's own cost.  It inherits
-    only inheritable descriptors, and everything Python opens is non-inheritable (PEP 446),
-    so it needs no close_fds."""
-    r, w = os.pipe2(os.O_CLOEXEC)
-    if min(r, w) <= 2:  # stdin/stdout/stderr were closed: let Popen sort the fds out
-        os.close(r)
-        os.close(w)
-        return None
-    try:
-        pid = os.posix_spawn(argv[0], argv, env, setsid=True, setsigdef=_RESTORED_SIGNALS,
-                             setsigmask=(),  # not the spawner thread's (it blocks ours)
-                             file_actions=[(os.POSIX_SPAWN_DUP2, _devnull(), 0),
-                                           (os.POSIX_SPAWN_DUP2, w, 1),
-                                           (os.POSIX_SPAWN_DUP2, w, 2)])
-    except BaseException:
-        os.close(r)
-        raise
-    finally:
-        os.close(w)
-    return SpawnedShell(pid, open(r, "rb", buffering=0))
-
-
-def _popen(argv_prefix: Sequence[str], cmd: str, env: dict[str, str], cwd: str | None,
-           user: int | None, group: int | None,
-           extra_groups: Sequence[int] | None) -> subprocess.Popen:
-    return subprocess.Popen(
-        [*argv_prefix, "/bin/bash", "-c", cmd],
-        user=user,
-        group=group,
-        extra_groups=extra_groups,
-        stdin=_devnull(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-        close_fds=True,
-    )
 
 
 @dataclass
@@ -161,14 +86,14 @@ class TaskProcess:
         env[MARKER_VAR] = marker
         if not argv_prefix and cwd is None and user is None and group is None \
                 and extra_groups is None:
-            shell = _posix_spawn_shell(["/bin/bash", "-c", cmd], env)
+            shell = posix_spawn_shell(["/bin/bash", "-c", cmd], env)
             if shell is not None:  # the shell leads its own session and group
                 return cls(popen=shell, marker=marker, pgid=shell.pid)
         # A forked child inherits this thread's signal mask, which blocks the supervisor's
         # signals (threads.py): the task must start with none blocked.
         blocked = signal.pthread_sigmask(signal.SIG_SETMASK, ())
         try:
-            popen = _popen(argv_prefix, cmd, env, cwd, user, group, extra_groups)
+            popen = popen_shell(argv_prefix, cmd, env, cwd, user, group, extra_groups)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         # With start_new_session the shell is its group's (and session's) leader.
@@ -189,16 +114,6 @@ class TaskProcess:
         except PermissionError:
             return True
         return True
-
-
-_DEVNULL: list[int] = []
-
-
-def _devnull() -> int:
-    """One /dev/null descriptor for every task's stdin (opening it per spawn costs time)."""
-    if not _DEVNULL:
-        _DEVNULL.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
-    return _DEVNULL[0]
 
 
 def describe_exit(returncode: int) -> str:
