@@ -124,7 +124,7 @@ class Launcher:
             keeper = self._keeper(lease, task_id, t_sent)
             self.settlement.settle(keeper, lambda le: le.release(count_attempt=False),
                                    "requeued")
-            self.settlement.awaiting_return[task_id] = (keeper, 0.0)
+            self.settlement.awaiting_return[task_id] = (keeper, 0.0, "released")
 
     def _hold_max(self) -> float:
         # Well before the lease's first renewal would be due: a held lease has no thread.

@@ -49,8 +49,9 @@ class Settlement:
         self.metrics = metrics
         self.on_failure_streak = on_failure_streak
         self.settling: list[LeaseKeeper] = []  # settlement running on the keeper thread
-        # released task id -> (keeper doing the release, delay) or when a lost lease is back
-        self.awaiting_return: dict[str, tuple[LeaseKeeper, float] | float] = {}
+        # task id -> (its keeper, delay, "released" | "lost"): what this worker gave back (or
+        # lost) and when it is visible again -- see all_back_by
+        self.awaiting_return: dict[str, tuple[LeaseKeeper, float, str]] = {}
         self.consecutive_failures = 0
         self.counts = {"succeeded": 0, "failed": 0, "retried": 0, "requeued": 0,
                        "lock_lost": 0, "dead_lettered": 0}
@@ -62,9 +63,12 @@ class Settlement:
 
     def all_back_by(self, t: float) -> bool:
         """Everything this worker released was visible on the queue by ``t`` (main thread)."""
-        for back in self.awaiting_return.values():
-            if isinstance(back, tuple):  # a retry: visible `delay` after its release was written
-                keeper, delay = back
+        for keeper, delay, kind in self.awaiting_return.values():
+            if kind == "lost":  # back `delay` after the lock the broker last granted ends
+                if keeper.call_started is not None:  # a renewal may still extend it
+                    return False
+                back = keeper.expires + delay
+            else:  # a release: visible `delay` after it was written
                 if keeper.finished_at is None:
                     return False
                 back = keeper.finished_at + delay
@@ -126,8 +130,9 @@ class Settlement:
             self.settle(keeper, None, "lock lost")
             self.counts["lock_lost"] += 1
             self.metrics.lock_lost()
+            # Read when asked, not now: a renewal still in flight may yet extend the lock.
             self.awaiting_return[rt.task_id] = (
-                keeper.expires + self.backend.lost_lease_return_delay + self.s.poll_interval)
+                keeper, self.backend.lost_lease_return_delay + self.s.poll_interval, "lost")
             return
         preempted = rt.stop_reason is not None or (
             stopping and rc in (-signal.SIGTERM, 128 + signal.SIGTERM))
@@ -170,7 +175,7 @@ class Settlement:
                      max_attempts, extra={"task_id": task_id})
             self.settle(keeper, lambda le: le.release(count_attempt=True, delay=delay),
                         "retry")
-            self.awaiting_return[task_id] = (keeper, delay)
+            self.awaiting_return[task_id] = (keeper, delay, "released")
             self.counts["retried"] += 1
         self.consecutive_failures += 1
         limit = self.s.max_consecutive_failures

@@ -171,7 +171,6 @@ class SqliteBackend:
         self.stale_lock_age = stale_lock_age
         self.reaper_interval = reaper_interval
         self.settle_timeout = 10.0
-        self.busy_timeout = busy_timeout
         # A lost lease comes back when some worker's reaper sees it stale.
         self.lost_lease_return_delay = stale_lock_age + reaper_interval if reaper_interval else 0.0
         self._next_reap = 0.0
@@ -253,12 +252,6 @@ class SqliteBackend:
     def receive(self, max_messages: int, lock_duration: float) -> list[SqliteLease]:
         now = time.time()
         leases = []
-        # Writers of this process queue on one mutex: two of our own connections meeting
-        # at SQLite's write lock would wait in its busy handler, which *sleeps* (1, 2, 5 ms,
-        # ...) instead of waking when the lock frees -- measured as a quarter of the CPU idle
-        # while draining short tasks.  SQLite's handler still serves other processes.
-        if not self._lease_lock.acquire(timeout=self.busy_timeout):
-            raise BackendError("SQLite receive: this process's writers are busy")
         try:
             # One autocommit statement (atomic on its own): BEGIN and COMMIT around it cost
             # two more round trips through the GIL per receive, on the hot path.
@@ -270,8 +263,6 @@ class SqliteBackend:
                                           lock_duration))
         except sqlite3.DatabaseError as exc:
             raise BackendError(f"SQLite receive failed: {exc}") from None
-        finally:
-            self._lease_lock.release()
         return leases
 
     def maintenance(self) -> None:
