@@ -97,7 +97,11 @@ class Launcher:
         self.recent_duration = seconds if r is None else 0.8 * r + 0.2 * seconds
 
     def hold(self, leases: Sequence[Lease], t_sent: float) -> None:
-        self.ready.extend((lease, t_sent) for lease in leases)
+        for lease in leases:
+            self.ready.append((lease, t_sent))
+            log.debug("received ahead: held for the next free slot",
+                      extra={"task_id": lease.task.id if lease.task is not None
+                             else lease.message_id})
 
     def expire_ready(self, now: float) -> float:
         """Release held leases past HOLD_MAX; return when the next one expires (main thread)."""
