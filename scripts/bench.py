@@ -429,23 +429,31 @@ def main() -> int:
     rows: list[tuple[str, str, str, str]] = []
     with tempfile.TemporaryDirectory(prefix="jobq-bench-") as td:
         tmp = Path(td)
-        raw = statistics.median(raw_spawn_rate(n) for _ in range(runs))
-        sq = statistics.median(sqlite_throughput(tmp, n) for _ in range(runs))
-        results.update(raw_spawn_rate=raw, sqlite_throughput=sq)
+        # Reference and supervisor alternate, and the ratio is taken per pair: this VM's
+        # raw spawn rate itself drifts by +-20 % over minutes.
+        pairs = [(raw_spawn_rate(n), sqlite_throughput(tmp, n)) for _ in range(runs)]
+        raw = statistics.median(r for r, _ in pairs)
+        sq = statistics.median(s for _, s in pairs)
+        ratio = statistics.median(s / r for r, s in pairs)
+        results.update(raw_spawn_rate=raw, sqlite_throughput=sq, sqlite_ratio=ratio,
+                       sqlite_ratios=[s / r for r, s in pairs])
         rows.append(("SQLite throughput, -n 4", f"{sq:.0f} tasks/s",
                      f"raw bash -c true spawn, 4 threads: {raw:.0f}/s",
-                     f"{sq / raw:.0%} (target >= 50%)"))
+                     f"{ratio:.0%} (target >= 50%)"))
         if not args.skip_azurite:
             azurite = Azurite(tmp)
             try:
-                rawaz = statistics.median(
-                    raw_azurite_rate(azurite.conn_str, f"raw{i}", n) for i in range(runs))
-                azt = statistics.median(azurite_throughput(tmp, azurite.conn_str, f"tp{i}", n)
-                                        for i in range(runs))
-                results.update(raw_azurite_rate=rawaz, azurite_throughput=azt)
+                azpairs = [(raw_azurite_rate(azurite.conn_str, f"raw{i}", n),
+                            azurite_throughput(tmp, azurite.conn_str, f"tp{i}", n))
+                           for i in range(runs)]
+                rawaz = statistics.median(r for r, _ in azpairs)
+                azt = statistics.median(t for _, t in azpairs)
+                azratio = statistics.median(t / r for r, t in azpairs)
+                results.update(raw_azurite_rate=rawaz, azurite_throughput=azt,
+                               azurite_ratio=azratio)
                 rows.append(("Azurite throughput, -n 4", f"{azt:.0f} tasks/s",
                              f"raw receive+delete, 4 threads: {rawaz:.0f}/s",
-                             f"{azt / rawaz:.0%} (target >= 60%)"))
+                             f"{azratio:.0%} (target >= 60%)"))
                 margins = [azurite_lock_loss(tmp, azurite.conn_str, azurite.port, f"ll{i}")
                            for i in range(runs)]
                 results["azurite_lock_loss_margin_s"] = margins
