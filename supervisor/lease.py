@@ -98,6 +98,29 @@ class LeaseKeeper:
             return
         self._wake.put(None)
 
+    def settle_here(self) -> bool:
+        """Run the requested settlement on the calling thread, once; True if the keeper is
+        done (main thread, for a keeper whose thread never started).
+
+        For a backend that settles in a moment (SQLite, inside its ``quick_writes``) a
+        short task's lease needs no thread at all: a thread hand-off per task was a good
+        part of the supervisor's cost.  False -- busy, failed, or the deadline passed --
+        leaves everything to the thread, which retries and logs as usual."""
+        settlement = self._settlement
+        if self.started or settlement is None or self.lost():
+            return False
+        try:
+            settlement(self.lease)
+        except LeaseLost as exc:
+            self._lose(f"broker refused the settlement: {exc}")
+            self.settle_result = "not settled: lease lost"
+        except BackendError:
+            return False
+        self.started = True
+        self.finished_at = self.clock()
+        self.done.set()
+        return True
+
     def join(self, timeout: float) -> bool:
         return self.done.wait(timeout)
 

@@ -86,6 +86,11 @@ class Settlement:
     def settle(self, keeper: LeaseKeeper, settlement: Callable[[Lease], None] | None,
                description: str) -> None:
         keeper.finish(settlement, description)
+        quick = getattr(self.backend, "quick_writes", None)
+        if quick is not None and not keeper.started:
+            with quick():
+                if keeper.settle_here():
+                    return
         keeper.start()  # no-op if it runs already (or was done without a thread)
         self.settling.append(keeper)
 

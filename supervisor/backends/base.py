@@ -60,7 +60,9 @@ class Lease(Protocol):
     ``renew`` is called only by the lease's own LeaseKeeper thread; the settlement methods
     (``complete``/``release``/``dead_letter``) are called by that same thread once the task
     is over, so a backend needs no lock between renew and settle of one lease.  Different
-    leases are used from different threads at once.
+    leases are used from different threads at once.  A backend with a ``quick_writes()``
+    context manager (SQLite) also has the main thread try the settlement of a lease whose
+    thread never started, inside that block; a BackendError there hands it to the thread.
     """
 
     task: Task | None  # None when the body is poison (then format_error is set)

@@ -65,6 +65,7 @@ RECEIVE_SQL = (
     "RETURNING seq, id, body, attempt, token, max_attempts")
 
 MAIN_BUSY_TIMEOUT = 0.5  # the main loop retries on its next turn rather than block
+QUICK_WAIT = 0.005  # the most a settlement tried on the main loop may wait for the database
 CTL_BUSY_TIMEOUT = 30.0
 
 
@@ -177,6 +178,7 @@ class SqliteBackend:
         self._data_version = -1
         self._lease_lock = threading.Lock()
         self._lease_busy_ms = 0
+        self._quick = threading.local()  # .on: this thread's lease writes may not wait
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
             raise BackendConfigError(f"--sqlite-path: directory {parent} does not exist")
@@ -210,8 +212,24 @@ class SqliteBackend:
             conn.execute("ROLLBACK")
             raise BackendError(f"SQLite commit failed: {exc}") from None
 
+    @contextmanager
+    def quick_writes(self) -> Iterator[None]:
+        """Lease writes of the calling thread inside this block wait at most ``QUICK_WAIT``
+        for the database (main thread: settling a short task's lease without a thread).
+
+        A write that finds the database busy raises BackendError as usual, and the caller
+        hands the settlement to the lease's own thread, which waits as long as it needs."""
+        self._quick.on = True
+        try:
+            yield
+        finally:
+            self._quick.on = False
+
     def _lease_write(self, sql: str, args: tuple, timeout: float) -> int:
-        """Lease threads: one UPDATE under the shared lease connection, bounded by timeout."""
+        """One UPDATE on the shared lease connection, bounded by timeout (lease threads, or
+        the main thread inside ``quick_writes``)."""
+        if getattr(self._quick, "on", False):
+            timeout = min(timeout, QUICK_WAIT)
         deadline = time.monotonic() + timeout
         if not self._lease_lock.acquire(timeout=max(timeout, 0.0)):
             raise BackendError("SQLite lease connection busy")

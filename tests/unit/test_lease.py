@@ -351,3 +351,54 @@ def test_keeper_thread_finish_none_stops_without_settling() -> None:
     assert keeper.join(5.0)
     assert lease.settled == []
     assert lease.timeouts == []
+
+
+# ------------------------------------------------- settling on the calling thread (SQLite)
+def test_settle_here_settles_without_a_thread(keeper, lease, clock) -> None:
+    keeper.finish(complete, "completed")
+    clock.advance(1.0)
+    assert keeper.settle_here()
+    assert lease.settled == ["complete"]
+    assert keeper.done.is_set() and keeper.started  # start() is a no-op from now on
+    assert keeper.finished_at == T0 + 1.0
+    assert keeper.settle_result == "completed"
+
+
+def test_settle_here_leaves_a_busy_backend_to_the_thread(keeper, lease) -> None:
+    calls = []
+
+    def busy_once(lease_) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise BackendError("database is locked")
+        lease_.complete()
+
+    keeper.finish(busy_once, "completed")
+    assert not keeper.settle_here()
+    assert not keeper.started and not keeper.done.is_set()
+    keeper.settle()  # what the keeper thread then does: it retries
+    assert lease.settled == ["complete"]
+
+
+def test_settle_here_lease_lost(keeper, lease, on_lost) -> None:
+    def refused(lease_) -> None:
+        raise LeaseLost("token mismatch")
+
+    keeper.finish(refused, "completed")
+    assert keeper.settle_here()
+    assert keeper.lock_lost.is_set() and on_lost.calls == 1
+    assert keeper.settle_result.startswith("not settled")
+    assert keeper.done.is_set()
+
+
+def test_settle_here_not_past_the_deadline_nor_beside_a_running_thread(
+        keeper, lease, clock) -> None:
+    keeper.finish(complete, "completed")
+    clock.advance(LOCK)  # past the deadline: the thread logs it and settles nothing
+    assert not keeper.settle_here()
+    assert lease.settled == []
+    other = LeaseKeeper(FakeLease(clock), "task-2", t_sent=clock.now, granted=LOCK,
+                        renew_interval=INTERVAL, clock=clock)
+    other.started = True  # its thread runs: only that thread may touch the lease
+    other.finish(complete, "completed")
+    assert not other.settle_here()

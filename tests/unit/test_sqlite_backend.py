@@ -495,3 +495,27 @@ def test_an_old_database_gets_the_new_index(db) -> None:
         assert lease.task is not None and lease.task.cmd == "true"
     finally:
         backend.close()
+
+
+@pytest.mark.timeout(20)
+def test_quick_writes_do_not_wait_out_a_busy_database(db, a, raw) -> None:
+    """The main loop settles short tasks' leases itself inside ``quick_writes``: a busy
+    database must send the settlement back to the lease's thread, not stall the loop for
+    the settle timeout (10 s)."""
+    (task,) = push(a, "x")
+    (lease,) = a.receive(1, LOCK)
+    holder = sqlite3.connect(db, isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        start = time.monotonic()
+        with a.quick_writes(), pytest.raises(BackendError) as info:
+            lease.complete()
+        assert not isinstance(info.value, LeaseLost)
+        assert time.monotonic() - start < 3.0
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert row(raw, task.id)["status"] == "running"
+    with a.quick_writes():
+        lease.complete()
+    assert row(raw, task.id)["status"] == "succeeded"
