@@ -118,12 +118,16 @@ class _LibcSpawn:
         thread).  Raises OSError, or ValueError for a string the OS cannot take -- what
         ``os.posix_spawn`` would raise."""
         args = [_c_string(a) for a in argv]
+        cache = _ENV_ENTRIES
         envp = []
-        for key, value in env.items():
-            k = _c_string(key)
-            if not k or b"=" in k:
-                raise ValueError("illegal environment variable name")
-            envp.append(k + b"=" + _c_string(value))
+        for item in env.items():
+            entry = cache.get(item)
+            if entry is None:
+                entry = _env_entry(*item)
+                if len(cache) >= _ENV_CACHE_MAX:
+                    cache.clear()
+                cache[item] = entry
+            envp.append(entry)
         c_argv = (ctypes.c_char_p * (len(args) + 1))(*args, None)
         c_envp = (ctypes.c_char_p * (len(envp) + 1))(*envp, None)
         libc = self._libc
@@ -140,6 +144,20 @@ class _LibcSpawn:
         if err:
             raise OSError(err, os.strerror(err), argv[0])
         return pid.value
+
+
+# Encoded "KEY=value" entries by (key, value): nearly every variable is the same for every
+# task, and encoding ~40 of them cost ~0.1 ms of GIL time per spawn.  Cleared when full (task
+# ids and markers differ per task).  Dict operations are atomic under the GIL.
+_ENV_ENTRIES: dict[tuple[str, str], bytes] = {}
+_ENV_CACHE_MAX = 4096
+
+
+def _env_entry(key: str, value: str) -> bytes:
+    k = _c_string(key)
+    if not k or b"=" in k:
+        raise ValueError("illegal environment variable name")
+    return k + b"=" + _c_string(value)
 
 
 def _c_string(text: str) -> bytes:
