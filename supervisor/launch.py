@@ -19,6 +19,7 @@ from typing import Any, Callable
 from .backends.base import Lease
 from .lease import LeaseKeeper
 from .lifeline import Lifeline
+from .logs import log_fast
 from .metrics import Metrics
 from .output import OutputPump, TaskOutput
 from .process import task_environment
@@ -216,8 +217,8 @@ class Launcher:
         proc.output = TaskOutput(task_id, proc.popen.stdout, lambda: self.events.put(None),
                                  task_log, log_file)
         self.metrics.task_started()
-        log.info("started pid=%d pgid=%d (attempt %d of %d): %s", proc.pid, proc.pgid,
-                 lease.attempt, max_attempts, _short(task.cmd),
+        log_fast(log, logging.INFO, "started pid=%d pgid=%d (attempt %d of %d): %s", proc.pid,
+                 proc.pgid, lease.attempt, max_attempts, _short(task.cmd),
                  extra={"task_id": task_id, "pid": proc.pid, "attempt": lease.attempt})
         self.output_pump.add(proc.output)
         return rt

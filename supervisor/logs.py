@@ -122,11 +122,45 @@ class LogWriter:
             # While we wait here, logging a record is an append without a thread wake-up.
             self.stopped.wait(GATHER)
 
-    def _format(self, record: logging.LogRecord) -> str:
+    def _format(self, item: logging.LogRecord | tuple) -> str:
         try:
+            record = _record(*item) if isinstance(item, tuple) else item
             return self.formatter.format(record)
         except Exception as exc:  # a bad argument in one log call must not end the writer
-            return f"log record could not be formatted: {exc!r} ({record.msg!r})"
+            msg = item[3] if isinstance(item, tuple) else item.msg
+            return f"log record could not be formatted: {exc!r} ({msg!r})"
+
+
+# The queue handler setup_logging installed on the root logger, and its queue.
+_FAST: list[tuple[_QueueHandler, queue.SimpleQueue]] = []
+
+
+def log_fast(logger: logging.Logger, level: int, msg: str, *args: Any,
+             extra: dict[str, Any]) -> None:
+    """``logger.log(level, msg, *args, extra=extra)`` for the lines every task logs (main
+    thread).  With our writer the only handler, the record is built on the writer thread:
+    ~1 us here instead of ~10 us through ``Logger._log`` (two such lines per task were a
+    sixth of the main loop's time on short tasks).  Otherwise (tests, other handlers) it is
+    an ordinary log call."""
+    if not logger.isEnabledFor(level):
+        return
+    handlers = logging.root.handlers
+    if _FAST and len(handlers) == 1 and handlers[0] is _FAST[0][0] and logger.propagate \
+            and not logger.handlers and not logger.filters:
+        _FAST[0][1].put((time.time(), logger.name, level, msg, args, extra))
+    else:
+        logger.log(level, msg, *args, extra=extra)
+
+
+def _record(created: float, name: str, level: int, msg: str, args: tuple,
+            extra: dict[str, Any]) -> logging.LogRecord:
+    """The LogRecord of a ``log_fast`` line, as ``Logger.makeRecord`` would build it then
+    (writer thread)."""
+    record = logging.LogRecord(name, level, "(unknown file)", 0, msg, args, None)
+    record.created = created
+    record.msecs = int((created - int(created)) * 1000) + 0.0
+    record.__dict__.update(extra)
+    return record
 
 
 def setup_logging(level: str, fmt: str) -> None:
@@ -144,7 +178,9 @@ def setup_logging(level: str, fmt: str) -> None:
     writer.start()
     atexit.register(writer.stop)
     root = logging.getLogger()
-    root.handlers[:] = [_QueueHandler(records)]
+    handler = _QueueHandler(records)
+    root.handlers[:] = [handler]
+    _FAST[:] = [(handler, records)]
     root.setLevel(level.upper())
     # The Azure SDKs log every HTTP request at INFO.
     logging.getLogger("azure").setLevel(max(logging.WARNING, root.level))

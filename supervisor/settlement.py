@@ -14,6 +14,7 @@ from typing import Callable
 
 from .backends.base import Backend, Lease
 from .lease import LeaseKeeper
+from .logs import log_fast
 from .metrics import Metrics
 from .process import describe_exit
 from .security import TaskGuard
@@ -149,7 +150,7 @@ class Settlement:
             self.metrics.task_requeued()
             return
         if rc == 0 and rt.term_reason is None:
-            log.info("finished: %s in %.1fs", status, duration, extra=extra)
+            log_fast(log, logging.INFO, "finished: %s in %.1fs", status, duration, extra=extra)
             self.settle(keeper, lambda le: le.complete(), "completed")
             self.counts["succeeded"] += 1
             self.metrics.task_succeeded()
