@@ -162,7 +162,7 @@ class Launcher:
         env.update(task.env)
         marker = f"{self.token}:{self._seq}"
         job = SpawnJob(task.cmd, env, task.cwd, marker, context=(lease, keeper, max_attempts),
-                       options=self.guard.spawn_options(marker))
+                       options=self.guard.spawn_options(marker), after_spawn=self.attach)
         self.starting.append(job)
         self.spawner.submit(job)
         # The keeper's thread starts when its first renewal draws near (``start_keepers``)
@@ -208,20 +208,37 @@ class Launcher:
                          started=now, lease=lease, task=task,
                          time_limit_at=now + self.s.task_time_limit
                          if self.s.task_time_limit else None)
+        if proc.output is None:  # attach() failed on the spawner thread (a bug): do it here
+            self.attach(job)
+        self.metrics.task_started()
+        return rt
+
+    def attach(self, job: SpawnJob) -> None:
+        """Right after the shell started: log "started" and hand its output pipe to the pump
+        (spawner thread; the main thread only if that failed).
+
+        On the spawner thread, not the main loop: the pipe's epoll registration lets go of
+        the GIL and waited ~60 us for it back on the busy main loop; and the line comes
+        before any line of the task's output."""
+        proc = job.proc
+        assert proc is not None and proc.popen.stdout is not None
+        lease, _keeper, max_attempts = job.context
+        task = lease.task
         log_file = None
         if self.s.task_log_dir:
             # The id comes from the message: never let it name a path outside the directory.
-            safe_id = re.sub(r"[^A-Za-z0-9_-]", "_", task_id)[:128]
+            safe_id = re.sub(r"[^A-Za-z0-9_-]", "_", task.id)[:128]
             log_file = os.path.join(self.s.task_log_dir, f"{safe_id}.{lease.attempt}.log")
-        assert proc.popen.stdout is not None
-        proc.output = TaskOutput(task_id, proc.popen.stdout, lambda: self.events.put(None),
-                                 task_log, log_file)
-        self.metrics.task_started()
+        output = TaskOutput(task.id, proc.popen.stdout, self._output_closed, task_log, log_file)
         log_fast(log, logging.INFO, "started pid=%d pgid=%d (attempt %d of %d): %s", proc.pid,
                  proc.pgid, lease.attempt, max_attempts, _short(task.cmd),
-                 extra={"task_id": task_id, "pid": proc.pid, "attempt": lease.attempt})
-        self.output_pump.add(proc.output)
-        return rt
+                 extra={"task_id": task.id, "pid": proc.pid, "attempt": lease.attempt})
+        self.output_pump.add(output)
+        proc.output = output
+
+    def _output_closed(self) -> None:
+        """A task's output reached EOF: wake the main loop (pump thread)."""
+        self.events.put(None)
 
 
 def _short(text: str, limit: int = 200) -> str:

@@ -104,7 +104,8 @@ class TaskOutput:
 
 
 class OutputPump:
-    """The pump thread and its registry.  ``add`` is called by the main thread."""
+    """The pump thread and its registry.  ``add`` is called by the spawner threads (by the
+    main thread if that failed), ``flush`` by the main thread."""
 
     def __init__(self) -> None:
         self._selector = selectors.DefaultSelector()
@@ -118,7 +119,7 @@ class OutputPump:
         self._thread = start_thread(self._run, "output-pump")
 
     def add(self, output: TaskOutput) -> None:
-        """Start pumping a task's pipe (main thread).
+        """Start pumping a task's pipe (a spawner thread, or the main thread).
 
         Without a log file the pipe goes straight into the pump's epoll set: epoll_ctl is safe
         while the pump waits in epoll_wait, the selector's map entry is written before the fd

@@ -3,9 +3,11 @@
 Forking a shell costs ~1.5-2 ms on these machines, and fork_exec releases the GIL: two
 spawner threads start tasks almost twice as fast as the main thread alone (measured 450 vs
 666 spawns/s).  The main thread still decides everything: it submits a prepared job and, when
-the job comes back on its event queue, registers the process (lease, lifeline, output,
-watchdog).  Reaping stays on the main thread; it skips orphan reaping while a job is in
-flight, so a just-forked shell that already exited is never mistaken for an orphan.
+the job comes back on its event queue, registers the process (lease, lifeline, watchdog); the
+job's ``after_spawn`` (the launcher's) logs the start and hands the output pipe to the pump on
+the spawner thread, off the main loop.  Reaping stays on the main thread; it skips orphan
+reaping while a job is in flight, so a just-forked shell that already exited is never mistaken
+for an orphan.
 
 Like our other helper threads they block the supervisor's signals, so that SIGCHLD and
 SIGTERM reach the main thread at once; the task itself starts with no signal blocked
@@ -37,6 +39,8 @@ class SpawnJob:
     marker: str
     context: Any = None  # the main thread's own bookkeeping (lease, keeper, task)
     options: dict[str, Any] = field(default_factory=dict)  # TaskProcess.spawn keywords
+    # Run on the spawner thread once the shell started (its output goes to the pump).
+    after_spawn: Callable[[SpawnJob], None] | None = None
     proc: TaskProcess | None = None
     error: OSError | ValueError | None = None
     done: Flag = field(default_factory=Flag)
@@ -77,5 +81,10 @@ class Spawner:
             except Exception as exc:  # a bug here must not lose the job or kill the thread
                 log.exception("spawning failed unexpectedly")
                 job.error = OSError(str(exc))
+            if job.proc is not None and job.after_spawn is not None:
+                try:
+                    job.after_spawn(job)
+                except Exception:  # the main thread retries it when it registers the task
+                    log.exception("setting up a started task failed unexpectedly")
             job.done.set()
             self._on_done(job)

@@ -30,6 +30,9 @@ def test_success_failure_retry_and_output_tail(env):
     assert not tail.startswith("1\n")  # only the last ~20 KiB are kept
     log = sup.log()
     assert f"[{ok}]| hello-1" in log
+    # the start is logged (on a spawner thread) before any line of the task's output
+    assert log.index(f"[{ok}] started pid=") < log.index(f"[{ok}]| hello-1")
+    assert log.index(f"[{bad}] started pid=") < log.index(f"[{bad}]| 1\n")
     assert "will retry" in log
     failed = env.ctl("failed", "--json").stdout
     [rec] = json.loads(failed)
