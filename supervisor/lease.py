@@ -30,7 +30,8 @@ Settlement = Callable[[Lease], None]
 class LeaseKeeper:
     """Owns one lease.  ``start`` runs it on its own thread; tests drive ``step`` directly.
 
-    Main thread: ``start``, ``finish``.  Watchdog thread: reads ``deadline``/``lock_lost``.
+    Main thread: ``start``, ``finish``, ``settle_here``.  Watchdog thread: reads
+    ``deadline``/``lock_lost``.
     Keeper thread: everything else.
     """
 
@@ -114,7 +115,7 @@ class LeaseKeeper:
         except LeaseLost as exc:
             self._lose(f"broker refused the settlement: {exc}")
             self.settle_result = "not settled: lease lost"
-        except BackendError:
+        except Exception:  # BackendError (busy), or a bug: the thread retries and logs
             return False
         self.started = True
         self.finished_at = self.clock()
@@ -153,12 +154,13 @@ class LeaseKeeper:
         except LeaseLost as exc:
             self._lose(f"broker says the lease is gone: {exc}")
             return
-        except BackendError as exc:
+        except Exception as exc:  # BackendError; anything else is a client library's bug
             self._renewed(t_sent, ok=False)
             self.failures += 1
             self.next_renew = self.clock() + min(self.renew_interval, RETRY_AFTER_FAILURE)
             log.warning("lease renewal failed (%.1fs left before the kill deadline): %s",
                         max(0.0, self.deadline - self.clock()), exc,
+                        exc_info=not isinstance(exc, BackendError),
                         extra={"task_id": self.task_id})
             return
         finally:
@@ -209,8 +211,11 @@ class LeaseKeeper:
                 self._lose(f"broker refused the settlement: {exc}")
                 self.settle_result = "not settled: lease lost"
                 return
-            except BackendError as exc:
+            except Exception as exc:  # BackendError; or a client library's bug, retried too:
+                # a race in the Storage Queue SDK's model cache raised RuntimeError here once
+                # and, uncaught, left the message unsettled until its lock ran out
                 log.warning("settlement failed, retrying: %s", exc,
+                            exc_info=not isinstance(exc, BackendError),
                             extra={"task_id": self.task_id})
                 self._sleep(min(1.0, max(0.0, self.deadline - self.clock())))
 

@@ -1,7 +1,9 @@
 """What happens to a lease once its task is over, or once it must not run at all.
 
 Main thread only.  ``Settlement`` decides the outcome (complete, retry, dead-letter, requeue,
-leave a lost lease alone), counts it, and hands the broker call to the lease's keeper thread.
+leave a lost lease alone), counts it, and hands the broker call to the lease's keeper thread
+(on SQLite a short task's lease is settled right here when the write is instant: see
+``LeaseKeeper.settle_here``).
 It also remembers what this worker released and when it comes back (``--exit-when-empty``).
 """
 

@@ -288,10 +288,12 @@ class Worker:
             leases = self.backend.receive(want, self.s.lock)
         except BackendConfigError:
             raise
-        except BackendError as exc:
+        except Exception as exc:  # BackendError; or a client library's bug (the Storage
+            # Queue SDK has raised RuntimeError from a race in its model cache): retried too
             self.metrics.backend_error("receive")
             self.receive_backoff = min(max(1.0, self.receive_backoff * 2), BACKEND_RETRY_MAX)
-            log.warning("receive failed (retrying in %.0fs): %s", self.receive_backoff, exc)
+            log.warning("receive failed (retrying in %.0fs): %s", self.receive_backoff, exc,
+                        exc_info=not isinstance(exc, BackendError))
             self.next_receive = self.clock() + self.receive_backoff
             return
         self.receive_backoff = 0.0

@@ -402,3 +402,35 @@ def test_settle_here_not_past_the_deadline_nor_beside_a_running_thread(
     other.started = True  # its thread runs: only that thread may touch the lease
     other.finish(complete, "completed")
     assert not other.settle_here()
+
+
+def test_an_unexpected_error_in_a_settlement_is_retried(keeper, lease, clock) -> None:
+    """A client library's own bug (the Storage Queue SDK once raised RuntimeError from a
+    race in its model cache) must not leave the lease unsettled."""
+    calls = []
+
+    def flaky(lease_) -> None:
+        calls.append(clock.now)
+        if len(calls) == 1:
+            raise RuntimeError("dictionary changed size during iteration")
+        lease_.complete()
+
+    keeper.finish(flaky, "completed")
+    keeper.settle()  # the keeper thread's part: the error is logged and the call retried
+    assert lease.settled == ["complete"] and len(calls) == 2
+    assert keeper.settle_result == "completed"
+    keeper2 = LeaseKeeper(FakeLease(clock), "task-2", t_sent=clock.now, granted=LOCK,
+                          renew_interval=INTERVAL, clock=clock)
+    calls.clear()
+    keeper2.finish(flaky, "completed")
+    assert not keeper2.settle_here()  # on the main loop: left to the thread, which retries
+
+
+def test_an_unexpected_error_in_a_renewal_counts_as_a_failed_renewal(keeper, lease, clock):
+    lease.outcomes = [RuntimeError("bug"), None]
+    clock.advance(INTERVAL)
+    keeper.step()
+    assert keeper.failures == 1 and not keeper.lock_lost.is_set()
+    clock.advance(RETRY_AFTER_FAILURE)
+    keeper.step()
+    assert keeper.renewals == 1 and keeper.deadline == clock.now + LOCK - MARGIN

@@ -88,3 +88,25 @@ def test_stalled_lease_thread_stops_watchdog_pings(tmp_path, notify_sock):
     worker._report(clock.now)
     assert "WATCHDOG=1" not in _drain(notify_sock)
     backend.close()
+
+
+def test_an_unexpected_receive_error_backs_off_instead_of_ending_the_worker(tmp_path):
+    """A client library's bug in receive (the Storage Queue SDK has raised RuntimeError from
+    a race in its model cache) is retried like a backend error, not fatal."""
+
+    class Buggy(SqliteBackend):
+        calls = 0
+
+        def receive(self, max_messages, lock_duration):
+            Buggy.calls += 1
+            raise RuntimeError("dictionary changed size during iteration")
+
+    clock = Clock()
+    backend = Buggy(str(tmp_path / "q.db"), "default", "w")
+    worker = Worker(Settings(sqlite_path=str(tmp_path / "q.db"), worker_id="w"), backend,
+                    clock=clock)
+    worker.next_receive = clock.now
+    worker._receive(clock.now)
+    assert Buggy.calls == 1
+    assert worker.receive_backoff == 1.0 and worker.next_receive == clock.now + 1.0
+    backend.close()
