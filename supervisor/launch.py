@@ -101,8 +101,7 @@ class Launcher:
         for lease in leases:
             self.ready.append((lease, t_sent))
             log.debug("received ahead: held for the next free slot",
-                      extra={"task_id": lease.task.id if lease.task is not None
-                             else lease.message_id})
+                      extra={"task_id": _task_id(lease)})
 
     def expire_ready(self, now: float) -> float:
         """Release held leases past HOLD_MAX; return when the next one expires (main thread)."""
@@ -123,7 +122,7 @@ class Launcher:
         counted (main thread)."""
         while self.ready and self.ready[0][1] < older_than:
             lease, t_sent = self.ready.popleft()
-            task_id = lease.task.id if lease.task is not None else lease.message_id
+            task_id = _task_id(lease)
             log.debug("received ahead, not started: back to the queue",
                       extra={"task_id": task_id})
             keeper = self._keeper(lease, task_id, t_sent)
@@ -144,7 +143,7 @@ class Launcher:
     def dispatch(self, lease: Lease, t_sent: float) -> None:
         """Submit a spawn for ``lease``, or dead-letter it if it must not run (main thread)."""
         task = lease.task
-        task_id = task.id if task is not None else lease.message_id
+        task_id = _task_id(lease)
         self.settlement.returned(task_id)
         keeper = self._keeper(lease, task_id, t_sent)
         max_attempts = attempts_allowed(task, self.s)
@@ -239,6 +238,11 @@ class Launcher:
     def _output_closed(self) -> None:
         """A task's output reached EOF: wake the main loop (pump thread)."""
         self.events.put(None)
+
+
+def _task_id(lease: Lease) -> str:
+    """The task's id, or the message's when the body is not a task."""
+    return lease.task.id if lease.task is not None else lease.message_id
 
 
 def _short(text: str, limit: int = 200) -> str:

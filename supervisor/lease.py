@@ -110,12 +110,7 @@ class LeaseKeeper:
         settlement = self._settlement
         if self.started or settlement is None or self.lost():
             return False
-        try:
-            settlement(self.lease)
-        except LeaseLost as exc:
-            self._lose(f"broker refused the settlement: {exc}")
-            self.settle_result = "not settled: lease lost"
-        except Exception:  # BackendError (busy), or a bug: the thread retries and logs
+        if self._attempt(settlement) is not None:  # busy, or a bug: the thread retries, logs
             return False
         self.started = True
         self.finished_at = self.clock()
@@ -204,20 +199,27 @@ class LeaseKeeper:
                 log.warning("lease lost before it could be settled; the broker will hand the "
                             "message out again", extra={"task_id": self.task_id})
                 return
-            try:
-                settlement(self.lease)
+            exc = self._attempt(settlement)
+            if exc is None:
                 return
-            except LeaseLost as exc:
-                self._lose(f"broker refused the settlement: {exc}")
-                self.settle_result = "not settled: lease lost"
-                return
-            except Exception as exc:  # BackendError; or a client library's bug, retried too:
-                # a race in the Storage Queue SDK's model cache raised RuntimeError here once
-                # and, uncaught, left the message unsettled until its lock ran out
-                log.warning("settlement failed, retrying: %s", exc,
-                            exc_info=not isinstance(exc, BackendError),
-                            extra={"task_id": self.task_id})
-                self._sleep(min(1.0, max(0.0, self.deadline - self.clock())))
+            log.warning("settlement failed, retrying: %s", exc,
+                        exc_info=not isinstance(exc, BackendError),
+                        extra={"task_id": self.task_id})
+            self._sleep(min(1.0, max(0.0, self.deadline - self.clock())))
+
+    def _attempt(self, settlement: Settlement) -> Exception | None:
+        """One settlement call: None when it is over (done, or refused: the lease is lost),
+        else the error to retry after (``settle`` and ``settle_here``)."""
+        try:
+            settlement(self.lease)
+        except LeaseLost as exc:
+            self._lose(f"broker refused the settlement: {exc}")
+            self.settle_result = "not settled: lease lost"
+        except Exception as exc:  # BackendError; or a client library's bug, retried too:
+            # a race in the Storage Queue SDK's model cache raised RuntimeError here once
+            # and, uncaught, left the message unsettled until its lock ran out
+            return exc
+        return None
 
     def _sleep(self, timeout: float | None) -> None:
         """Until ``finish`` wakes us or ``timeout`` passes (keeper thread)."""

@@ -52,6 +52,8 @@ class Settlement:
         self.metrics = metrics
         self.on_failure_streak = on_failure_streak
         self.settling: list[LeaseKeeper] = []  # settlement running on the keeper thread
+        # SQLite's: a short task's lease is settled on this thread when the write is instant
+        self.quick_writes = getattr(backend, "quick_writes", None)
         # task id -> (its keeper, delay, "released" | "lost"): what this worker gave back (or
         # lost) and when it is visible again -- see all_back_by
         self.awaiting_return: dict[str, tuple[LeaseKeeper, float, str]] = {}
@@ -89,9 +91,8 @@ class Settlement:
     def settle(self, keeper: LeaseKeeper, settlement: Callable[[Lease], None] | None,
                description: str) -> None:
         keeper.finish(settlement, description)
-        quick = getattr(self.backend, "quick_writes", None)
-        if quick is not None and not keeper.started:
-            with quick():
+        if self.quick_writes is not None and not keeper.started:
+            with self.quick_writes():
                 if keeper.settle_here():
                     return
         keeper.start()  # no-op if it runs already (or was done without a thread)

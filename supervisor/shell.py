@@ -1,4 +1,5 @@
-"""How a task's shell is started: ``os.posix_spawn`` where it can, ``subprocess.Popen`` else.
+"""How a task's shell is started: posix_spawn where it can (glibc's through ctypes, else
+``os.posix_spawn``), ``subprocess.Popen`` else.
 
 Both start ``bash -c CMD`` as the leader of a new session, stdin on /dev/null, stdout and
 stderr on one pipe.  Called on the spawner threads (spawner.py) through ``TaskProcess.spawn``.

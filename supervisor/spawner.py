@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import logging
 import queue
-import signal
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .process import TaskProcess
-from .threads import HANDLED_SIGNALS, Flag
+from .threads import Flag, start_thread
 
 log = logging.getLogger("jobq.spawner")
 
@@ -50,12 +49,11 @@ class Spawner:
     def __init__(self, threads: int, on_done: Callable[[SpawnJob], None]) -> None:
         self._jobs: queue.SimpleQueue[SpawnJob | None] = queue.SimpleQueue()
         self._on_done = on_done
-        self._threads = [threading.Thread(target=self._run, name=f"spawner-{i}", daemon=True)
-                         for i in range(threads)]
+        self._count = threads
+        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        for t in self._threads:
-            t.start()
+        self._threads = [start_thread(self._run, f"spawner-{i}") for i in range(self._count)]
 
     def submit(self, job: SpawnJob) -> None:
         """Main thread."""
@@ -68,8 +66,8 @@ class Spawner:
             t.join(timeout)
 
     def _run(self) -> None:
-        """Spawner thread: fork each job's shell, hand the result back."""
-        signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
+        """Spawner thread (started by ``start_thread``: our signals blocked): fork each job's
+        shell, hand the result back."""
         while True:
             job = self._jobs.get()
             if job is None:
