@@ -207,7 +207,8 @@ class Launcher:
         if proc is None:
             exc = job.error
             assert exc is not None
-            reason = f"spawn failed: {getattr(exc, 'strerror', None) or exc}" + (
+            text = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+            reason = f"spawn failed: {text}" + (
                 f" (cwd {task.cwd})" if task.cwd and isinstance(exc, FileNotFoundError) else "")
             log.error("%s", reason, extra={"task_id": task_id})
             self.settlement.failed(keeper, task_id, lease.attempt, max_attempts, reason, "",
