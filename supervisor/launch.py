@@ -14,10 +14,12 @@ import queue
 import re
 import time
 from collections.abc import Sequence
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 from .backends.base import Lease
-from .lease import LeaseKeeper
+from .events import WAKE, Event
+from .lease import LeaseKeeper, Release
 from .lifeline import Lifeline
 from .logs import log_fast
 from .metrics import Metrics
@@ -27,6 +29,7 @@ from .security import TaskGuard
 from .settings import Settings
 from .settlement import Settlement, attempts_allowed
 from .spawner import Spawner, SpawnJob
+from .task import Task
 from .watchdog import RunningTask, Watchdog
 
 log = logging.getLogger("jobq.worker")
@@ -41,6 +44,16 @@ SHORT_TASK = 0.5
 HOLD_MAX = 2.0
 
 
+@dataclass(frozen=True)
+class TaskStart:
+    """The launcher's own bookkeeping on a spawn job (``SpawnJob.context``)."""
+
+    lease: Lease
+    task: Task  # lease.task, known not to be None
+    keeper: LeaseKeeper
+    max_attempts: int
+
+
 class Launcher:
     """Starts tasks for leases (main thread only).
 
@@ -50,7 +63,7 @@ class Launcher:
 
     def __init__(self, settings: Settings, guard: TaskGuard, settlement: Settlement,
                  metrics: Metrics, watchdog: Watchdog, output_pump: OutputPump,
-                 events: queue.SimpleQueue[Any], token: str,
+                 events: queue.SimpleQueue[Event], token: str,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.s = settings
         self.guard = guard
@@ -63,15 +76,15 @@ class Launcher:
         self.clock = clock
         self._seq = 0
         self.lifeline: Lifeline | None = None
-        self.spawner = Spawner(SPAWN_THREADS, on_done=lambda job: self.events.put(job))
-        self.starting: list[SpawnJob] = []  # submitted to the spawner, not yet back
+        self.spawner: Spawner[TaskStart] = Spawner(SPAWN_THREADS, on_done=self.events.put)
+        self.starting: list[SpawnJob[TaskStart]] = []  # submitted to the spawner, not yet back
         self.next_keeper_start = math.inf  # the earliest start_by of a keeper not started
         # The inherited environment minus secrets, computed once: os.environ does not change.
         self.base_env = task_environment(dict(os.environ), {"PYTHONUNBUFFERED": "1"})
         # Leases received ahead, not started: (lease, monotonic time the receive was sent).
         self.ready: collections.deque[tuple[Lease, float]] = collections.deque()
         self.recent_duration: float | None = None  # moving average of tasks' run times
-        self.can_hold = bool(getattr(settlement.backend, "receive_ahead", False))
+        self.can_hold = settlement.backend.receive_ahead
 
     def start(self) -> None:
         self.spawner.start()
@@ -126,8 +139,7 @@ class Launcher:
             log.debug("received ahead, not started: back to the queue",
                       extra={"task_id": task_id})
             keeper = self._keeper(lease, task_id, t_sent)
-            self.settlement.settle(keeper, lambda le: le.release(count_attempt=False),
-                                   "requeued")
+            self.settlement.settle(keeper, Release(count_attempt=False), "requeued")
             self.settlement.awaiting_return[task_id] = (keeper, 0.0, "released")
 
     def _hold_max(self) -> float:
@@ -160,7 +172,8 @@ class Launcher:
                    JOBQ_ATTEMPT=str(lease.attempt), **self.guard.environment())
         env.update(task.env)
         marker = f"{self.token}:{self._seq}"
-        job = SpawnJob(task.cmd, env, task.cwd, marker, context=(lease, keeper, max_attempts),
+        job = SpawnJob(task.cmd, env, task.cwd, marker,
+                       context=TaskStart(lease, task, keeper, max_attempts),
                        options=self.guard.spawn_options(marker), after_spawn=self.attach)
         self.starting.append(job)
         self.spawner.submit(job)
@@ -172,7 +185,7 @@ class Launcher:
         """Start the keeper threads whose first renewal draws near (main thread)."""
         if now < self.next_keeper_start:
             return
-        keepers = [rt.keeper for rt in active] + [job.context[1] for job in self.starting]
+        keepers = [rt.keeper for rt in active] + [job.context.keeper for job in self.starting]
         pending = []
         for keeper in keepers:
             if not keeper.started:
@@ -183,18 +196,19 @@ class Launcher:
                     pending.append(keeper.start_by)
         self.next_keeper_start = min(pending, default=math.inf)
 
-    def spawned(self, job: SpawnJob) -> RunningTask | None:
+    def spawned(self, job: SpawnJob[TaskStart]) -> RunningTask | None:
         """A spawner thread is done with ``job``: the task to register, or None if the spawn
         failed (then the attempt is settled as failed) (main thread)."""
         self.starting.remove(job)
-        lease, keeper, max_attempts = job.context
-        task = lease.task
+        lease, task, keeper = job.context.lease, job.context.task, job.context.keeper
+        max_attempts = job.context.max_attempts
         task_id = task.id
         proc = job.proc
         if proc is None:
             exc = job.error
             assert exc is not None
-            reason = f"spawn failed: {getattr(exc, 'strerror', None) or exc}" + (
+            text = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+            reason = f"spawn failed: {text}" + (
                 f" (cwd {task.cwd})" if task.cwd and isinstance(exc, FileNotFoundError) else "")
             log.error("%s", reason, extra={"task_id": task_id})
             self.settlement.failed(keeper, task_id, lease.attempt, max_attempts, reason, "",
@@ -212,7 +226,7 @@ class Launcher:
         self.metrics.task_started()
         return rt
 
-    def attach(self, job: SpawnJob) -> None:
+    def attach(self, job: SpawnJob[TaskStart]) -> None:
         """Right after the shell started: log "started" and hand its output pipe to the pump
         (spawner thread; the main thread only if that failed).
 
@@ -221,8 +235,7 @@ class Launcher:
         before any line of the task's output."""
         proc = job.proc
         assert proc is not None and proc.popen.stdout is not None
-        lease, _keeper, max_attempts = job.context
-        task = lease.task
+        lease, task, max_attempts = job.context.lease, job.context.task, job.context.max_attempts
         log_file = None
         if self.s.task_log_dir:
             # The id comes from the message: never let it name a path outside the directory.
@@ -237,7 +250,7 @@ class Launcher:
 
     def _output_closed(self) -> None:
         """A task's output reached EOF: wake the main loop (pump thread)."""
-        self.events.put(None)
+        self.events.put(WAKE)
 
 
 def _task_id(lease: Lease) -> str:

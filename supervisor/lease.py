@@ -1,10 +1,16 @@
 """LeaseKeeper: one thread per lease -- renews it, tracks its deadline, settles it at the end.
 
-The deadline rule (DESIGN.md §3): ``deadline = t_sent + granted - margin`` where ``t_sent`` is the
-monotonic time the last *successful* renewal (or the receive) was sent.  A renewal call never
-gets more time than is left before the deadline, and the watchdog acts on the deadline alone,
-so a hung call cannot delay the kill.  A definitive LeaseLost sets ``lock_lost`` at once.
+The deadline rule (docs/architecture.rst, "The lease deadline rule"):
+``deadline = t_sent + granted - margin`` where ``t_sent`` is the monotonic time the last
+*successful* renewal (or the receive) was sent.  A renewal call never gets more time than is
+left before the deadline, and the watchdog acts on the deadline alone, so a hung call cannot
+delay the kill.  A definitive LeaseLost sets ``lock_lost`` at once.
 The keeper never signals a process.
+
+What the keeper does at the end is one settlement step it is handed -- ``Complete``,
+``Release`` or ``DeadLetter``, each one broker call on the lease (``apply``), or None for
+"settle nothing".  The keeper decides when and whether to run it (not after a lost lease,
+retried after a BackendError), never what it is: that is settlement.py's business.
 """
 
 from __future__ import annotations
@@ -12,8 +18,9 @@ from __future__ import annotations
 import logging
 import queue
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Callable
+from typing import Callable, Union
 
 from .backends.base import BackendError, Lease, LeaseLost
 from .settings import safety_margin
@@ -24,7 +31,55 @@ log = logging.getLogger("jobq.lease")
 MAX_CALL_TIMEOUT = 30.0  # even a long lease's renewal call gives up after this
 RETRY_AFTER_FAILURE = 2.0  # a failed renewal is retried this soon (or at renew_interval)
 
-Settlement = Callable[[Lease], None]
+
+# -- settlement steps: what to do to a lease once its task is over (any thread builds one; the
+# keeper thread, or the main thread in ``settle_here``, applies it)
+@dataclass(frozen=True)
+class Complete:
+    """The task succeeded: remove the message for good."""
+
+    def apply(self, lease: Lease) -> None:
+        lease.complete()
+
+
+@dataclass(frozen=True)
+class Release:
+    """Put the message back, visible after ``delay`` seconds; ``count_attempt=False``
+    (preemption, a lease received ahead and never started) gives the attempt back."""
+
+    count_attempt: bool
+    delay: float = 0.0
+
+    def apply(self, lease: Lease) -> None:
+        lease.release(count_attempt=self.count_attempt, delay=self.delay)
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """Give up on the message: failed state / dead-letter queue, with the reason."""
+
+    reason: str
+    tail: str = ""
+    exit_status: int | None = None
+
+    def apply(self, lease: Lease) -> None:
+        lease.dead_letter(self.reason, self.tail, self.exit_status)
+
+
+SettleStep = Union[Complete, Release, DeadLetter]
+
+
+def lease_deadline(t_sent: float, granted: float) -> float:
+    """The kill deadline of a lock of ``granted`` seconds sent at ``t_sent`` (any thread)."""
+    return t_sent + granted - safety_margin(granted)
+
+
+def next_renewal(t_sent: float, granted: float, renew_interval: float) -> float:
+    """When to renew a lock of ``granted`` seconds sent at ``t_sent`` (any thread).
+
+    Every ``renew_interval``, but well before this grant runs out, even when the broker
+    granted less than the lock the interval was derived from."""
+    return t_sent + min(renew_interval, max(0.0, (granted - safety_margin(granted)) / 2))
 
 
 class LeaseKeeper:
@@ -44,13 +99,9 @@ class LeaseKeeper:
         self.clock = clock
         self.renew_interval = renew_interval
         self.granted = granted
-        self.deadline = t_sent + granted - safety_margin(granted)
+        self.deadline = lease_deadline(t_sent, granted)
         self.expires = t_sent + granted  # earliest the broker may hand the message out
-        # As after each renewal: well before this grant runs out, even when the backend
-        # granted less than the lock the renew interval was derived from.
-        self.next_renew = t_sent + min(renew_interval,
-                                       max(0.0, (granted - safety_margin(granted)) / 2))
-        self.last_success = t_sent
+        self.next_renew = next_renewal(t_sent, granted, renew_interval)
         self.lock_lost = Flag()
         self.lost_reason = ""
         self.renewals = 0
@@ -65,7 +116,7 @@ class LeaseKeeper:
         # The keeper thread sleeps on this (a C-level queue: cheaper per wake than an Event,
         # and 1,000 keepers wake 100 times a second between them).
         self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
-        self._settlement: Settlement | None = None
+        self._step: SettleStep | None = None
         self._finish_requested = False
         self.started = False
         # The thread must run by then: halfway to the first renewal (see ``start``).
@@ -83,16 +134,16 @@ class LeaseKeeper:
             self.started = True
             start_fast(self._run)
 
-    def finish(self, settlement: Settlement | None, description: str = "") -> None:
-        """Stop renewing and run ``settlement`` on the keeper thread (None: settle nothing).
+    def finish(self, step: SettleStep | None, description: str = "") -> None:
+        """Stop renewing and apply ``step`` on the keeper thread (None: settle nothing).
 
         The caller then ``start``s the thread if it has not run yet (tests drive ``settle``
         directly instead).  A keeper with nothing to settle that never started is done here,
         without a thread."""
-        self._settlement = settlement
+        self._step = step
         self.settle_result = description
         self._finish_requested = True
-        if not self.started and settlement is None:
+        if not self.started and step is None:
             self.started = True  # nothing to renew or settle: no thread at all
             self.finished_at = self.clock()
             self.done.set()
@@ -100,17 +151,17 @@ class LeaseKeeper:
         self._wake.put(None)
 
     def settle_here(self) -> bool:
-        """Run the requested settlement on the calling thread, once; True if the keeper is
+        """Apply the requested step on the calling thread, once; True if the keeper is
         done (main thread, for a keeper whose thread never started).
 
         For a backend that settles in a moment (SQLite, inside its ``quick_writes``) a
         short task's lease needs no thread at all: a thread hand-off per task was a good
         part of the supervisor's cost.  False -- busy, failed, or the deadline passed --
         leaves everything to the thread, which retries and logs as usual."""
-        settlement = self._settlement
-        if self.started or settlement is None or self.lost():
+        step = self._step
+        if self.started or step is None or self.lost():
             return False
-        if self._attempt(settlement) is not None:  # busy, or a bug: the thread retries, logs
+        if self._attempt(step) is not None:  # busy, or a bug: the thread retries, logs
             return False
         self.started = True
         self.finished_at = self.clock()
@@ -163,12 +214,10 @@ class LeaseKeeper:
         self._renewed(t_sent, ok=True)
         self.renewals += 1
         self.granted = granted
-        self.deadline = t_sent + granted - safety_margin(granted)
+        self.deadline = lease_deadline(t_sent, granted)
         self.expires = t_sent + granted
-        self.last_success = t_sent
         # A broker may grant less than asked: renew well before this grant runs out.
-        self.next_renew = t_sent + min(self.renew_interval,
-                                       max(0.0, (granted - safety_margin(granted)) / 2))
+        self.next_renew = next_renewal(t_sent, granted, self.renew_interval)
         if log.isEnabledFor(logging.DEBUG):
             until = datetime.now(timezone.utc) + timedelta(seconds=granted)
             log.debug("Lock renewed till %s", until.strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -189,9 +238,9 @@ class LeaseKeeper:
         return now <= self.next_renew + grace
 
     def settle(self) -> None:
-        """Run the requested settlement unless the lease is lost (keeper thread)."""
-        settlement = self._settlement
-        if settlement is None:
+        """Apply the requested step unless the lease is lost (keeper thread)."""
+        step = self._step
+        if step is None:
             return
         while True:
             if self.lost():
@@ -199,7 +248,7 @@ class LeaseKeeper:
                 log.warning("lease lost before it could be settled; the broker will hand the "
                             "message out again", extra={"task_id": self.task_id})
                 return
-            exc = self._attempt(settlement)
+            exc = self._attempt(step)
             if exc is None:
                 return
             log.warning("settlement failed, retrying: %s", exc,
@@ -207,11 +256,11 @@ class LeaseKeeper:
                         extra={"task_id": self.task_id})
             self._sleep(min(1.0, max(0.0, self.deadline - self.clock())))
 
-    def _attempt(self, settlement: Settlement) -> Exception | None:
+    def _attempt(self, step: SettleStep) -> Exception | None:
         """One settlement call: None when it is over (done, or refused: the lease is lost),
         else the error to retry after (``settle`` and ``settle_here``)."""
         try:
-            settlement(self.lease)
+            step.apply(self.lease)
         except LeaseLost as exc:
             self._lose(f"broker refused the settlement: {exc}")
             self.settle_result = "not settled: lease lost"

@@ -13,8 +13,9 @@ import os
 import queue
 import signal
 import time
-from typing import Any, Callable
+from typing import Callable
 
+from .events import Event, ScheduledEventChanged
 from .lease import LeaseKeeper
 from .notify import Notifier
 from .preemption import (
@@ -44,10 +45,11 @@ class Lifecycle:
     """State, stop reason and exit code of one worker run (main thread only).
 
     The methods that act on tasks take the worker's list of tasks not yet settled
-    (``active``); the Scheduled Events poller reports on ``events``, the main loop's queue."""
+    (``active``); the Scheduled Events poller reports on ``events``, the main loop's queue
+    (as a ``ScheduledEventChanged``)."""
 
     def __init__(self, settings: Settings, notifier: Notifier, watchdog: Watchdog,
-                 events: queue.SimpleQueue[Any],
+                 events: queue.SimpleQueue[Event],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.s = settings
         self.started_at = clock()
@@ -68,7 +70,7 @@ class Lifecycle:
         url = self.s.scheduled_events_url
         self.poller = ScheduledEventsPoller(
             url, interval=self.s.scheduled_events_interval,
-            on_change=lambda ev: self.events.put(("scheduled-event", ev)),
+            on_change=lambda ev: self.events.put(ScheduledEventChanged(ev)),
             vm_names=local_vm_names(imds_base(url)))
         self.poller.start()
         log.info("watching Azure Scheduled Events at %s", url)

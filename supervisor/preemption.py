@@ -29,6 +29,7 @@ from email.utils import parsedate_to_datetime
 from types import FrameType
 from typing import Any, Callable
 
+from .events import Event
 from .threads import start_thread
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -37,7 +38,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class SignalQueue:
     """Installs handlers that put the signal number on ``events`` (main thread)."""
 
-    def __init__(self, events: queue.SimpleQueue[Any]) -> None:
+    def __init__(self, events: queue.SimpleQueue[Event]) -> None:
         self.events = events
         self._previous: dict[int, Any] = {}
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .limits import TaskLimits, TaskUserIds
+from .settings import Settings
 from .task import Task
 
 log = logging.getLogger("jobq.security")
@@ -178,7 +179,7 @@ class TaskGuard:
     warnings: tuple[str, ...] = ()
 
     @classmethod
-    def from_settings(cls, s: Any, euid: int | None = None) -> TaskGuard:
+    def from_settings(cls, s: Settings, euid: int | None = None) -> TaskGuard:
         """Check the security options and read the key files (main thread, at start).
 
         Raises SecurityConfigError -- one line naming the option -- for anything that cannot
@@ -186,12 +187,12 @@ class TaskGuard:
         set up yet)."""
         euid = os.geteuid() if euid is None else euid
         warnings: list[str] = []
-        keys = load_keys(getattr(s, "signing_key_file", None))
+        keys = load_keys(s.signing_key_file)
         for k in keys:
             if len(k.secret) < MIN_KEY_BYTES:
                 warnings.append(f"--signing-key-file: {k.path} holds only {len(k.secret)} "
                                 f"bytes; use at least 32 random bytes")
-        max_age = getattr(s, "max_task_age", None)
+        max_age = s.max_task_age
         if max_age is not None:
             if max_age <= 0:
                 raise SecurityConfigError("--max-task-age: must be positive")
@@ -199,7 +200,7 @@ class TaskGuard:
                 raise SecurityConfigError("--max-task-age: needs --signing-key-file (the "
                                           "issue time is only trustworthy when signed)")
         allowed = None
-        pattern = getattr(s, "allowed_commands", None)
+        pattern = s.allowed_commands
         if pattern is not None:
             try:
                 allowed = re.compile(pattern)
@@ -207,8 +208,8 @@ class TaskGuard:
                 raise SecurityConfigError(
                     f"--allowed-commands: invalid regular expression: {exc}") from None
         user = None
-        task_user = getattr(s, "task_user", None)
-        task_group = getattr(s, "task_group", None)
+        task_user = s.task_user
+        task_group = s.task_group
         if task_group and not task_user:
             raise SecurityConfigError("--task-group: needs --task-user")
         if task_user:
@@ -220,9 +221,9 @@ class TaskGuard:
         elif euid == 0:
             warnings.append("tasks run as root (no --task-user): a task can do anything on "
                             "this machine, including reading this supervisor's credentials")
-        memory = getattr(s, "task_memory_limit", None)
-        cpu = getattr(s, "task_cpu_limit", None)
-        procs = getattr(s, "task_max_procs", None)
+        memory = s.task_memory_limit
+        cpu = s.task_cpu_limit
+        procs = s.task_max_procs
         for option, value in (("--task-memory-limit", memory), ("--task-cpu-limit", cpu),
                               ("--task-max-procs", procs)):
             if value is not None and value <= 0:
@@ -230,7 +231,7 @@ class TaskGuard:
         try:
             limits = TaskLimits.configure(
                 memory, math.ceil(cpu) if cpu is not None else None, procs,
-                getattr(s, "task_limits", None) or "auto", euid,
+                s.task_limits or "auto", euid,
                 run_as_other_user=user is not None)
         except ValueError as exc:
             raise SecurityConfigError(str(exc)) from None
@@ -238,7 +239,7 @@ class TaskGuard:
                 and (user is None or user.uid == 0) and euid == 0):
             warnings.append("--task-max-procs is not enforced for tasks that run as root "
                             "(RLIMIT_NPROC does not apply to root); use --task-user")
-        warnings += secret_file_warnings(getattr(s, "config_file", None),
+        warnings += secret_file_warnings(s.config_file,
                                          [k.path for k in keys])
         return cls(keys=tuple(keys), max_task_age=max_age, allowed=allowed, user=user,
                    limits=limits, warnings=tuple(warnings))

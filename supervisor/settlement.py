@@ -1,9 +1,10 @@
 """What happens to a lease once its task is over, or once it must not run at all.
 
 Main thread only.  ``Settlement`` decides the outcome (complete, retry, dead-letter, requeue,
-leave a lost lease alone), counts it, and hands the broker call to the lease's keeper thread
-(on SQLite a short task's lease is settled right here when the write is instant: see
-``LeaseKeeper.settle_here``).
+leave a lost lease alone), counts it, and hands it as one step (``Complete``, ``Release``,
+``DeadLetter`` from lease.py, or None) to the lease's keeper, which applies it on its thread
+and never calls back here (on a backend with ``quick_settle``, SQLite, a short task's lease is
+settled right here when the write is instant: see ``LeaseKeeper.settle_here``).
 It also remembers what this worker released and when it comes back (``--exit-when-empty``).
 """
 
@@ -15,7 +16,7 @@ import time
 from typing import Callable
 
 from .backends.base import Backend, Lease
-from .lease import LeaseKeeper
+from .lease import Complete, DeadLetter, LeaseKeeper, Release, SettleStep
 from .logs import log_fast
 from .metrics import Metrics
 from .process import describe_exit
@@ -53,7 +54,7 @@ class Settlement:
         self.on_failure_streak = on_failure_streak
         self.settling: list[LeaseKeeper] = []  # settlement running on the keeper thread
         # SQLite's: a short task's lease is settled on this thread when the write is instant
-        self.quick_writes = getattr(backend, "quick_writes", None)
+        self.quick_settle = backend.quick_settle
         # task id -> (its keeper, delay, "released" | "lost"): what this worker gave back (or
         # lost) and when it is visible again -- see all_back_by
         self.awaiting_return: dict[str, tuple[LeaseKeeper, float, str]] = {}
@@ -88,11 +89,11 @@ class Settlement:
         self.settling = [k for k in self.settling if not k.done.is_set() and not k.lost()]
 
     # ------------------------------------------------------------------- outcomes
-    def settle(self, keeper: LeaseKeeper, settlement: Callable[[Lease], None] | None,
-               description: str) -> None:
-        keeper.finish(settlement, description)
-        if self.quick_writes is not None and not keeper.started:
-            with self.quick_writes():
+    def settle(self, keeper: LeaseKeeper, step: SettleStep | None, description: str) -> None:
+        """Hand ``step`` to ``keeper`` (None: settle nothing) and see it applied (main thread)."""
+        keeper.finish(step, description)
+        if self.quick_settle and not keeper.started:
+            with self.backend.quick_writes():
                 if keeper.settle_here():
                     return
         keeper.start()  # no-op if it runs already (or was done without a thread)
@@ -113,13 +114,13 @@ class Settlement:
         if lease.attempt > max_attempts:
             reason = f"attempts exhausted ({lease.attempt - 1} of {max_attempts} used)"
             log.error("%s; failing it without a run", reason, extra={"task_id": task_id})
-            self.settle(keeper, lambda le: le.dead_letter(reason, "", None), "failed")
+            self.settle(keeper, DeadLetter(reason), "failed")
             self.counts["failed"] += 1
             return True
         return False
 
     def dead_letter(self, keeper: LeaseKeeper, reason: str, detail: str) -> bool:
-        self.settle(keeper, lambda le: le.dead_letter(reason, detail, None), "dead-lettered")
+        self.settle(keeper, DeadLetter(reason, detail), "dead-lettered")
         self.counts["dead_lettered"] += 1
         self.metrics.task_dead_lettered()
         return True
@@ -148,13 +149,13 @@ class Settlement:
         if preempted:
             log.warning("preempted (%s, %.1fs): back to the queue, attempt not counted",
                         status, duration, extra=extra)
-            self.settle(keeper, lambda le: le.release(count_attempt=False), "requeued")
+            self.settle(keeper, Release(count_attempt=False), "requeued")
             self.counts["requeued"] += 1
             self.metrics.task_requeued()
             return
         if rc == 0 and rt.term_reason is None:
             log_fast(log, logging.INFO, "finished: %s in %.1fs", status, duration, extra=extra)
-            self.settle(keeper, lambda le: le.complete(), "completed")
+            self.settle(keeper, Complete(), "completed")
             self.counts["succeeded"] += 1
             self.metrics.task_succeeded()
             self.consecutive_failures = 0
@@ -175,15 +176,14 @@ class Settlement:
         if attempt >= max_attempts:
             full = f"{reason}; attempt {attempt} of {max_attempts}, giving up"
             log.error("failed for good: %s", full, extra={"task_id": task_id})
-            self.settle(keeper, lambda le: le.dead_letter(full, tail, rc), "failed")
+            self.settle(keeper, DeadLetter(full, tail, rc), "failed")
             self.counts["failed"] += 1
             self.metrics.task_dead_lettered()
         else:
             delay = retry_delay(self.s, attempt)
             log.info("will retry in %.0fs (attempt %d of %d failed)", delay, attempt,
                      max_attempts, extra={"task_id": task_id})
-            self.settle(keeper, lambda le: le.release(count_attempt=True, delay=delay),
-                        "retry")
+            self.settle(keeper, Release(count_attempt=True, delay=delay), "retry")
             self.awaiting_return[task_id] = (keeper, delay, "released")
             self.counts["retried"] += 1
         self.consecutive_failures += 1

@@ -20,34 +20,42 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Generic, TypeVar
 
 from .process import TaskProcess
 from .threads import Flag, start_thread
 
 log = logging.getLogger("jobq.spawner")
 
+C = TypeVar("C")
+
 
 @dataclass(eq=False)
-class SpawnJob:
-    """Everything the main thread prepared for one task; ``proc``/``error`` are the result."""
+class SpawnJob(Generic[C]):
+    """Everything the main thread prepared for one task; ``proc``/``error`` are the result.
+
+    ``context`` is the submitter's own bookkeeping, carried through untouched (the launcher's
+    is a ``launch.TaskStart``: the lease, its keeper, the task, the attempts allowed)."""
 
     cmd: str
     env: dict[str, str]
     cwd: str | None
     marker: str
-    context: Any = None  # the main thread's own bookkeeping (lease, keeper, task)
+    context: C
     options: dict[str, Any] = field(default_factory=dict)  # TaskProcess.spawn keywords
     # Run on the spawner thread once the shell started (its output goes to the pump).
-    after_spawn: Callable[[SpawnJob], None] | None = None
+    after_spawn: Callable[[SpawnJob[C]], None] | None = None
     proc: TaskProcess | None = None
     error: OSError | ValueError | None = None
     done: Flag = field(default_factory=Flag)
 
 
-class Spawner:
-    def __init__(self, threads: int, on_done: Callable[[SpawnJob], None]) -> None:
-        self._jobs: queue.SimpleQueue[SpawnJob | None] = queue.SimpleQueue()
+class Spawner(Generic[C]):
+    """``threads`` threads that run submitted jobs; ``on_done(job)`` runs on the spawner
+    thread when one is done (the launcher's puts it on the main loop's queue)."""
+
+    def __init__(self, threads: int, on_done: Callable[[SpawnJob[C]], None]) -> None:
+        self._jobs: queue.SimpleQueue[SpawnJob[C] | None] = queue.SimpleQueue()
         self._on_done = on_done
         self._count = threads
         self._threads: list[threading.Thread] = []
@@ -55,7 +63,7 @@ class Spawner:
     def start(self) -> None:
         self._threads = [start_thread(self._run, f"spawner-{i}") for i in range(self._count)]
 
-    def submit(self, job: SpawnJob) -> None:
+    def submit(self, job: SpawnJob[C]) -> None:
         """Main thread."""
         self._jobs.put(job)
 

@@ -1,9 +1,11 @@
 """The main loop: poll, dispatch, settle, shut down.
 
-Main thread only.  It installs the signal handlers first, then blocks on one SimpleQueue that
-carries signal numbers (from the handlers) and wake-ups (task output closed, lock lost), with a
-timeout no longer than the next thing it has to do.  It never signals a task itself: it sets a
-request on the task and wakes the watchdog.
+Main thread only.  It installs the signal handlers first, then blocks on one SimpleQueue of
+``events.Event``: signal numbers (from the handlers), spawn jobs back from the spawner,
+Scheduled Events changes, and plain wake-ups (a task's output closed), with a timeout no longer
+than the next thing it has to do.  A lost lock is not on it: the keeper wakes the watchdog,
+which kills the task, and the main loop reaps it on the SIGCHLD.  It never signals a task
+itself: it sets a request on the task and wakes the watchdog.
 
 The parts it drives live beside it: launch.py (lease -> running task), settlement.py (what
 happens to a lease once its task is over), lifecycle.py (running/preempting/draining/stopping),
@@ -18,10 +20,11 @@ import queue
 import secrets
 import signal
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from .backends.base import Backend, BackendConfigError, BackendError
-from .launch import Launcher
+from .events import Event, ScheduledEventChanged
+from .launch import Launcher, TaskStart
 from .lease import LeaseKeeper
 from .lifecycle import Lifecycle, State
 from .lifeline import Lifeline
@@ -57,7 +60,7 @@ class Worker:
         self.guard = guard if guard is not None else TaskGuard.from_settings(settings)
         self.backend = backend
         self.clock = clock
-        self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self.signals = SignalQueue(self.events)
         self.token = secrets.token_hex(8)
         self.active: list[RunningTask] = []  # spawned, not yet settled
@@ -68,7 +71,7 @@ class Worker:
         self.output_pump = OutputPump()
         self.next_lifeline_flush = clock()
         # A cheap "anything new?" probe lets an idle worker start pushed work at once.
-        self.change_probe: Callable[[], bool] | None = getattr(backend, "changed", None)
+        self.change_probe = backend.change_probe
         self.watchdog = Watchdog(kill_timeout=settings.kill_timeout,
                                  lock_lost_behavior=settings.lock_lost_behavior, clock=clock,
                                  exclude_pids=self._helper_pids)
@@ -162,8 +165,8 @@ class Worker:
         if self.lifeline is not None:
             self.lifeline.close()
 
-    def _wait(self, timeout: float) -> list[Any]:
-        items = []
+    def _wait(self, timeout: float) -> list[Event]:
+        items: list[Event] = []
         try:
             items.append(self.events.get(timeout=max(0.0, timeout)))
             while True:
@@ -178,9 +181,10 @@ class Worker:
                 self.lifecycle.on_signal(item, self.active)
             elif isinstance(item, SpawnJob):
                 self._spawned(item)
-            elif isinstance(item, tuple) and item[0] == "scheduled-event":
-                if self.lifecycle.on_scheduled_event(item[1], self.active):
+            elif isinstance(item, ScheduledEventChanged):
+                if self.lifecycle.on_scheduled_event(item.event, self.active):
                     self.next_receive = self.clock()
+            # a Wake only ends the wait: this turn looks at everything anyway
 
     def _next_wakeup(self) -> float:
         now = self.clock()
@@ -190,7 +194,7 @@ class Worker:
             t = min(t, self.next_receive)
             if self.launcher.ready:
                 t = now
-            if self.change_probe is not None:
+            if self.change_probe:
                 t = min(t, now + CHANGE_PROBE_EVERY)
         for rt in self.active:
             if rt.exited_at is not None:
@@ -279,8 +283,8 @@ class Worker:
         if free <= 0:
             return
         if now < self.next_receive and not (
-                self.change_probe is not None and self.receive_backoff == 0
-                and self.change_probe()):
+                self.change_probe and self.receive_backoff == 0
+                and self.backend.changed()):
             return
         t_sent = self.clock()
         want = free + self.launcher.ahead()
@@ -312,7 +316,7 @@ class Worker:
         self.launcher.hold(leases[free:], t_sent)
         self.next_ready_expiry = self.launcher.expire_ready(self.clock())
 
-    def _spawned(self, job: SpawnJob) -> None:
+    def _spawned(self, job: SpawnJob[TaskStart]) -> None:
         """A spawner thread is done with ``job``: register the task (main thread)."""
         rt = self.launcher.spawned(job)
         if rt is None:

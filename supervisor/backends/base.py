@@ -12,6 +12,7 @@ Every backend maps its SDK's errors onto these:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -60,9 +61,9 @@ class Lease(Protocol):
     ``renew`` is called only by the lease's own LeaseKeeper thread; the settlement methods
     (``complete``/``release``/``dead_letter``) are called by that same thread once the task
     is over, so a backend needs no lock between renew and settle of one lease.  Different
-    leases are used from different threads at once.  A backend with a ``quick_writes()``
-    context manager (SQLite) also has the main thread try the settlement of a lease whose
-    thread never started, inside that block; a BackendError there hands it to the thread.
+    leases are used from different threads at once.  On a backend with ``quick_settle``
+    (SQLite) the main thread also tries the settlement of a lease whose thread never started,
+    inside the backend's ``quick_writes()`` block; a BackendError there hands it to the thread.
     """
 
     task: Task | None  # None when the body is poison (then format_error is set)
@@ -97,12 +98,26 @@ class Lease(Protocol):
 
 
 class Backend(Protocol):
-    """A queue.  Methods are called from the main thread unless a docstring says otherwise."""
+    """A queue.  Methods are called from the main thread unless a docstring says otherwise.
+
+    The optional capabilities (``receive_ahead``, ``change_probe``/``changed``,
+    ``quick_settle``/``quick_writes``) are members like any other: every backend class
+    inherits ``BackendBase``, whose defaults say "not supported", and the core asks the flag.
+    """
 
     name: str
     # Seconds after a lost lease's lock expiry until the message is visible again
     # (SQLite: its reaper's delay; Azure: 0).  --exit-when-empty waits that long.
     lost_lease_return_delay: float
+    # Holding a received lease a moment is cheap: the worker may receive ahead for short
+    # tasks (launch.py).  Default False.
+    receive_ahead: bool
+    # ``changed()`` is a cheap "anything new?" probe the idle main loop may ask every
+    # 100 ms.  Default False (and ``changed`` is never called).
+    change_probe: bool
+    # The main thread may settle a lease itself inside ``quick_writes()``.  Default False
+    # (and ``quick_writes`` is never entered).
+    quick_settle: bool
 
     def receive(self, max_messages: int, lock_duration: float) -> Sequence[Lease]: ...
 
@@ -128,4 +143,31 @@ class Backend(Protocol):
         """Periodic housekeeping on the main thread (SQLite: the stale-lock reaper)."""
         ...
 
+    def changed(self) -> bool:
+        """True when the queue may have changed since the last call (main thread; only asked
+        when ``change_probe``)."""
+        ...
+
+    def quick_writes(self) -> contextlib.AbstractContextManager[None]:
+        """A block in which the calling thread's lease writes must not wait for the backend
+        (main thread; only entered when ``quick_settle``)."""
+        ...
+
     def close(self) -> None: ...
+
+
+class BackendBase:
+    """The defaults of the optional capabilities: every backend class inherits this, and
+    overrides a flag (with its method) only for what it really supports."""
+
+    receive_ahead: bool = False
+    change_probe: bool = False
+    quick_settle: bool = False
+
+    def changed(self) -> bool:
+        """Without a probe the answer is always "maybe" (never asked: ``change_probe``)."""
+        return True
+
+    def quick_writes(self) -> contextlib.AbstractContextManager[None]:
+        """Without quick writes a block is just a block (never entered: ``quick_settle``)."""
+        return contextlib.nullcontext()

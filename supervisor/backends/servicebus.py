@@ -38,7 +38,7 @@ from azure.servicebus import (
 )
 
 from ..task import Task, parse_or_body
-from .base import Backend, BackendConfigError, FailedRecord, Lease, QueueStatus
+from .base import Backend, BackendBase, BackendConfigError, FailedRecord, Lease, QueueStatus
 from .servicebus_lease import ServiceBusLease
 from .servicebus_pool import ReceiverPool
 from .servicebus_util import SDK_ERRORS, LockCheck, Scrubber, failed_record, message_text, translate
@@ -57,7 +57,7 @@ LIST_BUDGET = 30.0  # s: requeue holds dead-lettered messages at most this long
 _NAMESPACE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{4,48}[A-Za-z0-9](\.[A-Za-z0-9.-]+)?$")
 
 
-class ServiceBusBackend:
+class ServiceBusBackend(BackendBase):
     """One Service Bus queue and its dead-letter sub-queue.  Main thread unless stated."""
 
     name = "servicebus"

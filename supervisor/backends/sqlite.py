@@ -24,7 +24,14 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from ..task import Task, TaskFormatError, parse_or_body
-from .base import BackendConfigError, BackendError, FailedRecord, LeaseLost, QueueStatus
+from .base import (
+    BackendBase,
+    BackendConfigError,
+    BackendError,
+    FailedRecord,
+    LeaseLost,
+    QueueStatus,
+)
 
 log = logging.getLogger("jobq.sqlite")
 
@@ -156,11 +163,13 @@ class SqliteLease:
             raise LeaseLost(f"job {self.message_id}: lease token {self._token} no longer valid")
 
 
-class SqliteBackend:
+class SqliteBackend(BackendBase):
     name = "sqlite"
     # Holding a lease a moment costs nothing here (45-min locks, one host): the worker may
     # receive ahead for short tasks (launch.py).
     receive_ahead = True
+    change_probe = True  # ``changed``: PRAGMA data_version, from shared memory
+    quick_settle = True  # ``quick_writes``: a short task's lease is settled on the main thread
 
     def __init__(self, path: str, queue: str, worker_id: str, *, max_attempts: int = 5,
                  stale_lock_age: float = 2700.0, reaper_interval: float = 300.0,

@@ -29,6 +29,7 @@ from azure.storage.queue import QueueClient, QueueMessage
 from ..task import Task, parse_or_body
 from .base import (
     Backend,
+    BackendBase,
     BackendConfigError,
     FailedRecord,
     Lease,
@@ -59,7 +60,7 @@ _NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResou
 _QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]*[a-z0-9]$")
 
 
-class StorageQueueBackend:
+class StorageQueueBackend(BackendBase):
     """A Storage Queue and its ``-failed`` companion.  Main thread unless stated."""
 
     name = "storage-queue"

@@ -1,4 +1,6 @@
-"""LeaseKeeper driven step by step with a fake clock and a fake lease (DESIGN.md §3)."""
+"""LeaseKeeper driven step by step with a fake clock and a fake lease.
+
+The rule under test: docs/architecture.rst, section "The lease deadline rule"."""
 
 from __future__ import annotations
 
@@ -8,7 +10,15 @@ import time
 import pytest
 
 from supervisor.backends.base import BackendError, LeaseLost
-from supervisor.lease import RETRY_AFTER_FAILURE, LeaseKeeper
+from supervisor.lease import (
+    RETRY_AFTER_FAILURE,
+    Complete,
+    DeadLetter,
+    LeaseKeeper,
+    Release,
+    lease_deadline,
+    next_renewal,
+)
 from supervisor.settings import safety_margin
 
 pytestmark = pytest.mark.timeout(10)
@@ -31,11 +41,13 @@ class FakeClock:
 
 
 class FakeLease:
-    """Records renew timeouts; each call's outcome is scripted.
+    """Records renew timeouts and settlement calls; each call's outcome is scripted.
 
     ``outcomes`` is consumed one per renew call: a number (granted seconds), an exception
     instance to raise, or None for ``self.granted``.  ``call_duration`` advances the fake clock
-    during the call (a slow call).
+    during the call (a slow call).  ``settle_errors`` is consumed one per settlement call (an
+    exception to raise, or None: it succeeds); each call advances the clock ``settle_duration``
+    and is recorded in ``settle_calls`` (clock at call), a successful one also in ``settled``.
     """
 
     def __init__(self, clock: FakeClock, granted: float = LOCK) -> None:
@@ -44,6 +56,9 @@ class FakeLease:
         self.outcomes: list = []
         self.call_duration = 0.0
         self.renews: list[tuple[float, float]] = []  # (clock at call, timeout)
+        self.settle_errors: list = []
+        self.settle_duration = 0.0
+        self.settle_calls: list[float] = []
         self.settled: list[str] = []
 
     def renew(self, timeout: float) -> float:
@@ -54,14 +69,22 @@ class FakeLease:
             raise outcome
         return self.granted if outcome is None else outcome
 
+    def _settle(self, what: str) -> None:
+        self.settle_calls.append(self.clock.now)
+        self.clock.advance(self.settle_duration)
+        error = self.settle_errors.pop(0) if self.settle_errors else None
+        if error is not None:
+            raise error
+        self.settled.append(what)
+
     def complete(self) -> None:
-        self.settled.append("complete")
+        self._settle("complete")
 
     def release(self, count_attempt: bool, delay: float = 0.0) -> None:
-        self.settled.append(f"release({count_attempt})")
+        self._settle(f"release({count_attempt}, {delay:g})")
 
     def dead_letter(self, reason: str, output_tail: str, exit_status=None) -> None:
-        self.settled.append("dead_letter")
+        self._settle(f"dead_letter({reason}, {output_tail}, {exit_status})")
 
 
 @pytest.fixture
@@ -93,10 +116,6 @@ def keeper(lease: FakeLease, clock: FakeClock, on_lost: Lost) -> LeaseKeeper:
                        clock=clock, on_lost=on_lost)
 
 
-def complete(lease) -> None:
-    lease.complete()
-
-
 # --------------------------------------------------------------------------- renewals
 def test_initial_deadline(keeper: LeaseKeeper) -> None:
     assert MARGIN == 6.0
@@ -104,6 +123,13 @@ def test_initial_deadline(keeper: LeaseKeeper) -> None:
     assert keeper.next_renew == T0 + INTERVAL
     assert not keeper.lock_lost.is_set()
     assert not keeper.lost()
+
+
+def test_the_deadline_and_renewal_formulas() -> None:
+    assert lease_deadline(T0, LOCK) == T0 + LOCK - MARGIN
+    assert next_renewal(T0, LOCK, INTERVAL) == T0 + INTERVAL
+    # a short grant: renewed halfway to its deadline, not at the usual interval
+    assert next_renewal(T0, 12.0, INTERVAL) == T0 + (12.0 - safety_margin(12.0)) / 2
 
 
 def test_no_renewal_before_next_renew(keeper, lease, clock) -> None:
@@ -221,15 +247,29 @@ def test_lost_reports_deadline_even_without_a_step(keeper, clock) -> None:
 
 # --------------------------------------------------------------------------- settlement
 def test_settle_runs_the_settlement(keeper, lease) -> None:
-    keeper.finish(complete, "completed")
+    keeper.finish(Complete(), "completed")
     keeper.settle()
     assert lease.settled == ["complete"]
     assert keeper.settle_result == "completed"
 
 
+@pytest.mark.parametrize("step, call", [
+    (Complete(), "complete"),
+    (Release(count_attempt=False), "release(False, 0)"),
+    (Release(count_attempt=True, delay=20.0), "release(True, 20)"),
+    (DeadLetter("exit status 1", "tail", 1), "dead_letter(exit status 1, tail, 1)"),
+    (DeadLetter("bad message: not JSON"), "dead_letter(bad message: not JSON, , None)"),
+])
+def test_each_step_is_one_call_on_the_lease(keeper, lease, step, call) -> None:
+    keeper.finish(step, "described")
+    keeper.settle()
+    assert lease.settled == [call]
+    assert lease.renews == []
+
+
 def test_settle_skipped_when_lost(keeper, lease) -> None:
     keeper.lock_lost.set()
-    keeper.finish(complete, "completed")
+    keeper.finish(Complete(), "completed")
     keeper.settle()
     assert lease.settled == []
     assert keeper.settle_result.startswith("not settled")
@@ -237,23 +277,18 @@ def test_settle_skipped_when_lost(keeper, lease) -> None:
 
 def test_settle_skipped_past_the_deadline(keeper, lease, clock) -> None:
     clock.now = keeper.deadline + 0.5
-    keeper.finish(complete, "completed")
+    keeper.finish(Complete(), "completed")
     keeper.settle()
     assert lease.settled == []
     assert keeper.settle_result.startswith("not settled")
 
 
 def test_settle_retries_backend_errors_until_success(keeper, lease, clock) -> None:
-    attempts = []
+    lease.settle_errors = [BackendError("busy")] * 3
+    lease.settle_duration = 0.5
+    attempts = lease.settle_calls
 
-    def flaky(lease_) -> None:
-        attempts.append(clock.now)
-        clock.advance(0.5)
-        if len(attempts) < 4:
-            raise BackendError("busy")
-        lease_.complete()
-
-    keeper.finish(flaky, "completed")
+    keeper.finish(Complete(), "completed")
     keeper.settle()
     assert len(attempts) == 4
     assert lease.settled == ["complete"]
@@ -262,14 +297,11 @@ def test_settle_retries_backend_errors_until_success(keeper, lease, clock) -> No
 
 
 def test_settle_gives_up_when_the_deadline_passes_while_retrying(keeper, lease, clock) -> None:
-    attempts = []
+    lease.settle_errors = [BackendError("down")] * 100
+    lease.settle_duration = 10.0
+    attempts = lease.settle_calls
 
-    def failing(lease_) -> None:
-        attempts.append(clock.now)
-        clock.advance(10.0)
-        raise BackendError("down")
-
-    keeper.finish(failing, "completed")
+    keeper.finish(Complete(), "completed")
     keeper.settle()
     # T0, +10, +20, +30, +40, +50 are before the deadline at T0+54; T0+60 is not
     assert len(attempts) == 6
@@ -277,15 +309,12 @@ def test_settle_gives_up_when_the_deadline_passes_while_retrying(keeper, lease, 
 
 
 def test_settle_lease_lost_is_not_retried(keeper, lease, on_lost) -> None:
-    attempts = []
+    lease.settle_errors = [LeaseLost("token mismatch")] * 2
+    attempts = lease.settle_calls
 
-    def refused(lease_) -> None:
-        attempts.append(1)
-        raise LeaseLost("token mismatch")
-
-    keeper.finish(refused, "completed")
+    keeper.finish(Complete(), "completed")
     keeper.settle()
-    assert attempts == [1]
+    assert len(attempts) == 1
     assert keeper.lock_lost.is_set()
     assert on_lost.calls == 1
     assert keeper.settle_result.startswith("not settled")
@@ -334,7 +363,7 @@ def test_keeper_thread_renews_and_settles() -> None:
         assert all(0 < t <= 30.0 for t in lease.timeouts)
         assert keeper.deadline > time.monotonic()
     finally:
-        keeper.finish(lambda lease_: lease_.complete(), "completed")
+        keeper.finish(Complete(), "completed")
         assert keeper.join(5.0)
     assert lease.settled == ["complete"]
     assert keeper.done.is_set()
@@ -355,7 +384,7 @@ def test_keeper_thread_finish_none_stops_without_settling() -> None:
 
 # ------------------------------------------------- settling on the calling thread (SQLite)
 def test_settle_here_settles_without_a_thread(keeper, lease, clock) -> None:
-    keeper.finish(complete, "completed")
+    keeper.finish(Complete(), "completed")
     clock.advance(1.0)
     assert keeper.settle_here()
     assert lease.settled == ["complete"]
@@ -365,15 +394,9 @@ def test_settle_here_settles_without_a_thread(keeper, lease, clock) -> None:
 
 
 def test_settle_here_leaves_a_busy_backend_to_the_thread(keeper, lease) -> None:
-    calls = []
+    lease.settle_errors = [BackendError("database is locked")]
 
-    def busy_once(lease_) -> None:
-        calls.append(1)
-        if len(calls) == 1:
-            raise BackendError("database is locked")
-        lease_.complete()
-
-    keeper.finish(busy_once, "completed")
+    keeper.finish(Complete(), "completed")
     assert not keeper.settle_here()
     assert not keeper.started and not keeper.done.is_set()
     keeper.settle()  # what the keeper thread then does: it retries
@@ -381,10 +404,9 @@ def test_settle_here_leaves_a_busy_backend_to_the_thread(keeper, lease) -> None:
 
 
 def test_settle_here_lease_lost(keeper, lease, on_lost) -> None:
-    def refused(lease_) -> None:
-        raise LeaseLost("token mismatch")
+    lease.settle_errors = [LeaseLost("token mismatch")]
 
-    keeper.finish(refused, "completed")
+    keeper.finish(Complete(), "completed")
     assert keeper.settle_here()
     assert keeper.lock_lost.is_set() and on_lost.calls == 1
     assert keeper.settle_result.startswith("not settled")
@@ -393,36 +415,32 @@ def test_settle_here_lease_lost(keeper, lease, on_lost) -> None:
 
 def test_settle_here_not_past_the_deadline_nor_beside_a_running_thread(
         keeper, lease, clock) -> None:
-    keeper.finish(complete, "completed")
+    keeper.finish(Complete(), "completed")
     clock.advance(LOCK)  # past the deadline: the thread logs it and settles nothing
     assert not keeper.settle_here()
     assert lease.settled == []
     other = LeaseKeeper(FakeLease(clock), "task-2", t_sent=clock.now, granted=LOCK,
                         renew_interval=INTERVAL, clock=clock)
     other.started = True  # its thread runs: only that thread may touch the lease
-    other.finish(complete, "completed")
+    other.finish(Complete(), "completed")
     assert not other.settle_here()
 
 
 def test_an_unexpected_error_in_a_settlement_is_retried(keeper, lease, clock) -> None:
     """A client library's own bug (the Storage Queue SDK once raised RuntimeError from a
     race in its model cache) must not leave the lease unsettled."""
-    calls = []
+    lease.settle_errors = [RuntimeError("dictionary changed size during iteration")]
+    calls = lease.settle_calls
 
-    def flaky(lease_) -> None:
-        calls.append(clock.now)
-        if len(calls) == 1:
-            raise RuntimeError("dictionary changed size during iteration")
-        lease_.complete()
-
-    keeper.finish(flaky, "completed")
+    keeper.finish(Complete(), "completed")
     keeper.settle()  # the keeper thread's part: the error is logged and the call retried
     assert lease.settled == ["complete"] and len(calls) == 2
     assert keeper.settle_result == "completed"
-    keeper2 = LeaseKeeper(FakeLease(clock), "task-2", t_sent=clock.now, granted=LOCK,
+    lease2 = FakeLease(clock)
+    lease2.settle_errors = [RuntimeError("dictionary changed size during iteration")]
+    keeper2 = LeaseKeeper(lease2, "task-2", t_sent=clock.now, granted=LOCK,
                           renew_interval=INTERVAL, clock=clock)
-    calls.clear()
-    keeper2.finish(flaky, "completed")
+    keeper2.finish(Complete(), "completed")
     assert not keeper2.settle_here()  # on the main loop: left to the thread, which retries
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from types import SimpleNamespace
 
 import pytest
 
@@ -22,6 +21,7 @@ from supervisor.security import (
     split_paths,
     verify,
 )
+from supervisor.settings import Settings
 from supervisor.task import Task
 
 pytestmark = pytest.mark.timeout(30)
@@ -31,12 +31,9 @@ KEY = SigningKey(kid=key_id(b"k" * 32), secret=b"k" * 32)
 OLD = SigningKey(kid=key_id(b"o" * 32), secret=b"o" * 32)
 
 
-def settings(**kw) -> SimpleNamespace:
-    base = dict(signing_key_file=None, max_task_age=None, allowed_commands=None, task_user=None,
-                task_group=None, task_memory_limit=None, task_cpu_limit=None,
-                task_max_procs=None, config_file=None)
-    base.update(kw)
-    return SimpleNamespace(**base)
+def settings(**kw) -> Settings:
+    """A worker's settings with only the given security options (the rest: defaults)."""
+    return Settings(**kw)
 
 
 # --------------------------------------------------------------------------- signatures
