@@ -34,3 +34,19 @@ def test_worker_ini_documents_every_option():
     keys = set(re.findall(r"^#?\s*([a-z][a-z0-9-]+)\s*=", ini, re.MULTILINE))
     missing = [n for n in _options() if n not in keys and n not in ("config",)]
     assert not missing, f"conf/worker.ini lacks {missing}"
+
+
+def test_architecture_page_names_every_module():
+    """docs/architecture.rst stays the map: every module of the package is on it."""
+    page = (REPO / "docs" / "architecture.rst").read_text()
+    modules = sorted(p.name for p in (REPO / "supervisor").glob("*.py")
+                     if p.name not in ("__init__.py", "__main__.py"))
+    missing = [m for m in modules if f"``{m}``" not in page]
+    assert not missing, f"docs/architecture.rst does not name {missing}"
+    assert "docs/architecture.rst" in (REPO / "README.rst").read_text()
+
+
+def test_no_reference_to_a_design_file_outside_the_repository():
+    hits = [str(p.relative_to(REPO)) for d in ("supervisor", "tests", "scripts")
+            for p in (REPO / d).rglob("*.py") if "DESIGN" + ".md" in p.read_text()]
+    assert not hits, hits
