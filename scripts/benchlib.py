@@ -132,12 +132,12 @@ def json_log(path: Path) -> list[dict]:
     return out
 
 
-def first(records: list[dict], starts: str, log: Path) -> dict:
-    """The first JSON record whose message starts with ``starts``."""
+def first(records: list[dict], text: str, log: Path, anywhere: bool = False) -> dict:
+    """The first JSON record whose message starts with ``text`` (or holds it: ``anywhere``)."""
     for r in records:
-        if r["message"].startswith(starts):
+        if r["message"].startswith(text) or (anywhere and text in r["message"]):
             return r
-    raise BenchError(f"no log line {starts!r} in {log}:\n{log_tail(log)}")
+    raise BenchError(f"no log line {text!r} in {log}:\n{log_tail(log)}")
 
 
 def ts(record: dict) -> float:
@@ -149,7 +149,8 @@ def ts(record: dict) -> float:
 def run_span(log: Path) -> float:
     """Seconds from the worker's start line to its summary line, in a JSON log."""
     records = json_log(log)
-    return ts(first(records, "summary:", log)) - ts(first(records, "started: backend", log))
+    start = first(records, "started: backend", log, anywhere=True)
+    return ts(first(records, "summary:", log)) - ts(start)
 
 
 class Azurite:
