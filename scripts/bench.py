@@ -37,13 +37,17 @@ from benchlib import Azurite, Bench, Figure, Row, pct
 
 
 # --------------------------------------------------------------------------- figures
+def paired_medians(pairs: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """(reference, measurement) pairs -> medians of each and of the per-pair ratios."""
+    return (statistics.median(r for r, _ in pairs), statistics.median(m for _, m in pairs),
+            statistics.median(m / r for r, m in pairs))
+
+
 def fig_sqlite_throughput(b: Bench) -> None:
     # Reference and supervisor alternate, and the ratio is taken per pair: this VM's
     # raw spawn rate itself drifts by +-20 % over minutes.
     pairs = [(raw_spawn_rate(b.n), sqlite_throughput(b.tmp, b.n)) for _ in range(b.runs)]
-    raw = statistics.median(r for r, _ in pairs)
-    sq = statistics.median(s for _, s in pairs)
-    ratio = statistics.median(s / r for r, s in pairs)
+    raw, sq, ratio = paired_medians(pairs)
     b.results.update(raw_spawn_rate=raw, sqlite_throughput=sq, sqlite_ratio=ratio,
                      sqlite_ratios=[s / r for r, s in pairs])
     b.row("SQLite throughput, -n 4", f"{sq:.0f} tasks/s",
@@ -55,9 +59,7 @@ def fig_azurite_throughput(b: Bench) -> None:
     conn_str = b.azurite.conn_str
     pairs = [(raw_azurite_rate(conn_str, f"raw{i}", b.n),
               azurite_throughput(b.tmp, conn_str, f"tp{i}", b.n)) for i in range(b.runs)]
-    raw = statistics.median(r for r, _ in pairs)
-    azt = statistics.median(t for _, t in pairs)
-    ratio = statistics.median(t / r for r, t in pairs)
+    raw, azt, ratio = paired_medians(pairs)
     b.results.update(raw_azurite_rate=raw, azurite_throughput=azt, azurite_ratio=ratio)
     b.row("Azurite throughput, -n 4", f"{azt:.0f} tasks/s",
           f"raw receive+delete, 4 threads: {raw:.0f}/s", f"{ratio:.0%} (target >= 60%)")

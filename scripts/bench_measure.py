@@ -83,6 +83,23 @@ def task_procs(ps: psutil.Process, name: str) -> list[psutil.Process]:
     return [c for c in ps.children(recursive=True) if c.name() == name]
 
 
+def shell_and_sleeps(ps: psutil.Process) -> list[psutil.Process]:
+    """The task processes under a supervisor: shells and sleeps."""
+    return [c for c in ps.children(recursive=True) if c.name() in ("sleep", "bash")]
+
+
+LOCK_LOSS_TASK = "sleep 600 & sleep 600; true"
+
+
+def lock_loss_victims(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    """LOCK_LOSS_TASK's processes once both sleeps run, 1.5 s later (renewals under way)."""
+    ps = psutil.Process(proc.pid)
+    wait_until(lambda: len(task_procs(ps, "sleep")) == 2, 30, what="the task's 2 sleeps")
+    victims = shell_and_sleeps(ps)
+    time.sleep(1.5)
+    return victims
+
+
 # --------------------------------------------------------------------------- references
 def raw_spawn_rate(n: int, threads: int = 4) -> float:
     """`bash -c true` spawned and reaped from `threads` threads: tasks/s."""
@@ -247,7 +264,7 @@ def escalation_lateness(tmp: Path, kill_timeout: float = 1.0) -> float:
                     log="esc.log") as proc:
         ps = psutil.Process(proc.pid)
         wait_until(lambda: task_procs(ps, "sleep"), 30, what="the task's sleep")
-        victims = [c for c in ps.children(recursive=True) if c.name() in ("sleep", "bash")]
+        victims = shell_and_sleeps(ps)
         t0 = time.time()
         proc.send_signal(signal.SIGTERM)
         wait_until(lambda: all_dead(victims), kill_timeout + 30, 0.002,
@@ -260,14 +277,11 @@ def escalation_lateness(tmp: Path, kill_timeout: float = 1.0) -> float:
 def sqlite_lock_loss(tmp: Path) -> tuple[float, float]:
     """(seconds from the logged lock loss to the group's death, margin before LockedUntil)."""
     db = tmp / "ll.db"
-    [tid] = fresh_sqlite(db, [Task(cmd="sleep 600 & sleep 600; true")])
+    [tid] = fresh_sqlite(db, [Task(cmd=LOCK_LOSS_TASK)])
     log = tmp / "ll.log"
     with supervisor(["--sqlite-path", str(db), "--lock-duration", "6", "--renew-interval", "1",
                      "--log-format", "json"], tmp, log=log.name) as proc:
-        ps = psutil.Process(proc.pid)
-        wait_until(lambda: len(task_procs(ps, "sleep")) == 2, 30, what="the task's 2 sleeps")
-        victims = [c for c in ps.children(recursive=True) if c.name() in ("sleep", "bash")]
-        time.sleep(1.5)
+        victims = lock_loss_victims(proc)
         conn = sqlite3.connect(db, timeout=30, isolation_level=None)
         try:
             conn.execute("BEGIN EXCLUSIVE")
@@ -290,17 +304,14 @@ def azurite_lock_loss(tmp: Path, conn_str: str, port: int, queue: str) -> float:
     from tests.faults.proxy import FaultProxy
 
     backend = StorageQueueBackend(queue, connection_string=conn_str, worker_id="bench")
-    backend.push([Task(cmd="sleep 600 & sleep 600; true")])
+    backend.push([Task(cmd=LOCK_LOSS_TASK)])
     backend.close()
     with FaultProxy(("127.0.0.1", port)) as proxy:
         via = conn_str.replace(f":{port}/", f":{proxy.address[1]}/")
         with supervisor(["--backend", "storage-queue", "--queue", queue,
                          "--visibility-timeout", "6", "--renew-interval", "1"], tmp,
                         env={"JOBQ_CONNECTION_STRING": via}, log="azll.log") as proc:
-            ps = psutil.Process(proc.pid)
-            wait_until(lambda: len(task_procs(ps, "sleep")) == 2, 30, what="the task's 2 sleeps")
-            victims = [c for c in ps.children(recursive=True) if c.name() in ("sleep", "bash")]
-            time.sleep(1.5)
+            victims = lock_loss_victims(proc)
             proxy.blackhole()
             wait_until(lambda: all_dead(victims), 20, 0.002, what="the task to be killed")
             dead = time.time()
