@@ -131,7 +131,7 @@ def test_num_workers_runs_tasks_at_once_and_idles_without_cpu(env):
              30, what="all done")
     proc = psutil.Process(sup.pid)
     before = sum(proc.cpu_times()[:2])
-    time.sleep(3)
+    time.sleep(3)  # the measuring window itself: idling is the absence of any event
     used = sum(proc.cpu_times()[:2]) - before
     assert used < 0.3, f"idle supervisor used {used:.2f} CPU-s in 3 s"
     sup.signal(signal.SIGTERM)
@@ -263,13 +263,25 @@ def test_ctl_busy_database_waits_instead_of_failing(env):
         proc = subprocess.Popen(command("jobq-ctl") + ["--sqlite-path", str(env.db), "push",
                                                        "-c", "true"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.0)
-        assert proc.poll() is None
+        db = os.path.realpath(env.db)
+        wait_for(lambda: proc.poll() is not None or db in _open_files(proc.pid), 30,
+                 what="jobq-ctl to open the database")
+        # It has reached the locked database: a short busy timeout (the worker's is 0.5 s)
+        # would fail within this window.  Waiting on a lock shows no event: a fixed window.
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(1.5)
     finally:
         conn.execute("ROLLBACK")
         conn.close()
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
+
+
+def _open_files(pid: int) -> set[str]:
+    try:
+        return {f.path for f in psutil.Process(pid).open_files()}
+    except psutil.Error:  # gone, or a zombie
+        return set()
 
 
 def test_tasks_start_with_no_signal_blocked_or_ignored(env, tmp_path):

@@ -20,6 +20,14 @@ def _rfc1123(seconds_from_now: float) -> str:
     return email.utils.formatdate(time.time() + seconds_from_now, usegmt=True)
 
 
+def _polls_after(imds: FakeIMDS, count: int) -> None:
+    """Wait for ``count`` more Scheduled Events polls than so far.  The poller reads one
+    document at a time, so by the second of them it has handled what the first returned."""
+    seen = len(imds.requests("GET"))
+    wait_for(lambda: len(imds.requests("GET")) >= seen + count, 10,
+             what=f"{count} more Scheduled Events polls")
+
+
 @pytest.fixture
 def imds():
     fake = FakeIMDS()
@@ -35,9 +43,8 @@ def test_scheduled_preempt_requeues_and_cancel_resumes(env, imds):
                          "--scheduled-events-interval", "0.2", "--scheduled-events-ack",
                          "--poll-interval", "0.2")
     wait_for(lambda: ready_count(f) == 1, 30, what="task running")
-    t_event = time.time()
     imds.set_events([preempt_event("evt-1", resources=["some-other-vm"])])
-    time.sleep(1.0)
+    _polls_after(imds, 3)  # read it, acted on it (or not), polled twice more
     assert not term_times(f), "an event for another VM must not preempt us"
     t_event = time.time()
     imds.set_events([preempt_event("evt-1", not_before=_rfc1123(60))])
@@ -48,7 +55,9 @@ def test_scheduled_preempt_requeues_and_cancel_resumes(env, imds):
     # While the event stands no task starts, and the requeue is acknowledged.
     wait_for(lambda: imds.requests("POST"), 10, what="StartRequests acknowledgement")
     assert b'"EventId": "evt-1"' in imds.requests("POST")[0].body
-    time.sleep(1.0)
+    # Nothing is logged while receiving is held back: let the worker go on polling (5 polls
+    # of 0.2 s, each as long as its receive interval) and check that no task started.
+    _polls_after(imds, 5)
     assert env.job(tid)["status"] == "pending" and ready_count(f) == 1
     imds.set_events([])  # cancelled
     wait_for(lambda: ready_count(f) == 2, 20, what="receiving resumed")
@@ -95,10 +104,16 @@ def test_sd_notify_sequence(env):
         sup = env.supervisor("--exit-when-empty", env={
             "NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"})
         assert sup.wait(60) == 0
-        time.sleep(0.3)
     finally:
         done.set()
         reader.join()
+        # The supervisor has exited: whatever it sent is queued on the socket already.
+        sock.setblocking(False)
+        try:
+            while True:
+                messages.append(sock.recv(4096).decode())
+        except BlockingIOError:
+            pass
         sock.close()
     kinds = [m.split("=")[0] for m in messages]
     assert kinds[0] == "READY", messages

@@ -6,6 +6,7 @@ other suites at the same time; their tasks are none of our business.)"""
 
 from __future__ import annotations
 
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 # Re-exported so the tests here can use Azurite (pytest finds fixtures by name in conftest).
 from tests.azure.conftest import azurite, queue_name  # noqa: F401
 from tests.azure.test_storage_queue_worker import SqEnv
-from tests.conftest import Env, Supervisor
+from tests.conftest import Env, Supervisor, wait_for
 
 RUN_VAR = "JOBQ_RELIABILITY_RUN"
 
@@ -67,6 +68,18 @@ def assert_no_survivors(run_id: str, timeout: float = 10.0) -> None:
         except psutil.NoSuchProcess:
             pass
     assert not left, f"task processes survived the test: {left}"
+
+
+def still_works(env: Env, sup: Supervisor) -> None:
+    """After a fault: the worker is still alive, runs a normal task, stops cleanly, and never
+    logged a traceback."""
+    assert sup.proc.poll() is None, f"worker exited ({sup.proc.returncode}):\n{sup.log()[-4000:]}"
+    marker = env.tmp / "after"
+    env.push(f"echo fine > {marker}")
+    wait_for(lambda: marker.exists(), 30, what=f"a normal task afterwards\n{sup.log()[-3000:]}")
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 0, sup.log()[-3000:]
+    assert "Traceback" not in sup.log(), sup.log()[-6000:]
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import signal
 import sqlite3
 import time
 import uuid
@@ -23,8 +22,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from supervisor.backends.sqlite import SqliteBackend
-from tests.conftest import Env, Supervisor, wait_for
-from tests.reliability.conftest import RelEnv, RelSqEnv
+from tests.conftest import Supervisor
+from tests.reliability.conftest import RelEnv, RelSqEnv, still_works
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -252,17 +251,6 @@ def _tally(outcomes) -> str:
     return " ".join(f"{k}/{s}={n}" for (k, s), n in sorted(counts.items()))
 
 
-def finish_worker(sup: Supervisor, e: Env) -> None:
-    """The worker is still alive, runs a normal task, then stops cleanly."""
-    assert sup.proc.poll() is None, f"worker exited ({sup.proc.returncode}):\n{sup.log()[-4000:]}"
-    marker = e.tmp / "after"
-    e.push(f"echo fine > {marker}")
-    wait_for(lambda: marker.exists(), 30, what=f"a normal task after the fuzz\n{sup.log()[-3000:]}")
-    sup.signal(signal.SIGTERM)
-    assert sup.wait(30) == 0, sup.log()[-3000:]
-    assert "Traceback" not in sup.log(), sup.log()[-6000:]
-
-
 def wait_settled(sup: Supervisor, settled, timeout: float = 45.0) -> None:
     """Until ``settled()``; fails at once if the worker exits, with its log on a timeout."""
     deadline = time.monotonic() + timeout
@@ -312,7 +300,7 @@ def test_fuzz_sqlite(env, makers):
                     if (p := check_outcome(case, outdir / job_id[1:], *rows[job_id]))]
         print(_tally((c.kind, rows[j][0]) for j, c in cases.items()))
         assert not problems, "\n".join(problems)
-        finish_worker(sup, e)
+        still_works(e, sup)
     finally:
         e.cleanup()
 
@@ -373,7 +361,7 @@ def test_fuzz_storage_queue(sq, makers):
         print(_tally((case.kind, "failed" if msg_id in records else "succeeded")
                      for msg_id, (case, _) in cases.items()))
         assert not problems, "\n".join(problems)
-        finish_worker(sup, e)
+        still_works(e, sup)
     finally:
         e.cleanup()
 

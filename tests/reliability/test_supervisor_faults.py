@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Env, Supervisor, wait_for
+from tests.conftest import Env, Supervisor
+from tests.reliability.conftest import still_works
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -44,16 +44,6 @@ def settled(env: Env, sup: Supervisor, timeout: float = 30.0) -> dict[str, tuple
         assert time.monotonic() < deadline, f"tasks not settled:\n{sup.log()[-3000:]}"
         time.sleep(0.1)
     return {i: (s, r) for i, s, r in env.rows("SELECT id, status, reason FROM jobs")}
-
-
-def still_works(env: Env, sup: Supervisor) -> None:
-    assert sup.proc.poll() is None, f"worker exited:\n{sup.log()[-3000:]}"
-    marker = env.tmp / "after"
-    env.push(f"echo fine > {marker}")
-    wait_for(lambda: marker.exists(), 30, what="a normal task afterwards")
-    sup.signal(signal.SIGTERM)
-    assert sup.wait(30) == 0, sup.log()[-3000:]
-    assert "Traceback" not in sup.log(), sup.log()[-4000:]
 
 
 def test_task_log_disk_full(env):

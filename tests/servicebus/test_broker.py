@@ -17,6 +17,7 @@ from azure.servicebus import (
     ServiceBusClient,
     ServiceBusMessage,
     ServiceBusReceiveMode,
+    ServiceBusReceiver,
     ServiceBusSubQueue,
 )
 from azure.servicebus.exceptions import MessageLockLostError, ServiceBusError
@@ -36,6 +37,13 @@ def peek_lock_receiver(client: ServiceBusClient, queue: str, **kwargs):
     return client.get_queue_receiver(
         queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0, **kwargs
     )
+
+
+@contextmanager
+def work_receiver(broker: ServiceBusTestBroker) -> Iterator[ServiceBusReceiver]:
+    """A peek-lock receiver on the queue "work", on a client of its own."""
+    with sb_client(broker) as client, peek_lock_receiver(client, "work") as receiver:
+        yield receiver
 
 
 def receive_one(receiver, max_wait_time: float = 5.0):
@@ -93,7 +101,7 @@ def test_settling_a_lock_the_broker_dropped_raises_lock_lost(
 ) -> None:
     """The client still believes the lock is valid; the broker answers message-lock-lost."""
     sb_broker.send("work", b"job")
-    with sb_client(sb_broker) as client, peek_lock_receiver(client, "work") as receiver:
+    with work_receiver(sb_broker) as receiver:
         msg = receive_one(receiver)
         assert sb_broker.expire_locks("work") == 1
         with pytest.raises(MessageLockLostError):
@@ -131,7 +139,7 @@ def test_renew_lock(sb_broker: ServiceBusTestBroker) -> None:
 def test_fail_renewals_hook(sb_broker: ServiceBusTestBroker) -> None:
     sb_broker.send("work", b"a")
     sb_broker.send("work", b"b")
-    with sb_client(sb_broker) as client, peek_lock_receiver(client, "work") as receiver:
+    with work_receiver(sb_broker) as receiver:
         first, second = receiver.receive_messages(max_message_count=2, max_wait_time=5)
         sb_broker.fail_renewals(True)
         with pytest.raises(MessageLockLostError):
@@ -154,7 +162,7 @@ def test_abandon_redelivers_with_incremented_delivery_count(
     sb_broker: ServiceBusTestBroker,
 ) -> None:
     sb_broker.send("work", b"flaky")
-    with sb_client(sb_broker) as client, peek_lock_receiver(client, "work") as receiver:
+    with work_receiver(sb_broker) as receiver:
         for expected in range(3):
             msg = receive_one(receiver)
             assert msg.delivery_count == expected
@@ -212,7 +220,7 @@ def test_max_delivery_count_moves_to_dead_letter(sb_broker: ServiceBusTestBroker
 def test_peek_does_not_lock(sb_broker: ServiceBusTestBroker) -> None:
     for body in ("a", "b", "c"):
         sb_broker.send("work", body)
-    with sb_client(sb_broker) as client, peek_lock_receiver(client, "work") as receiver:
+    with work_receiver(sb_broker) as receiver:
         peeked = receiver.peek_messages(max_message_count=10)
         assert [(str(m), m.sequence_number) for m in peeked] == [("a", 1), ("b", 2), ("c", 3)]
         assert sb_broker.locked_count("work") == 0
@@ -237,7 +245,7 @@ def test_freeze_blocks_requests_and_unfreeze_restores(sb_broker: ServiceBusTestB
             assert time.monotonic() - started < 15
             assert len(sb_broker.events("renew")) == 1
             sb_broker.unfreeze()
-    with sb_client(sb_broker) as client, peek_lock_receiver(client, "work") as receiver:
+    with work_receiver(sb_broker) as receiver:
         assert [str(m) for m in receiver.peek_messages(max_message_count=5)] == ["job"]
         sb_broker.expire_locks("work")
         receiver.complete_message(receive_one(receiver))
