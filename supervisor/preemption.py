@@ -1,7 +1,8 @@
 """Signals to the supervisor itself: handlers only enqueue the signal number.
 
-The main loop reads the same SimpleQueue it uses for its other wake-ups (task output closed,
-lock lost), so a signal wakes it at once.
+The main loop reads the same SimpleQueue it uses for its other events (see events.py: a
+finished spawn, a task's output closed, a Scheduled Events change), so a signal wakes it at
+once.
 
 The Azure Scheduled Events poller (below) is the other source of "stop now": its thread polls
 the instance metadata endpoint and reports a Preempt/Terminate for this VM -- or its
