@@ -64,6 +64,9 @@ class RunningTask:
 
 
 class Watchdog:
+    """Runs on its own thread (``start``); ``add``, ``remove`` and ``wake`` from any thread.
+    Every signal goes through ``signaller`` (the real OS calls unless a test gives a fake)."""
+
     def __init__(self, *, kill_timeout: float, lock_lost_behavior: str,
                  clock: Callable[[], float] = time.monotonic,
                  exclude_pids: Callable[[], set[int]] = set,
@@ -220,7 +223,8 @@ class Watchdog:
         return pids | self._exclude()
 
     def signal_tasks(self, rts: list[RunningTask], sig: int) -> None:
-        """Signal each task's group at once, then every descendant that left it."""
+        """Signal each task's group at once, then every descendant that left it (watchdog
+        thread)."""
         for rt in rts:
             if rt.proc.popen.returncode is None or self.signaller.group_alive(rt.proc.pgid):
                 self.signaller.signal_group(rt.proc.pgid, sig)
