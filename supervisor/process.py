@@ -1,4 +1,4 @@
-"""TaskProcess: spawn a task in its own session, find and signal its whole tree, reap it.
+"""A task's processes: spawn its shell, find its whole tree, signal it, reap it.
 
 "The task" is its process group **plus** every descendant that left the group (``setsid``,
 ``set -o monitor``) **plus** orphans of it that the kernel reparented to the supervisor
@@ -6,8 +6,11 @@
 inherits in its environment; the marker carries a per-task sequence number, so a process
 spawned a moment ago but not yet registered is never mistaken for anybody's orphan.
 
-Who calls what: ``spawn`` and ``poll`` run on the main thread (the only thread that forks and
-reaps); ``signal_tree``/``leftovers`` run on the watchdog thread, the only one that signals.
+Who calls what: ``TaskProcess.spawn`` runs on the spawner threads (spawner.py; the shell is
+started by shell.py).  Reaping stays on the main thread, the only one that waits for children:
+``TaskProcess.poll``, ``exited_child`` and ``reap_orphans``.  The watchdog thread, the only one
+that signals, does so through a ``Signaller`` (``signal_group``, ``signal_pids``,
+``task_trees``, ``adopted``, ``group_alive``), which unit tests replace with a fake.
 """
 
 from __future__ import annotations
@@ -106,14 +109,19 @@ class TaskProcess:
         return self.returncode
 
     def group_alive(self) -> bool:
-        """True while any process is left in the task's process group."""
-        try:
-            os.killpg(self.pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+        """True while any process is left in the task's process group (any thread)."""
+        return group_alive(self.pgid)
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process is left in process group ``pgid`` (any thread)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
         return True
+    return True
 
 
 def describe_exit(returncode: int) -> str:
@@ -272,3 +280,28 @@ def reap_orphans(registered: set[int]) -> list[int]:
         if done:
             reaped.append(pid)
     return reaped
+
+
+class Signaller:
+    """Everything the watchdog does to processes, behind one object (watchdog thread).
+
+    These are the real OS calls; unit tests hand the watchdog a fake instead, so that its
+    rules run with a fake clock and no process at all."""
+
+    def signal_group(self, pgid: int, sig: int) -> bool:
+        return signal_group(pgid, sig)
+
+    def signal_pids(self, pids: Iterable[int], sig: int) -> int:
+        return signal_pids(pids, sig)
+
+    def group_alive(self, pgid: int) -> bool:
+        return group_alive(pgid)
+
+    def task_trees(self, tasks: Iterable[TaskProcess],
+                   shell_pids: set[int]) -> dict[str, set[int]]:
+        return task_trees(tasks, shell_pids)
+
+    def adopted(self, markers: set[str], exclude: set[int]) -> list[int]:
+        """Our children, other than ``exclude``, that carry one of ``markers``: orphans of
+        those tasks adopted by us (one read of our children, one environ read per child)."""
+        return [p for p in our_children() if p not in exclude and read_marker(p) in markers]

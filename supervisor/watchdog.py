@@ -3,8 +3,9 @@
 It acts on lock loss (the keeper's event, or its monotonic deadline passing -- a hung renewal
 never delays the kill), time limits, stop/kill requests from the main loop (preemption,
 shutdown), SIGTERM -> SIGKILL escalation, and leftovers of a task whose shell has exited.
-It never talks to the backend.  Escalation is explicit state, each transition made once:
-RUNNING -> TERMINATING(deadline = now + kill_timeout) -> KILLED.
+It never talks to the backend, and reaches processes only through its ``Signaller``
+(process.py), which unit tests replace with a fake.  Escalation is explicit state, each
+transition made once: RUNNING -> TERMINATING(deadline = now + kill_timeout) -> KILLED.
 """
 
 from __future__ import annotations
@@ -20,14 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .lease import LeaseKeeper
-from .process import (
-    TaskProcess,
-    our_children,
-    read_marker,
-    signal_group,
-    signal_pids,
-    task_trees,
-)
+from .process import Signaller, TaskProcess
 from .threads import Flag, start_thread
 
 log = logging.getLogger("jobq.watchdog")
@@ -67,18 +61,22 @@ class RunningTask:
     lock_loss_handled: bool = False
     cleanup_deadline: float | None = None
     clean: Flag = field(default_factory=Flag)
-    signals_sent: list[tuple[float, int]] = field(default_factory=list)
 
 
 class Watchdog:
+    """Runs on its own thread (``start``); ``add``, ``remove`` and ``wake`` from any thread.
+    Every signal goes through ``signaller`` (the real OS calls unless a test gives a fake)."""
+
     def __init__(self, *, kill_timeout: float, lock_lost_behavior: str,
                  clock: Callable[[], float] = time.monotonic,
-                 exclude_pids: Callable[[], set[int]] = set) -> None:
+                 exclude_pids: Callable[[], set[int]] = set,
+                 signaller: Signaller | None = None) -> None:
         self.kill_timeout = kill_timeout
         self.lock_lost_signal = signal.SIGTERM if lock_lost_behavior == "sigterm" \
             else signal.SIGKILL
         self.clock = clock
         self._exclude = exclude_pids
+        self.signaller = signaller if signaller is not None else Signaller()
         self._tasks: dict[str, RunningTask] = {}
         self._lock = threading.Lock()
         # Sleeps on a C-level queue: waking it costs one put, not an Event's Condition.
@@ -225,17 +223,16 @@ class Watchdog:
         return pids | self._exclude()
 
     def signal_tasks(self, rts: list[RunningTask], sig: int) -> None:
-        """Signal each task's group at once, then every descendant that left it."""
-        now = self.clock()
+        """Signal each task's group at once, then every descendant that left it (watchdog
+        thread)."""
         for rt in rts:
-            rt.signals_sent.append((now, sig))
-            if rt.proc.popen.returncode is None or rt.proc.group_alive():
-                signal_group(rt.proc.pgid, sig)
-        trees = task_trees([rt.proc for rt in rts], self._shell_pids())
+            if rt.proc.popen.returncode is None or self.signaller.group_alive(rt.proc.pgid):
+                self.signaller.signal_group(rt.proc.pgid, sig)
+        trees = self.signaller.task_trees([rt.proc for rt in rts], self._shell_pids())
         for rt in rts:
             pids = trees.get(rt.proc.marker, set())
             if pids:
-                signal_pids(pids, sig)
+                self.signaller.signal_pids(pids, sig)
         log.debug("sent %s to %d task(s)", signal.Signals(sig).name, len(rts))
 
     def _cleanup(self, now: float) -> bool:
@@ -249,12 +246,14 @@ class Watchdog:
         # Only an adopted orphan of one of these tasks calls for the (costly) /proc walk; a
         # child that is merely a shell spawned a moment ago carries another task's marker.
         markers = {rt.proc.marker for rt in pending}
-        orphans = [p for p in our_children() if p not in exclude and read_marker(p) in markers]
-        trees = task_trees([rt.proc for rt in pending], exclude) if orphans else {}
+        orphans = self.signaller.adopted(markers, exclude)
+        trees: dict[str, set[int]] = {}
+        if orphans:
+            trees = self.signaller.task_trees([rt.proc for rt in pending], exclude)
         busy = False
         for rt in pending:
             pids = trees.get(rt.proc.marker, set())
-            group = rt.proc.group_alive()
+            group = self.signaller.group_alive(rt.proc.pgid)
             if not pids and not group:
                 rt.clean.set()
                 self.cleaned_count += 1
@@ -270,9 +269,8 @@ class Watchdog:
                 sig = signal.SIGKILL
             else:
                 continue
-            rt.signals_sent.append((now, sig))
             if group:
-                signal_group(rt.proc.pgid, sig)
-            signal_pids(pids, sig)
+                self.signaller.signal_group(rt.proc.pgid, sig)
+            self.signaller.signal_pids(pids, sig)
         self.cleanup_busy = busy
         return busy

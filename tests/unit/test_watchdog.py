@@ -1,17 +1,18 @@
-"""Watchdog.tick() with a fake clock: lock loss, stop/kill requests, time limits, escalation."""
+"""Watchdog.tick() with a fake clock and a fake Signaller: lock loss, stop/kill requests, time
+limits, escalation, and the leftovers of an exited shell."""
 
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field
+from typing import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from supervisor_fakes import FakeClock, FakeSignaller, make_task
 
-from supervisor.lease import LeaseKeeper
 from supervisor.settings import safety_margin
-from supervisor.watchdog import MAX_SLEEP, Escalation, RunningTask, Watchdog
+from supervisor.watchdog import LEFTOVER_GRACE, MAX_SLEEP, Escalation, RunningTask, Watchdog
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -19,60 +20,26 @@ T0 = 5000.0
 TERM, KILL = signal.SIGTERM, signal.SIGKILL
 
 
-class FakeClock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class FakeLease:
-    def renew(self, timeout: float) -> float:  # pragma: no cover - never driven here
-        raise AssertionError("the watchdog must never talk to the backend")
-
-
-class FakePopen:
-    returncode = None
-
-
-@dataclass(eq=False)
-class FakeProc:
-    pid: int
-    pgid: int
-    marker: str
-    popen: FakePopen = field(default_factory=FakePopen)
-
-    def group_alive(self) -> bool:
-        return True
-
-
 class RecordingWatchdog(Watchdog):
-    """Records (task_id, signal, now) instead of signalling anything."""
+    """A real Watchdog whose signals go to a FakeSignaller (``fake``).  ``sent`` lists
+    (task_id, signal, now) for every signal to a task's process group."""
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.sent: list[tuple[str, int, float]] = []
+        self.fake = FakeSignaller(kwargs["clock"])
+        self.names: dict[int, str] = {}  # pgid -> task_id of every task ever added
+        super().__init__(signaller=self.fake, **kwargs)
 
-    def signal_tasks(self, rts, sig) -> None:
-        for rt in rts:
-            self.sent.append((rt.task_id, sig, self.clock()))
+    def add(self, rt: RunningTask) -> None:
+        self.names[rt.proc.pgid] = rt.task_id
+        super().add(rt)
+
+    @property
+    def sent(self) -> list[tuple[str, int, float]]:
+        return [(self.names[pgid], sig, t)
+                for what, pgid, sig, t in self.fake.sent if what == "group"]
 
     def signals(self, task_id: str = "t1") -> list[tuple[int, float]]:
         return [(sig, t) for tid, sig, t in self.sent if tid == task_id]
-
-
-_pids = iter(range(40000, 50000))
-
-
-def make_task(clock: FakeClock, task_id: str = "t1", *, granted: float = 2700.0,
-              time_limit_at: float | None = None) -> RunningTask:
-    pid = next(_pids)
-    keeper = LeaseKeeper(FakeLease(), task_id, t_sent=clock.now, granted=granted,
-                         renew_interval=granted / 3, clock=clock)
-    return RunningTask(task_id=task_id, attempt=1,
-                       proc=FakeProc(pid=pid, pgid=pid, marker=f"m-{task_id}-{pid}"),
-                       keeper=keeper, started=clock.now, time_limit_at=time_limit_at)
 
 
 def make_dog(clock: FakeClock, *, kill_timeout: float = 10.0,
@@ -83,7 +50,7 @@ def make_dog(clock: FakeClock, *, kill_timeout: float = 10.0,
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(T0)
 
 
 def run_until(dog: Watchdog, clock: FakeClock, end: float, step: float = 0.25) -> None:
@@ -92,6 +59,19 @@ def run_until(dog: Watchdog, clock: FakeClock, end: float, step: float = 0.25) -
         dog.tick()
         clock.now = min(end, clock.now + step)
     dog.tick()
+
+
+def escalates(dog: RecordingWatchdog, clock: FakeClock, term_at: float, kill_at: float, *,
+              until: float, step: float) -> None:
+    """After the SIGTERM at ``term_at``: no SIGKILL before ``kill_at``, one at ``kill_at``,
+    nothing more up to ``until``."""
+    run_until(dog, clock, kill_at - 1e-6, step=step)
+    assert dog.signals() == [(TERM, term_at)]  # no SIGKILL before term_deadline
+    clock.now = kill_at
+    dog.tick()
+    assert dog.signals() == [(TERM, term_at), (KILL, kill_at)]
+    run_until(dog, clock, until)
+    assert len(dog.sent) == 2
 
 
 # --------------------------------------------------------------------------- idle
@@ -105,19 +85,28 @@ def test_nothing_happens_to_a_healthy_task(clock) -> None:
 
 
 # --------------------------------------------------------------------------- lock loss
-def test_lock_lost_event_kills_once(clock) -> None:
+def killed_once(clock: FakeClock, request: Callable[[RunningTask], None], at: float,
+                until: float) -> RunningTask:
+    """A task watched from T0; ``request`` made at ``at`` SIGKILLs it then, and never again
+    up to ``until``."""
     dog = make_dog(clock)
     rt = make_task(clock)
     dog.add(rt)
     dog.tick()
-    clock.now += 3
-    rt.keeper.lock_lost.set()
+    clock.now = at
+    request(rt)
     dog.tick()
-    assert dog.signals() == [(KILL, T0 + 3)]
+    assert dog.signals() == [(KILL, at)]
     assert rt.state is Escalation.KILLED
+    run_until(dog, clock, until)
+    assert dog.signals() == [(KILL, at)]
+    return rt
+
+
+def test_lock_lost_event_kills_once(clock) -> None:
+    # until: well past the keeper's deadline too
+    rt = killed_once(clock, lambda rt: rt.keeper.lock_lost.set(), T0 + 3, T0 + 3000)
     assert rt.term_reason == "lock lost"
-    run_until(dog, clock, T0 + 3000)  # well past the keeper's deadline too
-    assert dog.signals() == [(KILL, T0 + 3)]
 
 
 def test_deadline_passing_without_event_kills_once(clock) -> None:
@@ -147,14 +136,8 @@ def test_lock_lost_sigterm_behavior_escalates_after_kill_timeout(clock) -> None:
     assert dog.signals() == [(TERM, T0 + 1)]
     assert rt.state is Escalation.TERMINATING
     assert rt.term_deadline == T0 + 11
-    run_until(dog, clock, T0 + 11 - 0.001, step=0.5)
-    assert dog.signals() == [(TERM, T0 + 1)]
-    clock.now = T0 + 11
-    dog.tick()
-    assert dog.signals() == [(TERM, T0 + 1), (KILL, T0 + 11)]
+    escalates(dog, clock, T0 + 1, T0 + 11, until=T0 + 100, step=0.5)
     assert rt.state is Escalation.KILLED
-    run_until(dog, clock, T0 + 100)
-    assert len(dog.sent) == 2
 
 
 # --------------------------------------------------------------------------- stop / kill
@@ -168,13 +151,7 @@ def test_stop_reason_terms_once_then_kills_exactly_at_term_deadline(clock) -> No
     assert dog.signals() == [(TERM, T0 + 2)]
     assert rt.term_reason == "preempted"
     assert rt.term_deadline == T0 + 2 + 10.0
-    run_until(dog, clock, T0 + 12 - 1e-6, step=0.3)
-    assert dog.signals() == [(TERM, T0 + 2)]  # no SIGKILL before term_deadline
-    clock.now = T0 + 12
-    dog.tick()
-    assert dog.signals() == [(TERM, T0 + 2), (KILL, T0 + 12)]
-    run_until(dog, clock, T0 + 60)
-    assert len(dog.sent) == 2
+    escalates(dog, clock, T0 + 2, T0 + 12, until=T0 + 60, step=0.3)
 
 
 def test_kill_lands_on_term_deadline_when_sleeping_as_told(clock) -> None:
@@ -203,25 +180,25 @@ def test_kill_timeout_zero_never_escalates(clock) -> None:
 
 
 def test_kill_reason_kills_at_once(clock) -> None:
-    dog = make_dog(clock)
+    def request(rt: RunningTask) -> None:
+        rt.kill_reason = "second signal"
+
+    killed_once(clock, request, T0 + 4, T0 + 60)
+
+
+def stopped(clock: FakeClock, *, kill_timeout: float,
+            reason: str) -> tuple[RecordingWatchdog, RunningTask]:
+    """A task watched from T0 and asked to stop; the first tick has sent its SIGTERM."""
+    dog = make_dog(clock, kill_timeout=kill_timeout)
     rt = make_task(clock)
     dog.add(rt)
+    rt.stop_reason = reason
     dog.tick()
-    clock.now = T0 + 4
-    rt.kill_reason = "second signal"
-    dog.tick()
-    assert dog.signals() == [(KILL, T0 + 4)]
-    assert rt.state is Escalation.KILLED
-    run_until(dog, clock, T0 + 60)
-    assert dog.signals() == [(KILL, T0 + 4)]
+    return dog, rt
 
 
 def test_kill_reason_after_stop_skips_the_wait(clock) -> None:
-    dog = make_dog(clock, kill_timeout=600.0)
-    rt = make_task(clock)
-    dog.add(rt)
-    rt.stop_reason = "shutdown"
-    dog.tick()
+    dog, rt = stopped(clock, kill_timeout=600.0, reason="shutdown")
     clock.now = T0 + 1
     rt.kill_reason = "second signal"
     dog.tick()
@@ -315,11 +292,7 @@ def test_tick_wait_never_exceeds_the_nearest_deadline(clock, granted, time_limit
 
 
 def test_tick_wait_while_terminating_is_bounded_by_term_deadline(clock) -> None:
-    dog = make_dog(clock, kill_timeout=0.4)
-    rt = make_task(clock)
-    dog.add(rt)
-    rt.stop_reason = "stop"
-    dog.tick()
+    dog, _rt = stopped(clock, kill_timeout=0.4, reason="stop")
     clock.now = T0 + 0.1
     assert dog.tick() == pytest.approx(0.3)
 
@@ -334,7 +307,7 @@ def test_tick_wait_while_terminating_is_bounded_by_term_deadline(clock) -> None:
     kill_timeout=st.floats(min_value=0.01, max_value=5.0),
 )
 def test_tick_wait_property(tasks, kill_timeout) -> None:
-    clock = FakeClock()
+    clock = FakeClock(T0)
     dog = make_dog(clock, kill_timeout=kill_timeout)
     due = [T0 + MAX_SLEEP]
     for i, (granted, time_limit, stopping) in enumerate(tasks):
@@ -385,3 +358,94 @@ def test_killed_task_is_not_killed_again_when_its_lock_is_lost_later(clock) -> N
     rt.keeper.lock_lost.set()
     dog.tick()
     assert dog.signals() == [(KILL, T0)]
+
+
+# --------------------------------------------------------------------------- the signaller
+def test_signals_reach_the_group_and_every_process_that_left_it(clock) -> None:
+    """Time limit, then escalation: each signal goes to the group and to the task's pids
+    outside it, as the Signaller finds them."""
+    dog = make_dog(clock, kill_timeout=10.0)
+    rt = make_task(clock, time_limit_at=T0 + 30)
+    dog.fake.trees[rt.proc.marker] = {7001, 7002}
+    dog.add(rt)
+    run_until(dog, clock, T0 + 40)
+    left = frozenset({7001, 7002})
+    assert dog.fake.sent == [("group", rt.proc.pgid, TERM, T0 + 30), ("pids", left, TERM, T0 + 30),
+                             ("group", rt.proc.pgid, KILL, T0 + 40), ("pids", left, KILL, T0 + 40)]
+
+
+def test_lock_loss_spares_the_group_of_a_reaped_shell_once_it_is_empty(clock) -> None:
+    """A shell already reaped (returncode set) whose group is gone: its pgid may belong to
+    somebody else by now, so only the pids found for the task are signalled."""
+    dog = make_dog(clock)
+    rt = make_task(clock)
+    rt.proc.popen.returncode = 0
+    dog.fake.trees[rt.proc.marker] = {7003}
+    dog.add(rt)
+    rt.keeper.lock_lost.set()
+    dog.tick()
+    assert dog.fake.sent == [("pids", frozenset({7003}), KILL, T0)]
+    dog.fake.groups.add(rt.proc.pgid)  # a member left in the group: the group is signalled
+    dog.signal_tasks([rt], KILL)
+    assert ("group", rt.proc.pgid, KILL, T0) in dog.fake.sent
+
+
+# --------------------------------------------------------------------------- leftovers
+def exited_task(dog: RecordingWatchdog, clock: FakeClock, *, group_alive: bool) -> RunningTask:
+    """A task whose shell was reaped at ``clock.now``; its group is left alive if asked."""
+    rt = make_task(clock)
+    rt.proc.popen.returncode = rt.proc.returncode = 0
+    rt.exited_at = clock.now
+    if group_alive:
+        dog.fake.groups.add(rt.proc.pgid)
+    dog.add(rt)
+    return rt
+
+
+def test_leftover_group_gets_sigterm_then_sigkill_after_the_grace(clock) -> None:
+    dog = make_dog(clock)
+    dog.fake.fatal = set()  # the group ignores SIGTERM and outlives even SIGKILL a while
+    rt = exited_task(dog, clock, group_alive=True)
+    pgid = rt.proc.pgid
+    assert dog.tick() == pytest.approx(0.1)  # busy: checked again soon
+    assert dog.fake.sent == [("group", pgid, TERM, T0)]
+    assert dog.cleanup_busy and not rt.clean.is_set()
+    run_until(dog, clock, T0 + LEFTOVER_GRACE - 0.01, step=0.1)
+    assert dog.fake.sent == [("group", pgid, TERM, T0)]  # no SIGKILL within the grace
+    clock.now = T0 + LEFTOVER_GRACE
+    dog.tick()
+    assert dog.fake.sent[1] == ("group", pgid, KILL, T0 + LEFTOVER_GRACE)
+    assert not rt.clean.is_set() and dog.cleaned_count == 0  # the group is still there
+    dog.fake.groups.clear()  # now everything is gone
+    clock.now += 0.1
+    dog.tick()
+    assert rt.clean.is_set() and dog.cleaned_count == 1 and not dog.cleanup_busy
+    assert all(sig == KILL for _what, _pgid, sig, _t in dog.fake.sent[1:])
+    sent = len(dog.fake.sent)
+    run_until(dog, clock, clock.now + 10)
+    assert len(dog.fake.sent) == sent and dog.cleaned_count == 1
+
+
+def test_leftover_orphans_outside_the_group_are_found_and_killed(clock) -> None:
+    dog = make_dog(clock)
+    rt = exited_task(dog, clock, group_alive=False)
+    dog.fake.orphans = {7010: rt.proc.marker}
+    dog.fake.trees[rt.proc.marker] = {7011}  # a child of the orphan
+    dog.tick()
+    pids = frozenset({7010, 7011})
+    assert dog.fake.sent == [("pids", pids, TERM, T0)]
+    run_until(dog, clock, T0 + LEFTOVER_GRACE)
+    assert dog.fake.sent == [("pids", pids, TERM, T0), ("pids", pids, KILL, T0 + LEFTOVER_GRACE)]
+    clock.now += 0.1
+    dog.tick()
+    assert rt.clean.is_set() and dog.cleaned_count == 1
+
+
+def test_exited_task_with_nothing_left_is_clean_at_once_without_a_tree_walk(clock) -> None:
+    dog = make_dog(clock)
+    other = make_task(clock, "other")
+    dog.fake.orphans = {7020: other.proc.marker}  # somebody else's: no walk for this one
+    rt = exited_task(dog, clock, group_alive=False)
+    dog.tick()
+    assert rt.clean.is_set() and dog.cleaned_count == 1 and not dog.cleanup_busy
+    assert dog.fake.sent == [] and dog.fake.tree_walks == 0

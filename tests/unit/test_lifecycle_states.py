@@ -1,0 +1,228 @@
+"""Lifecycle: the worker's state transitions and the requests they leave on running tasks.
+
+running -> draining (SIGUSR1) / stopping (SIGTERM, SIGINT; a second one asks for kills) /
+preempting (Scheduled Events; a cancelled event resumes); and the stops that --time-limit,
+--idle-timeout and --max-consecutive-failures cause.  A fake clock, a fake notifier and
+watchdog (they record what they were told), a real Settings and a real event queue.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import time
+from typing import Any
+
+import pytest
+from supervisor_fakes import FakeClock, make_task
+
+from supervisor.lifecycle import PREEMPT_MARGIN, Lifecycle, State
+from supervisor.preemption import PreemptEvent
+from supervisor.settings import EXIT_FAILURES, EXIT_OK, Settings
+from supervisor.watchdog import RunningTask
+
+pytestmark = pytest.mark.timeout(30)
+
+T0 = 3000.0
+
+
+class FakeNotifier:
+    def __init__(self) -> None:
+        self.stopping_sent = 0
+
+    def stopping(self) -> bool:
+        self.stopping_sent += 1
+        return True
+
+
+class FakeWatchdog:
+    def __init__(self) -> None:
+        self.wakes = 0
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+
+class Harness:
+    def __init__(self, tasks: int = 2, **settings: Any) -> None:
+        self.clock = FakeClock(T0)
+        self.notifier = FakeNotifier()
+        self.watchdog = FakeWatchdog()
+        self.lc = Lifecycle(Settings(**settings), self.notifier, self.watchdog,
+                            queue.SimpleQueue(), self.clock)
+        self.active: list[RunningTask] = [make_task(self.clock, f"t{i}") for i in range(tasks)]
+
+    def requests(self) -> list[tuple[str | None, float | None, str | None]]:
+        return [(rt.stop_reason, rt.stop_kill_timeout, rt.kill_reason) for rt in self.active]
+
+    def untouched(self) -> bool:
+        return self.requests() == [(None, None, None)] * len(self.active)
+
+
+def preempt(not_before_in: float | None) -> PreemptEvent:
+    """A Preempt event whose NotBefore is this far ahead of the wall clock (None: no time)."""
+    when = None if not_before_in is None else time.time() + not_before_in
+    return PreemptEvent("ev-1", "Preempt", when)
+
+
+def test_a_new_worker_runs_and_exits_ok() -> None:
+    lc = Harness().lc
+    assert (lc.state, lc.stop_reason, lc.exit_code) == (State.RUNNING, "", EXIT_OK)
+
+
+# --------------------------------------------------------------------------- draining
+def test_sigusr1_drains_and_lets_running_tasks_finish() -> None:
+    h = Harness()
+    h.lc.on_signal(signal.SIGUSR1, h.active)
+    assert (h.lc.state, h.lc.stop_reason, h.lc.exit_code) == (
+        State.DRAINING, "drained (SIGUSR1)", EXIT_OK)
+    assert h.untouched() and h.watchdog.wakes == 0
+    assert h.notifier.stopping_sent == 1
+
+
+def test_sigusr1_is_ignored_unless_running() -> None:
+    h = Harness()
+    h.lc.on_signal(signal.SIGTERM, h.active)
+    h.lc.on_signal(signal.SIGUSR1, h.active)
+    assert (h.lc.state, h.lc.stop_reason) == (State.STOPPING, "SIGTERM received")
+
+
+# --------------------------------------------------------------------------- stopping
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_requeues_every_running_task(sig: int) -> None:
+    h = Harness()
+    h.active[1].stop_reason = "cancelled"  # an earlier request is kept
+    h.lc.on_signal(sig, h.active)
+    name = signal.Signals(sig).name
+    assert (h.lc.state, h.lc.stop_reason, h.lc.exit_code) == (
+        State.STOPPING, f"{name} received", EXIT_OK)
+    assert h.requests() == [("preempted", None, None), ("cancelled", None, None)]
+    assert h.watchdog.wakes == 1 and h.notifier.stopping_sent == 1
+
+
+def test_second_stop_signal_asks_to_kill_every_task_now() -> None:
+    h = Harness()
+    h.lc.on_signal(signal.SIGTERM, h.active)
+    h.lc.on_signal(signal.SIGINT, h.active)
+    assert h.requests() == [("preempted", None, "second SIGINT")] * 2
+    assert h.watchdog.wakes == 2
+    assert (h.lc.state, h.lc.stop_reason) == (State.STOPPING, "SIGTERM received")
+
+
+def test_stop_signal_while_draining_still_requeues() -> None:
+    h = Harness()
+    h.lc.on_signal(signal.SIGUSR1, h.active)
+    h.lc.on_signal(signal.SIGTERM, h.active)
+    assert (h.lc.state, h.lc.stop_reason) == (State.STOPPING, "SIGTERM received")
+    assert h.requests() == [("preempted", None, None)] * 2
+
+
+def test_a_stop_happens_once() -> None:
+    h = Harness()
+    h.lc.begin_stop("first", EXIT_FAILURES, h.active)
+    h.lc.begin_stop("second", EXIT_OK, h.active)
+    assert (h.lc.stop_reason, h.lc.exit_code) == ("first", EXIT_FAILURES)
+    assert h.watchdog.wakes == 1 and h.notifier.stopping_sent == 1
+
+
+# --------------------------------------------------------------------------- limits
+def test_worker_time_limit_stops_at_the_limit() -> None:
+    h = Harness(time_limit=60.0)
+    h.lc.check_limits(T0 + 60.0 - 0.001, T0, h.active)
+    assert h.lc.state is State.RUNNING
+    h.lc.check_limits(T0 + 60.0, T0, h.active)
+    assert (h.lc.state, h.lc.stop_reason, h.lc.exit_code) == (
+        State.STOPPING, "worker time limit reached", EXIT_OK)
+    assert h.requests() == [("preempted", None, None)] * 2
+
+
+def test_idle_timeout_counts_only_without_tasks() -> None:
+    h = Harness(idle_timeout=30.0)
+    h.lc.check_limits(T0 + 100.0, T0, h.active)
+    assert h.lc.state is State.RUNNING  # tasks run: not idle, however long
+    h.lc.check_limits(T0 + 30.0 - 0.001, T0, [])
+    assert h.lc.state is State.RUNNING
+    h.lc.check_limits(T0 + 30.0, T0, [])
+    assert (h.lc.state, h.lc.stop_reason, h.lc.exit_code) == (
+        State.STOPPING, "idle timeout", EXIT_OK)
+
+
+def test_no_limits_no_stop() -> None:
+    h = Harness()
+    h.lc.check_limits(T0 + 1e6, T0, [])
+    assert h.lc.state is State.RUNNING
+
+
+def test_failure_streak_stops_with_its_own_exit_code() -> None:
+    h = Harness()
+    h.lc.failure_streak(3, h.active)
+    assert (h.lc.state, h.lc.stop_reason, h.lc.exit_code) == (
+        State.STOPPING, "too many consecutive failures", EXIT_FAILURES)
+    assert h.requests() == [("preempted", None, None)] * 2
+
+
+def test_failure_streak_while_draining_changes_nothing() -> None:
+    h = Harness()
+    h.lc.on_signal(signal.SIGUSR1, h.active)
+    h.lc.failure_streak(3, h.active)
+    assert (h.lc.state, h.lc.exit_code) == (State.DRAINING, EXIT_OK)
+    assert h.untouched()
+
+
+# --------------------------------------------------------------------------- preempting
+def test_preempt_event_requeues_tasks_with_sigkill_before_not_before() -> None:
+    h = Harness(kill_timeout=600.0)
+    assert not h.lc.on_scheduled_event(preempt(100.0), h.active)
+    assert h.lc.state is State.PREEMPTING
+    assert h.watchdog.wakes == 1
+    for reason, kill_timeout, kill in h.requests():
+        assert (reason, kill) == ("preempted", None)
+        # NotBefore is read off the wall clock: allow for the time this test took
+        assert kill_timeout == pytest.approx(100.0 - PREEMPT_MARGIN, abs=1.0)
+
+
+@pytest.mark.parametrize(("kill_timeout", "not_before_in", "expected"), [
+    (600.0, 3600.0, 600.0),  # kill_timeout comes first
+    (600.0, -10.0, 0.0),  # NotBefore has passed: no grace at all
+    (45.0, None, 45.0),  # no time given: kill_timeout
+    (0.0, None, None),  # kill_timeout 0 and no time: never SIGKILL
+])
+def test_preempt_grace(kill_timeout: float, not_before_in: float | None,
+                       expected: float | None) -> None:
+    h = Harness(kill_timeout=kill_timeout)
+    h.lc.on_scheduled_event(preempt(not_before_in), h.active)
+    assert h.requests() == [("preempted", expected, None)] * 2
+
+
+def test_preempt_keeps_an_earlier_stop_request() -> None:
+    h = Harness()
+    h.active[0].stop_reason = "cancelled"
+    h.lc.on_scheduled_event(preempt(None), h.active)
+    assert h.requests()[0] == ("cancelled", None, None)
+
+
+def test_cancelled_event_resumes_receiving() -> None:
+    h = Harness()
+    assert not h.lc.on_scheduled_event(None, h.active)  # nothing to cancel
+    h.lc.on_scheduled_event(preempt(None), h.active)
+    assert h.lc.on_scheduled_event(None, h.active)
+    assert h.lc.state is State.RUNNING and h.lc.preempt_event is None
+
+
+@pytest.mark.parametrize("first", [signal.SIGTERM, signal.SIGUSR1])
+def test_events_are_ignored_once_stopping_or_draining(first: int) -> None:
+    h = Harness()
+    h.lc.on_signal(first, h.active)
+    before = (h.lc.state, h.requests(), h.watchdog.wakes)
+    assert not h.lc.on_scheduled_event(preempt(60.0), h.active)
+    assert not h.lc.on_scheduled_event(None, h.active)
+    assert (h.lc.state, h.requests(), h.watchdog.wakes) == before
+
+
+def test_stop_signal_while_preempting_stops() -> None:
+    h = Harness()
+    h.lc.on_scheduled_event(preempt(None), h.active)
+    h.lc.on_signal(signal.SIGTERM, h.active)
+    assert (h.lc.state, h.lc.stop_reason) == (State.STOPPING, "SIGTERM received")
+    assert not h.lc.on_scheduled_event(None, h.active)  # a cancel no longer resumes
+    assert h.lc.state is State.STOPPING

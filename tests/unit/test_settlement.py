@@ -1,0 +1,252 @@
+"""Settlement: what becomes of a lease once its task is over, or once it must not run.
+
+Driven through its public surface with a fake clock, a real Settings, TaskGuard and Metrics
+(no metrics file), and a FakeLease that records the broker call the lease's keeper made.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from typing import Any
+
+import pytest
+from supervisor_fakes import FakeClock, FakeLease, FakeOutput, make_task
+
+from supervisor.lease import LeaseKeeper
+from supervisor.limits import TaskLimits
+from supervisor.metrics import Metrics
+from supervisor.security import TaskGuard
+from supervisor.settings import Settings
+from supervisor.settlement import Settlement
+from supervisor.task import Task
+from supervisor.watchdog import RunningTask
+
+pytestmark = pytest.mark.timeout(30)
+
+T0 = 1000.0
+RETURN_DELAY = 5.0  # the fake backend's lost_lease_return_delay
+SETTLED_WITHIN = 10.0  # generous: the keeper's own thread may make the call
+
+
+class FakeBackend:
+    """What Settlement reads of a backend; settlements go through the lease."""
+
+    name = "fake"
+    lost_lease_return_delay = RETURN_DELAY
+
+
+class Harness:
+    def __init__(self, guard: TaskGuard | None = None, **settings: Any) -> None:
+        values: dict[str, Any] = {"max_attempts": 3, "retry_delay": 10.0,
+                                  "retry_delay_max": 600.0, "poll_interval": 1.0,
+                                  "task_time_limit": 30.0}
+        values.update(settings)
+        self.clock = FakeClock(T0)
+        self.streaks: list[int] = []
+        self.settlement = Settlement(Settings(**values), FakeBackend(),
+                                     guard or TaskGuard(), Metrics(None, backend="fake",
+                                                                   queue="q"),
+                                     self.streaks.append)
+
+    def finished(self, rc: int, *, attempt: int = 1, output: str = "", task: Task | None = None,
+                 granted: float = 2700.0, **requests: Any) -> RunningTask:
+        """A task whose shell exited with ``rc``; ``requests`` set RunningTask fields
+        (stop_reason, term_reason, lock_loss_handled)."""
+        rt = make_task(self.clock, lease=FakeLease(attempt=attempt, task=task), granted=granted,
+                       attempt=attempt, task=task)
+        rt.proc.returncode = rc
+        rt.proc.output = FakeOutput(output)
+        for name, value in requests.items():
+            setattr(rt, name, value)
+        return rt
+
+    def conclude(self, rc: int, *, stopping: bool = False, **kwargs: Any) -> list[tuple]:
+        """Conclude a task that exited with ``rc``; the broker calls its keeper made."""
+        rt = self.finished(rc, **kwargs)
+        self.settlement.conclude(rt, self.clock.now, stopping=stopping)
+        return settled(rt.keeper)
+
+    def counts(self, **nonzero: int) -> dict[str, int]:
+        return {**dict.fromkeys(self.settlement.counts, 0), **nonzero}
+
+
+def settled(keeper: LeaseKeeper) -> list[tuple]:
+    assert keeper.join(SETTLED_WITHIN), "the keeper never finished settling"
+    calls: list[tuple] = keeper.lease.calls
+    return calls
+
+
+# --------------------------------------------------------------------------- succeeded
+def test_success_completes_the_message() -> None:
+    h = Harness()
+    assert h.conclude(0) == [("complete",)]
+    assert h.settlement.counts == h.counts(succeeded=1)
+    assert h.settlement.awaiting_return == {}
+
+
+# --------------------------------------------------------------------------- retry
+@pytest.mark.parametrize(("attempt", "delay"), [(1, 10.0), (2, 20.0), (4, 80.0), (7, 600.0)])
+def test_failure_is_released_with_exponential_backoff(attempt: int, delay: float) -> None:
+    h = Harness(max_attempts=10)
+    assert h.conclude(1, attempt=attempt) == [("release", True, delay)]
+    assert h.settlement.counts == h.counts(retried=1)
+
+
+def test_released_message_is_awaited_until_its_delay_has_passed() -> None:
+    h = Harness()
+    h.clock.now = T0 + 5
+    rt = h.finished(1)
+    h.settlement.conclude(rt, h.clock.now, stopping=False)
+    assert settled(rt.keeper) == [("release", True, 10.0)]
+    assert h.settlement.awaiting_return["t1"][1:] == (10.0, "released")
+    assert not h.settlement.all_back_by(T0 + 5 + 10.0 - 0.01)
+    assert h.settlement.all_back_by(T0 + 5 + 10.0)
+
+
+# --------------------------------------------------------------------------- failed for good
+def test_last_attempt_is_dead_lettered_with_reason_tail_and_status() -> None:
+    h = Harness()
+    calls = h.conclude(2, attempt=3, output="boom\n")
+    assert calls == [("dead_letter", "exit status 2; attempt 3 of 3, giving up", "boom\n", 2)]
+    assert h.settlement.counts == h.counts(failed=1)
+    assert h.settlement.awaiting_return == {}
+
+
+@pytest.mark.parametrize(("own", "attempt", "verb"), [(1, 1, "dead_letter"), (5, 3, "release")])
+def test_the_message_own_max_attempts_wins(own: int, attempt: int, verb: str) -> None:
+    h = Harness(max_attempts=3)
+    calls = h.conclude(1, attempt=attempt, task=Task(cmd="false", max_attempts=own))
+    assert calls[0][0] == verb
+
+
+def test_time_limit_is_named_and_never_counts_as_success() -> None:
+    h = Harness()
+    assert h.conclude(0, attempt=1, term_reason="time limit") == [("release", True, 10.0)]
+    calls = h.conclude(-signal.SIGTERM, attempt=3, term_reason="time limit")
+    assert calls == [("dead_letter", "task time limit of 30s exceeded (killed by SIGTERM); "
+                      "attempt 3 of 3, giving up", "", -signal.SIGTERM)]
+
+
+def test_the_guard_words_a_failure_nobody_asked_for() -> None:
+    h = Harness(guard=TaskGuard(limits=TaskLimits(cpu=5)))
+    calls = h.conclude(-signal.SIGXCPU, attempt=3)
+    assert calls[0][1] == ("cpu limit of 5s exceeded (killed by SIGXCPU); "
+                           "attempt 3 of 3, giving up")
+
+
+def test_failed_spawn_goes_through_the_same_rule() -> None:
+    h = Harness()
+    retry = make_task(h.clock).keeper
+    h.settlement.failed(retry, "t1", 1, 3, "cannot start: ENOENT", "", None)
+    assert settled(retry) == [("release", True, 10.0)]
+    last = make_task(h.clock, "t2").keeper
+    h.settlement.failed(last, "t2", 3, 3, "cannot start: ENOENT", "", None)
+    assert settled(last) == [("dead_letter", "cannot start: ENOENT; attempt 3 of 3, giving up",
+                              "", None)]
+    assert h.settlement.counts == h.counts(retried=1, failed=1)
+
+
+# --------------------------------------------------------------------------- requeue
+@pytest.mark.parametrize("rc", [-signal.SIGTERM, -signal.SIGKILL, 1])
+def test_task_asked_to_stop_is_requeued_without_counting_the_attempt(rc: int) -> None:
+    h = Harness()
+    assert h.conclude(rc, attempt=3, stop_reason="preempted") == [("release", False, 0.0)]
+    assert h.settlement.counts == h.counts(requeued=1)
+    assert h.settlement.awaiting_return == {}
+
+
+@pytest.mark.parametrize("rc", [-signal.SIGTERM, 128 + signal.SIGTERM])
+def test_sigterm_while_the_worker_stops_is_a_requeue(rc: int) -> None:
+    """The task got the SIGTERM from outside (e.g. systemd signals the whole unit) before the
+    watchdog asked: still a preemption, not a failure."""
+    h = Harness()
+    assert h.conclude(rc, stopping=True) == [("release", False, 0.0)]
+    assert h.settlement.counts == h.counts(requeued=1)
+
+
+def test_outside_sigterm_while_running_is_a_failure() -> None:
+    h = Harness()
+    assert h.conclude(-signal.SIGTERM, stopping=False) == [("release", True, 10.0)]
+    calls = h.conclude(-signal.SIGTERM, stopping=False, attempt=3)
+    assert calls == [("dead_letter", "killed by SIGTERM; attempt 3 of 3, giving up", "",
+                      -signal.SIGTERM)]
+    assert h.conclude(1, stopping=True) == [("release", True, 10.0)]  # not a SIGTERM
+    assert h.settlement.counts == h.counts(retried=2, failed=1)
+
+
+# --------------------------------------------------------------------------- lock lost
+@pytest.mark.parametrize("how", ["watchdog acted", "keeper event", "deadline passed"])
+def test_lost_lease_is_left_alone_and_awaited_from_its_expiry(how: str) -> None:
+    h = Harness()
+    rt = h.finished(0, granted=60.0)
+    if how == "watchdog acted":
+        rt.lock_loss_handled = True
+    elif how == "keeper event":
+        rt.keeper.lock_lost.set()
+    else:
+        h.clock.now = rt.keeper.deadline
+    h.settlement.conclude(rt, h.clock.now, stopping=False)
+    assert rt.keeper.done.is_set()  # nothing to settle: done at once
+    assert settled(rt.keeper) == []
+    assert h.settlement.counts == h.counts(lock_lost=1)
+    back = rt.keeper.expires + RETURN_DELAY + 1.0  # + poll_interval
+    assert h.settlement.awaiting_return["t1"][1:] == (RETURN_DELAY + 1.0, "lost")
+    assert not h.settlement.all_back_by(back - 0.01)
+    assert h.settlement.all_back_by(back)
+
+
+# --------------------------------------------------------------------------- reject
+def reject(h: Harness, lease: FakeLease, max_attempts: int = 3) -> tuple[bool, LeaseKeeper]:
+    keeper = make_task(h.clock, lease=lease).keeper
+    return h.settlement.reject(lease, keeper, "t1", max_attempts), keeper
+
+
+def test_poison_message_is_dead_lettered_with_its_body() -> None:
+    h = Harness()
+    rejected, keeper = reject(h, FakeLease(task=None, format_error="not JSON",
+                                           raw_body="x" * 3000))
+    assert rejected
+    assert settled(keeper) == [("dead_letter", "bad message: not JSON", "x" * 2000, None)]
+    assert h.settlement.counts == h.counts(dead_lettered=1)
+
+
+def test_refused_task_is_dead_lettered_without_a_run() -> None:
+    h = Harness(guard=TaskGuard(allowed=re.compile(r"echo .*")))
+    rejected, keeper = reject(h, FakeLease(task=Task(cmd="rm -rf /tmp/x")))
+    assert rejected
+    assert settled(keeper) == [("dead_letter", "command not allowed (--allowed-commands)", "",
+                                None)]
+    assert h.settlement.counts == h.counts(dead_lettered=1)
+
+
+def test_exhausted_attempts_fail_without_a_run() -> None:
+    h = Harness()
+    rejected, keeper = reject(h, FakeLease(task=Task(cmd="true"), attempt=4))
+    assert rejected
+    assert settled(keeper) == [("dead_letter", "attempts exhausted (3 of 3 used)", "", None)]
+    assert h.settlement.counts == h.counts(failed=1)
+
+
+def test_runnable_task_is_not_rejected() -> None:
+    h = Harness(guard=TaskGuard(allowed=re.compile(r"echo .*")))
+    lease = FakeLease(task=Task(cmd="echo hi"), attempt=3)
+    rejected, keeper = reject(h, lease)
+    assert not rejected
+    assert not keeper.done.is_set() and lease.calls == []
+    assert h.settlement.counts == h.counts()
+
+
+# --------------------------------------------------------------------------- failure streak
+def test_failure_streak_is_reported_from_the_limit_on_and_reset_by_a_success() -> None:
+    h = Harness(max_consecutive_failures=2, max_attempts=10)
+    for rc, streaks in [(1, []), (0, []), (1, []), (-signal.SIGTERM, [2]), (1, [2, 3])]:
+        h.conclude(rc)
+        assert h.streaks == streaks, rc
+
+
+def test_no_streak_without_the_limit() -> None:
+    h = Harness(max_consecutive_failures=0, max_attempts=10)
+    for _ in range(5):
+        h.conclude(1)
+    assert h.streaks == []
