@@ -15,7 +15,7 @@ from typing import Any
 
 from supervisor.lease import LeaseKeeper
 from supervisor.process import Signaller, TaskProcess
-from supervisor.watchdog import RunningTask
+from supervisor.watchdog import RunningTask, Watchdog
 
 
 class FakeClock:
@@ -164,3 +164,39 @@ def make_task(clock: FakeClock, task_id: str = "t1", *, lease: FakeLease | None 
                        proc=FakeProc(pid=pid, pgid=pid, marker=f"m-{task_id}-{pid}"),
                        keeper=keeper, started=clock.now, time_limit_at=time_limit_at,
                        lease=keeper.lease, task=task)
+
+
+class RecordingWatchdog(Watchdog):
+    """A real Watchdog whose signals go to a FakeSignaller (``fake``).  ``sent`` lists
+    (task_id, signal, now) for every signal to a task's process group."""
+
+    def __init__(self, **kwargs) -> None:
+        self.fake = FakeSignaller(kwargs["clock"])
+        self.names: dict[int, str] = {}  # pgid -> task_id of every task ever added
+        super().__init__(signaller=self.fake, **kwargs)
+
+    def add(self, rt: RunningTask) -> None:
+        self.names[rt.proc.pgid] = rt.task_id
+        super().add(rt)
+
+    @property
+    def sent(self) -> list[tuple[str, int, float]]:
+        return [(self.names[pgid], sig, t)
+                for what, pgid, sig, t in self.fake.sent if what == "group"]
+
+    def signals(self, task_id: str = "t1") -> list[tuple[int, float]]:
+        return [(sig, t) for tid, sig, t in self.sent if tid == task_id]
+
+
+def make_dog(clock: FakeClock, *, kill_timeout: float = 10.0,
+             lock_lost_behavior: str = "sigkill") -> RecordingWatchdog:
+    return RecordingWatchdog(kill_timeout=kill_timeout, lock_lost_behavior=lock_lost_behavior,
+                             clock=clock)
+
+
+def run_until(dog: Watchdog, clock: FakeClock, end: float, step: float = 0.25) -> None:
+    """Tick repeatedly while the clock moves to ``end`` in small steps."""
+    while clock.now < end:
+        dog.tick()
+        clock.now = min(end, clock.now + step)
+    dog.tick()

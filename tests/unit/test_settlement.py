@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from supervisor_fakes import FakeClock, FakeLease, FakeOutput, make_task
 
+from supervisor.backends.base import BackendBase
 from supervisor.lease import LeaseKeeper
 from supervisor.limits import TaskLimits
 from supervisor.metrics import Metrics
@@ -29,8 +30,9 @@ RETURN_DELAY = 5.0  # the fake backend's lost_lease_return_delay
 SETTLED_WITHIN = 10.0  # generous: the keeper's own thread may make the call
 
 
-class FakeBackend:
-    """What Settlement reads of a backend; settlements go through the lease."""
+class FakeBackend(BackendBase):
+    """What Settlement reads of a backend (BackendBase's defaults: no quick settle);
+    settlements go through the lease."""
 
     name = "fake"
     lost_lease_return_delay = RETURN_DELAY
