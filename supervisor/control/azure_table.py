@@ -1,0 +1,321 @@
+"""Control store in Azure Table Storage (azure-data-tables): one table, keys as in base.py.
+
+Entity: ``PartitionKey``, ``RowKey``, ``kind`` (str), ``at`` (double: heartbeat or
+``when``, for purges), ``n`` (int) and ``d0`` .. ``d<n-1>``: the record's JSON text cut into
+properties of at most records.CHUNK code points (64 KiB per string property; 1 MiB per
+entity, which records.fit_worker keeps a worker record under).
+
+Cost of an idle worker (5 s control interval, 15 s heartbeat): one upsert per heartbeat
+(240/h) + one query per poll (720/h) + an hourly purge query (1/h, plus one delete per purged
+record) = ~961 calls/hour.  The poll's cursor is the service's ``Timestamp`` of the newest
+cancel seen; the next poll asks for cancels from ``cursor - CURSOR_SLACK`` on, because two
+writes in flight may become visible out of timestamp order -- so a cancel may be returned by
+the polls of the next few seconds again (readers keep what they acted on).
+
+Threads: one instance per thread (SDK clients are not documented thread-safe).  No SDK
+retries and explicit connect/read timeouts: a dead store raises ControlStoreError within
+``connect_timeout``/``read_timeout`` instead of retrying for a minute.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, TypeVar, Union
+from urllib.parse import urlsplit, urlunsplit
+
+from azure.core.exceptions import (
+    AzureError,
+    ClientAuthenticationError,
+    ResourceExistsError,
+)
+from azure.data.tables import TableClient, UpdateMode
+
+from ..backends.storage_queue_util import Scrubber, error_code
+from .base import (
+    ControlConfigError,
+    ControlSnapshot,
+    ControlStoreError,
+    OnceLog,
+    PurgeCounts,
+    after_prefix,
+    cancel_key,
+    command_key,
+    command_prefix,
+    key_part,
+    purge_cutoffs,
+    queue_partition,
+    result_key,
+    result_partition,
+    row_of,
+    skipped,
+    worker_partition,
+)
+from .records import (
+    Cancel,
+    Command,
+    QueueFlag,
+    Record,
+    RecordError,
+    ResultRecord,
+    WorkerRecord,
+    chunks,
+    decode,
+    encode,
+)
+
+log = logging.getLogger("jobq.control")
+T = TypeVar("T")
+DEFAULT_TABLE = "jobqcontrol"
+CURSOR_SLACK = 10.0  # s
+_NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
+                          "AuthorizationFailure")
+
+
+def table_endpoint(queue_account_url: str) -> str:
+    """https://ACCOUNT.queue.core.windows.net[/...] -> https://ACCOUNT.table.core.windows.net"""
+    parts = urlsplit(queue_account_url)
+    host = parts.netloc
+    labels = host.split(".")
+    if len(labels) > 2 and labels[1] == "queue":
+        labels[1] = "table"
+        host = ".".join(labels)
+    return urlunsplit((parts.scheme, host, "", parts.query, ""))
+
+
+class AzureTableControlStore:
+    """Control records in table ``table`` of one storage account.
+
+    Exactly one of ``connection_string`` (with ``TableEndpoint=`` or an account name) or
+    ``account_url`` (the table endpoint; credential: ``credential``, a SAS in the URL or
+    DefaultAzureCredential).  ``request_hook`` sees every HTTP request (tests count them)."""
+
+    name = "azure-table"
+
+    def __init__(self, *, connection_string: Union[str, None] = None,
+                 account_url: Union[str, None] = None, credential: Any = None,
+                 table: str = DEFAULT_TABLE, connect_timeout: float = 3.0,
+                 read_timeout: float = 10.0, create: bool = True,
+                 cursor_slack: float = CURSOR_SLACK,
+                 request_hook: Union[Callable[[Any], None], None] = None) -> None:
+        if bool(connection_string) == bool(account_url):
+            raise ControlConfigError(
+                "control store: needs exactly one of a connection string or an account URL")
+        self.scrub = Scrubber(connection_string, account_url)
+        self._once = OnceLog()
+        self._slack = timedelta(seconds=cursor_slack)
+        options: dict[str, Any] = {"retry_total": 0, "connection_timeout": connect_timeout,
+                                   "read_timeout": read_timeout}
+        if request_hook is not None:
+            options["raw_request_hook"] = request_hook
+        try:
+            if connection_string:
+                self._client = TableClient.from_connection_string(
+                    connection_string, table_name=table, **options)
+            else:
+                assert account_url is not None
+                if credential is None and "?" not in account_url:
+                    from azure.identity import DefaultAzureCredential  # only this path needs it
+
+                    credential = DefaultAzureCredential()
+                if credential is None:  # a SAS token in the URL
+                    from azure.core.credentials import AzureSasCredential
+
+                    account_url, _, sas = account_url.partition("?")
+                    credential = AzureSasCredential(sas)
+                self._client = TableClient(account_url, table_name=table,
+                                           credential=credential, **options)
+        except (ValueError, TypeError) as exc:
+            raise ControlConfigError(
+                f"control store: bad connection string or account URL: "
+                f"{self.scrub(str(exc))}") from None
+        self.endpoint = self.scrub(self._client.url.split("?", 1)[0])
+        if create:
+            self._create()
+
+    def __repr__(self) -> str:
+        return f"AzureTableControlStore({self.endpoint!r}, table={self._client.table_name!r})"
+
+    # ------------------------------------------------------------------------- plumbing
+    def _create(self) -> None:
+        try:
+            self._client.create_table()
+        except ResourceExistsError:
+            pass
+        except AzureError as exc:
+            if error_code(exc) in _NOT_ALLOWED_TO_CREATE:
+                # A data-only role may well use a table that an administrator created.
+                log.warning("control store: not allowed to create table %s; assuming it "
+                            "exists", self._client.table_name)
+                return
+            raise self._error("create table", exc) from None
+
+    def _error(self, what: str, exc: BaseException) -> ControlStoreError:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        first = (str(exc).splitlines() or [""])[0][:300]
+        detail = self.scrub(f"{type(exc).__name__}: {first}")
+        if isinstance(exc, ClientAuthenticationError) or status in (401, 403):
+            return ControlConfigError(f"control store {what}: not authorized: {detail}")
+        return ControlStoreError(f"control store {what}: {detail}")
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except (AzureError, OSError, ValueError) as exc:
+            raise self._error(what, exc) from None
+
+    def _put(self, part: str, row: str, record: Record, at: float) -> None:
+        text = encode(record)
+        entity: dict[str, Any] = {"PartitionKey": part, "RowKey": row, "kind": record.kind,
+                                  "at": float(at)}
+        pieces = chunks(text)
+        entity["n"] = len(pieces)
+        entity.update({f"d{i}": piece for i, piece in enumerate(pieces)})
+        # REPLACE, not MERGE: a shorter record must not keep the old record's extra chunks.
+        self._call(f"write {record.kind}",
+                   lambda: self._client.upsert_entity(entity, mode=UpdateMode.REPLACE))
+
+    def _delete(self, what: str, part: str, row: str) -> None:
+        """Deleting what is gone already is fine (the SDK ignores a 404)."""
+        self._call(what, lambda: self._client.delete_entity(part, row))
+
+    def _query(self, what: str, query: str, params: dict[str, Any],
+               select: Union[list[str], None] = None) -> list[Any]:
+        return self._call(what, lambda: list(self._client.query_entities(
+            query, parameters=params, select=select)))
+
+    def _decode(self, entity: Any, kind: Union[str, None] = None) -> Union[Record, None]:
+        where = (str(entity.get("PartitionKey")), str(entity.get("RowKey")))
+        try:
+            n = entity.get("n")
+            if not isinstance(n, int) or not 0 < n <= 64:
+                raise RecordError(f"bad chunk count {n!r}")
+            text = "".join(_str(entity.get(f"d{i}")) for i in range(n))
+            return decode(text, kind or entity.get("kind"))
+        except RecordError as exc:
+            skipped(self._once, self.name, where, exc)
+            return None
+
+    def _records(self, entities: list[Any], kind: str) -> list[Any]:
+        return [r for r in (self._decode(e, kind) for e in entities) if r is not None]
+
+    # -------------------------------------------------------------------------- workers
+    def put_worker(self, record: WorkerRecord) -> None:
+        self._put(worker_partition(record.queue), key_part(record.id), record,
+                  record.heartbeat)
+
+    def delete_worker(self, queue: str, worker_id: str) -> None:
+        self._delete("delete worker", worker_partition(queue), key_part(worker_id))
+
+    def workers(self, queue: Union[str, None] = None) -> list[WorkerRecord]:
+        if queue is None:
+            found = self._query("list workers", "PartitionKey ge @lo and PartitionKey lt @hi",
+                                {"lo": "w:", "hi": after_prefix("w:")})
+        else:
+            found = self._query("list workers", "PartitionKey eq @pk",
+                                {"pk": worker_partition(queue)})
+        return self._records(found, "worker")
+
+    # ---------------------------------------------------------------------- ctl writes
+    def put_cancel(self, cancel: Cancel) -> None:
+        self._put(queue_partition(cancel.queue), row_of(cancel), cancel, cancel.when)
+
+    def put_flag(self, flag: QueueFlag) -> None:
+        self._put(queue_partition(flag.queue), "flag", flag, flag.when)
+
+    def put_command(self, command: Command) -> None:
+        self._put(queue_partition(command.queue), command_key(command), command, command.when)
+
+    # --------------------------------------------------------------------- worker reads
+    def poll(self, queue: str, worker_id: str,
+             cursor: Union[str, None] = None) -> ControlSnapshot:
+        """One query (one HTTP call unless more than 1,000 rows match)."""
+        prefix = command_prefix(worker_id)
+        params: dict[str, Any] = {"pk": queue_partition(queue), "c0": prefix,
+                                  "c1": after_prefix(prefix)}
+        since = _parse_cursor(cursor)
+        cancel_clause = "( RowKey ge 'cancel:' and RowKey lt 'cancel;' )"
+        if since is not None:
+            params["since"] = since - self._slack
+            cancel_clause = ("( RowKey ge 'cancel:' and RowKey lt 'cancel;' and "
+                             "Timestamp ge @since )")
+        # The SDK substitutes @names only in words delimited by spaces.
+        query = ("PartitionKey eq @pk and ( RowKey eq 'flag' or "
+                 f"( RowKey ge @c0 and RowKey lt @c1 ) or {cancel_clause} )")
+        flag = None
+        cancels: list[Cancel] = []
+        commands: list[Command] = []
+        top = since
+        for entity in self._query("poll", query, params):
+            record = self._decode(entity)
+            if isinstance(record, QueueFlag):
+                flag = record
+            elif isinstance(record, Cancel):
+                cancels.append(record)
+                stamp = entity.metadata.get("timestamp")
+                if isinstance(stamp, datetime) and (top is None or stamp > top):
+                    top = stamp
+            elif isinstance(record, Command):
+                commands.append(record)
+        commands.sort(key=lambda c: c.seq)
+        return ControlSnapshot(flag, tuple(cancels), tuple(commands),
+                               top.isoformat() if top is not None else cursor)
+
+    def get_cancel(self, queue: str, task_id: str) -> Union[Cancel, None]:
+        """One point lookup (a claim checks its task)."""
+        found = self._query("get cancel", "PartitionKey eq @pk and RowKey eq @rk",
+                            {"pk": queue_partition(queue), "rk": cancel_key(task_id)})
+        records = self._records(found, "cancel")
+        return records[0] if records else None
+
+    def ack_command(self, command: Command) -> None:
+        self._delete("delete command", queue_partition(command.queue), command_key(command))
+
+    # ------------------------------------------------------------------------ listings
+    def cancels(self, queue: str) -> list[Cancel]:
+        found = self._query("list cancels", "PartitionKey eq @pk and RowKey ge @lo and "
+                            "RowKey lt @hi", {"pk": queue_partition(queue), "lo": "cancel:",
+                                              "hi": "cancel;"})
+        return sorted(self._records(found, "cancel"), key=lambda c: c.when)
+
+    def put_result(self, result: ResultRecord) -> None:
+        self._put(result_partition(result.queue), result_key(result), result, result.when)
+
+    def results(self, queue: str, outcome: Union[str, None] = None) -> list[ResultRecord]:
+        found = self._query("list results", "PartitionKey eq @pk",
+                            {"pk": result_partition(queue)})
+        records: list[ResultRecord] = self._records(found, "result")
+        return sorted((r for r in records if outcome is None or r.outcome == outcome),
+                      key=lambda r: r.when)
+
+    # -------------------------------------------------------------------- housekeeping
+    def purge(self, now: float) -> PurgeCounts:
+        """One query over the table plus one delete per expired record."""
+        cut = purge_cutoffs(now)
+        query = " or ".join(f"( kind eq '{k}' and at lt @{k} )" for k in cut)
+        counts = {k: 0 for k in cut}
+        for entity in self._query("purge", query, dict(cut),
+                                  select=["PartitionKey", "RowKey", "kind"]):
+            self._delete("purge", entity["PartitionKey"], entity["RowKey"])
+            counts[entity["kind"]] += 1
+        return PurgeCounts(workers=counts["worker"], cancels=counts["cancel"],
+                           commands=counts["cmd"], results=counts["result"])
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise RecordError(f"chunk is {type(value).__name__}, not text")
+    return value
+
+
+def _parse_cursor(cursor: Union[str, None]) -> Union[datetime, None]:
+    if cursor is None:
+        return None
+    try:
+        stamp = datetime.fromisoformat(cursor)
+    except ValueError:
+        return None  # a cursor from another store: start over with all live cancels
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)

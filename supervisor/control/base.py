@@ -1,0 +1,191 @@
+"""The control-store seam: what the fleet layer reads and writes, and how keys are laid out.
+
+Layout (the same keys in both stores; see docs/architecture.rst, "The fleet layer")::
+
+    partition "q:<queue>"   row "flag"                  QueueFlag (paused / resumed)
+                            row "cancel:<task id>"      Cancel
+                            row "cmd:<worker>:<seq>"    Command for one worker
+    partition "w:<queue>"   row "<worker id>"           WorkerRecord
+    partition "r:<queue>"   row "<task id>:<attempt>"   ResultRecord
+
+A worker's whole poll is one range query on its queue's "q:" partition; worker records and
+results live in partitions of their own so that a fleet of busy workers (1,000 tasks each)
+never makes that poll bigger.  Key parts are escaped (``key_part``) so that no worker id or
+task id can reach into another's key range.
+
+Every store method may raise ``ControlStoreError`` (and only that), after at most a few
+seconds: the caller (the control thread, jobq-ctl) backs off and tries again.  Wall-clock
+times are epoch seconds taken by the caller (``now``), so tests inject the clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, Union
+
+from .records import Cancel, Command, QueueFlag, ResultRecord, WorkerRecord
+
+log = logging.getLogger("jobq.control")
+
+DAY = 86_400.0
+HEARTBEAT_INTERVAL = 15.0  # s between a worker's upserts of its record
+LOST_AFTER = 3  # heartbeat intervals without an upsert: shown as "lost"
+WORKER_PURGE_AGE = 86_400.0  # s: older worker records are deleted
+CANCEL_TTL = 7 * 86_400.0  # s a cancel is kept
+COMMAND_TTL = 86_400.0  # s an unconsumed command is kept (its worker is gone)
+RESULT_TTL = 7 * 86_400.0
+
+
+class ControlStoreError(Exception):
+    """A store call failed or timed out; the message is one line without secrets."""
+
+
+class ControlConfigError(ControlStoreError):
+    """A store that cannot work as configured (bad connection string, not authorized)."""
+
+
+@dataclass(frozen=True)
+class ControlSnapshot:
+    """Everything a worker must know, from one poll.
+
+    ``cancels`` are those recorded after ``cursor`` of the previous poll (all live ones when
+    it was None); a cancel may appear again in the next poll or two, so the reader keeps
+    the ones it acted on.  ``cursor`` goes into the next poll."""
+
+    flag: Union[QueueFlag, None]
+    cancels: tuple[Cancel, ...]
+    commands: tuple[Command, ...]
+    cursor: Union[str, None]
+
+
+@dataclass(frozen=True)
+class PurgeCounts:
+    workers: int = 0
+    cancels: int = 0
+    commands: int = 0
+    results: int = 0
+
+
+class ControlStore(Protocol):
+    """Implemented by sqlite.SqliteControlStore and azure_table.AzureTableControlStore.
+
+    One instance per thread: neither SQLite connections nor SDK clients are shared."""
+
+    name: str
+
+    # -- workers (the worker's control thread; jobq-ctl workers) --------------------------
+    def put_worker(self, record: WorkerRecord) -> None: ...
+    def delete_worker(self, queue: str, worker_id: str) -> None: ...
+    def workers(self, queue: Union[str, None] = None) -> list[WorkerRecord]: ...
+
+    # -- what jobq-ctl writes ---------------------------------------------------------------
+    def put_cancel(self, cancel: Cancel) -> None: ...
+    def put_flag(self, flag: QueueFlag) -> None: ...
+    def put_command(self, command: Command) -> None: ...
+
+    # -- what a worker reads ----------------------------------------------------------------
+    def poll(self, queue: str, worker_id: str,
+             cursor: Union[str, None] = None) -> ControlSnapshot: ...
+    def get_cancel(self, queue: str, task_id: str) -> Union[Cancel, None]: ...
+    def ack_command(self, command: Command) -> None: ...
+
+    # -- listings -----------------------------------------------------------------------------
+    def cancels(self, queue: str) -> list[Cancel]: ...
+    def put_result(self, result: ResultRecord) -> None: ...
+    def results(self, queue: str, outcome: Union[str, None] = None) -> list[ResultRecord]: ...
+
+    # -- housekeeping -------------------------------------------------------------------------
+    def purge(self, now: float) -> PurgeCounts: ...
+    def close(self) -> None: ...
+
+
+def worker_state(record: WorkerRecord, now: float) -> str:
+    """The state to show: the record's own, or "lost" after LOST_AFTER missed heartbeats."""
+    if now - record.heartbeat > LOST_AFTER * max(record.interval, 1.0):
+        return "lost"
+    return record.state
+
+
+def purge_cutoffs(now: float) -> dict[str, float]:
+    """Per kind, the ``at`` below which a record is purged."""
+    return {"worker": now - WORKER_PURGE_AGE, "cancel": now - CANCEL_TTL,
+            "cmd": now - COMMAND_TTL, "result": now - RESULT_TTL}
+
+
+# ----------------------------------------------------------------------------------- keys
+_ESCAPE = {c: f"%{ord(c):02X}" for c in '%:/\\#?\'"'}
+_ESCAPE.update({chr(i): f"%{i:02X}" for i in (*range(0x20), *range(0x7F, 0xA0))})
+
+
+def key_part(text: str) -> str:
+    """``text`` made safe as part of an Azure Table key, and free of our separator ':'."""
+    return "".join(_ESCAPE.get(c, c) for c in text)
+
+
+def queue_partition(queue: str) -> str:
+    return "q:" + key_part(queue)
+
+
+def worker_partition(queue: str) -> str:
+    return "w:" + key_part(queue)
+
+
+def result_partition(queue: str) -> str:
+    return "r:" + key_part(queue)
+
+
+def cancel_key(task_id: str) -> str:
+    return "cancel:" + key_part(task_id)
+
+
+def command_prefix(worker_id: str) -> str:
+    return "cmd:" + key_part(worker_id) + ":"
+
+
+def command_key(command: Command) -> str:
+    return command_prefix(command.worker) + key_part(command.seq)
+
+
+def result_key(result: ResultRecord) -> str:
+    return f"{key_part(result.task_id)}:{result.attempt:06d}"
+
+
+def after_prefix(prefix: str) -> str:
+    """The smallest string above every string that starts with ``prefix``."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+def row_of(record: Union[Cancel, QueueFlag, Command]) -> str:
+    if isinstance(record, Cancel):
+        return cancel_key(record.task_id)
+    if isinstance(record, Command):
+        return command_key(record)
+    return "flag"
+
+
+# ------------------------------------------------------------------------------- logging
+class OnceLog:
+    """Logs a warning once per key (a corrupt record is seen on every poll).  Any thread."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._seen: set[object] = set()
+        self._lock = threading.Lock()
+        self._limit = limit
+
+    def warn(self, key: object, text: str, *args: object) -> bool:
+        with self._lock:
+            if key in self._seen:
+                return False
+            if len(self._seen) >= self._limit:
+                self._seen.clear()  # bounded; a flood of bad records may repeat a line
+            self._seen.add(key)
+        log.warning(text, *args)
+        return True
+
+
+def skipped(once: OnceLog, store: str, where: Sequence[str], error: Exception) -> None:
+    once.warn((store, *where, str(error)), "control store %s: skipped record %s: %s",
+              store, "/".join(where), error)

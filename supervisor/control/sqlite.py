@@ -1,0 +1,241 @@
+"""Control store in the queue's own SQLite file: one table laid out like the Azure one.
+
+``control_records(part, row, kind, at, rev, doc)``: ``part``/``row`` are the partition and
+row keys of base.py, ``at`` the record's own time (heartbeat or ``when``) for purges, ``doc``
+the record's JSON text, and ``rev`` a change counter (``control_meta``) taken in the same
+write transaction: a poll's cursor is the highest cancel ``rev`` it saw, and because writers
+are serialised a later poll with ``rev > cursor`` misses nothing.
+
+Threads: one instance per thread (its own connection).  Each write is one short
+``BEGIN IMMEDIATE`` transaction; the busy timeout is short (default 1 s) so a queue under
+load never holds a control call long, and a busy database raises ControlStoreError.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, Union
+
+from .base import (
+    ControlConfigError,
+    ControlSnapshot,
+    ControlStoreError,
+    OnceLog,
+    PurgeCounts,
+    after_prefix,
+    cancel_key,
+    command_key,
+    command_prefix,
+    key_part,
+    purge_cutoffs,
+    queue_partition,
+    result_key,
+    result_partition,
+    row_of,
+    skipped,
+    worker_partition,
+)
+from .records import (
+    Cancel,
+    Command,
+    QueueFlag,
+    Record,
+    RecordError,
+    ResultRecord,
+    WorkerRecord,
+    decode,
+    encode,
+)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS control_records (
+    part TEXT NOT NULL,
+    row  TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    at   REAL NOT NULL,
+    rev  INTEGER NOT NULL,
+    doc  TEXT NOT NULL,
+    PRIMARY KEY (part, row)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS control_by_rev ON control_records (part, rev);
+CREATE INDEX IF NOT EXISTS control_by_age ON control_records (kind, at);
+CREATE TABLE IF NOT EXISTS control_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO control_meta (name, value) VALUES ('rev', 0);
+"""
+
+_UPSERT = ("INSERT INTO control_records (part, row, kind, at, rev, doc) VALUES (?,?,?,?,?,?) "
+           "ON CONFLICT (part, row) DO UPDATE SET kind=excluded.kind, at=excluded.at, "
+           "rev=excluded.rev, doc=excluded.doc")
+_NEXT_REV = "UPDATE control_meta SET value=value+1 WHERE name='rev' RETURNING value"
+_POLL = ("SELECT part, row, kind, rev, doc FROM control_records WHERE part=? AND ("
+         "row='flag' OR (row>=? AND row<?) OR (row>='cancel:' AND row<'cancel;' AND rev>?))")
+
+
+class SqliteControlStore:
+    """Control records in ``path`` (normally the queue's database file)."""
+
+    name = "sqlite"
+
+    def __init__(self, path: str, busy_timeout: float = 1.0) -> None:
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise ControlConfigError(f"control store: directory {parent} does not exist")
+        self.path = path
+        self._once = OnceLog()
+        try:
+            # isolation_level=None: explicit BEGIN IMMEDIATE, so a write never has to upgrade
+            # a read lock (SQLite answers that with SQLITE_BUSY at once).
+            self._conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
+                                         check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise ControlStoreError(f"control store {path}: cannot open: {exc}") from None
+        try:
+            self._conn.text_factory = lambda b: b.decode("utf-8", "replace")
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.executescript(SCHEMA)
+        except sqlite3.Error as exc:
+            self._conn.close()
+            raise ControlStoreError(f"control store {path}: {exc}") from None
+
+    def __repr__(self) -> str:
+        return f"SqliteControlStore({self.path!r})"
+
+    # ------------------------------------------------------------------------- plumbing
+    @contextmanager
+    def _tx(self, what: str, write: bool) -> Iterator[sqlite3.Connection]:
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise ControlStoreError(f"control store {what}: {exc}") from None
+
+    def _put(self, part: str, row: str, record: Record, at: float) -> None:
+        with self._tx(f"write {record.kind}", write=True) as conn:
+            (rev,) = conn.execute(_NEXT_REV).fetchone()
+            conn.execute(_UPSERT, (part, row, record.kind, at, rev, encode(record)))
+
+    def _delete(self, part: str, row: str) -> None:
+        with self._tx("delete", write=True) as conn:
+            conn.execute("DELETE FROM control_records WHERE part=? AND row=?", (part, row))
+
+    def _decode(self, rows: Iterable[tuple[Any, ...]], kind: Union[str, None] = None
+                ) -> Iterator[tuple[tuple[Any, ...], Record]]:
+        """(row, record) for each row whose last column decodes; others skipped, logged once."""
+        for row in rows:
+            try:
+                yield row, decode(row[-1], kind or row[-3])
+            except RecordError as exc:
+                skipped(self._once, self.name, (str(row[0]), str(row[1])), exc)
+
+    def _select(self, what: str, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        with self._tx(what, write=False) as conn:
+            return conn.execute(sql, args).fetchall()
+
+    # -------------------------------------------------------------------------- workers
+    def put_worker(self, record: WorkerRecord) -> None:
+        self._put(worker_partition(record.queue), key_part(record.id), record,
+                  record.heartbeat)
+
+    def delete_worker(self, queue: str, worker_id: str) -> None:
+        self._delete(worker_partition(queue), key_part(worker_id))
+
+    def workers(self, queue: Union[str, None] = None) -> list[WorkerRecord]:
+        if queue is None:
+            lo, hi = "w:", after_prefix("w:")
+        else:
+            lo = worker_partition(queue)
+            hi = lo + "\x00"
+        rows = self._select("list workers", "SELECT part, row, kind, rev, doc FROM "
+                            "control_records WHERE part>=? AND part<? ORDER BY part, row",
+                            (lo, hi))
+        return [r for _, r in self._decode(rows, "worker")]  # type: ignore[misc]
+
+    # ---------------------------------------------------------------------- ctl writes
+    def put_cancel(self, cancel: Cancel) -> None:
+        self._put(queue_partition(cancel.queue), row_of(cancel), cancel, cancel.when)
+
+    def put_flag(self, flag: QueueFlag) -> None:
+        self._put(queue_partition(flag.queue), "flag", flag, flag.when)
+
+    def put_command(self, command: Command) -> None:
+        self._put(queue_partition(command.queue), command_key(command), command, command.when)
+
+    # --------------------------------------------------------------------- worker reads
+    def poll(self, queue: str, worker_id: str,
+             cursor: Union[str, None] = None) -> ControlSnapshot:
+        """One SELECT: the flag, cancels with a rev above ``cursor``, this worker's commands."""
+        try:
+            since = int(cursor) if cursor is not None else -1
+        except ValueError:
+            since = -1  # a cursor from another store: start over with all live cancels
+        prefix = command_prefix(worker_id)
+        rows = self._select("poll", _POLL,
+                            (queue_partition(queue), prefix, after_prefix(prefix), since))
+        flag = None
+        cancels: list[Cancel] = []
+        commands: list[Command] = []
+        top = since
+        for row, record in self._decode(rows):
+            if isinstance(record, QueueFlag):
+                flag = record
+            elif isinstance(record, Cancel):
+                cancels.append(record)
+                top = max(top, int(row[3]))
+            elif isinstance(record, Command):
+                commands.append(record)
+        commands.sort(key=lambda c: c.seq)
+        return ControlSnapshot(flag, tuple(cancels), tuple(commands),
+                               str(top) if top >= 0 else cursor)
+
+    def get_cancel(self, queue: str, task_id: str) -> Union[Cancel, None]:
+        rows = self._select("get cancel", "SELECT part, row, kind, rev, doc FROM "
+                            "control_records WHERE part=? AND row=?",
+                            (queue_partition(queue), cancel_key(task_id)))
+        for _, record in self._decode(rows, "cancel"):
+            return record  # type: ignore[return-value]
+        return None
+
+    def ack_command(self, command: Command) -> None:
+        self._delete(queue_partition(command.queue), command_key(command))
+
+    # ------------------------------------------------------------------------ listings
+    def cancels(self, queue: str) -> list[Cancel]:
+        rows = self._select("list cancels", "SELECT part, row, kind, rev, doc FROM "
+                            "control_records WHERE part=? AND row>='cancel:' AND "
+                            "row<'cancel;' ORDER BY at", (queue_partition(queue),))
+        return [r for _, r in self._decode(rows, "cancel")]  # type: ignore[misc]
+
+    def put_result(self, result: ResultRecord) -> None:
+        self._put(result_partition(result.queue), result_key(result), result, result.when)
+
+    def results(self, queue: str, outcome: Union[str, None] = None) -> list[ResultRecord]:
+        rows = self._select("list results", "SELECT part, row, kind, rev, doc FROM "
+                            "control_records WHERE part=? ORDER BY at",
+                            (result_partition(queue),))
+        found: list[ResultRecord] = [r for _, r in self._decode(rows, "result")]  # type: ignore[misc]
+        return [r for r in found if outcome is None or r.outcome == outcome]
+
+    # -------------------------------------------------------------------- housekeeping
+    def purge(self, now: float) -> PurgeCounts:
+        """Delete records past their age (any process may; one short transaction)."""
+        cut = purge_cutoffs(now)
+        with self._tx("purge", write=True) as conn:
+            kinds = [k for (k,) in conn.execute(
+                "DELETE FROM control_records WHERE (kind='worker' AND at<?) OR "
+                "(kind='cancel' AND at<?) OR (kind='cmd' AND at<?) OR (kind='result' AND at<?) "
+                "RETURNING kind", (cut["worker"], cut["cancel"], cut["cmd"], cut["result"]))]
+        return PurgeCounts(workers=kinds.count("worker"), cancels=kinds.count("cancel"),
+                           commands=kinds.count("cmd"), results=kinds.count("result"))
+
+    def close(self) -> None:
+        self._conn.close()

@@ -1,0 +1,191 @@
+"""Both control stores behind one fixture: SQLite in a real queue database file, and Azure
+Table Storage on Azurite's table service (started once per session on a free loopback port).
+
+The Azurite binary is $AZURITE_TABLE_BIN, else ``azurite-table`` beside $AZURITE_QUEUE_BIN,
+else <repo>/.azurite/node_modules/.bin/azurite-table.  It keeps everything in memory, runs
+from an empty temporary directory and is killed by its PID (process group).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from supervisor.backends.sqlite import SqliteBackend
+from supervisor.control.base import ControlStore
+from supervisor.control.sqlite import SqliteControlStore
+
+REPO = Path(__file__).resolve().parents[2]
+# The emulator's well-known development account (public, documented by Microsoft).
+ACCOUNT = "devstoreaccount1"
+ACCOUNT_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+QUEUE = "jobs"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+def table_connection_string(port: int) -> str:
+    return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
+            f"TableEndpoint=http://127.0.0.1:{port}/{ACCOUNT}")
+
+
+def _table_bin() -> str | None:
+    if os.environ.get("AZURITE_TABLE_BIN"):
+        return os.environ["AZURITE_TABLE_BIN"]
+    queue_bin = os.environ.get("AZURITE_QUEUE_BIN")
+    candidates = [Path(queue_bin).parent / "azurite-table"] if queue_bin else []
+    candidates.append(REPO / ".azurite" / "node_modules" / ".bin" / "azurite-table")
+    for path in candidates:
+        if path.exists():
+            return str(path)
+    return None
+
+
+@pytest.fixture(scope="session")
+def azurite_table(tmp_path_factory) -> Iterator[int]:
+    """The port of a running Azurite table service."""
+    binary = _table_bin()
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("Azurite is not installed; scripts/test installs it")
+        pytest.skip("azurite-table not found: set AZURITE_TABLE_BIN or AZURITE_QUEUE_BIN")
+    cwd = tmp_path_factory.mktemp("azurite-table")
+    port = free_port()
+    log = open(cwd / "azurite.log", "wb")
+    proc = subprocess.Popen(
+        [binary, "--tableHost", "127.0.0.1", "--tablePort", str(port), "--inMemoryPersistence",
+         "--skipApiVersionCheck", "--disableTelemetry", "--silent"],
+        cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not _accepts(port):
+            if proc.poll() is not None:
+                raise RuntimeError(f"azurite-table exited with {proc.returncode}; see {cwd}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"azurite-table did not listen on {port} within 30 s")
+            time.sleep(0.1)
+        yield port
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+        log.close()
+
+
+@dataclass
+class Kit:
+    """A store under test, plus what a test needs to reach past it."""
+
+    kind: str
+    store: ControlStore
+    make: Callable[..., ControlStore]  # another instance on the same storage
+    raw_put: Callable[[str, str, dict[str, Any]], None]  # (part, row, columns) unchecked
+    calls: list[str] = field(default_factory=list)  # HTTP requests / SQL statements
+
+
+def _sqlite_kit(tmp_path: Path) -> Iterator[Kit]:
+    path = str(tmp_path / "queue.db")
+    backend = SqliteBackend(path, QUEUE, "test-worker")  # the queue's own tables come first
+    calls: list[str] = []
+    store = SqliteControlStore(path)
+    store._conn.set_trace_callback(calls.append)
+
+    def raw_put(part: str, row: str, cols: dict[str, Any]) -> None:
+        with sqlite3.connect(path) as conn:
+            conn.execute("INSERT OR REPLACE INTO control_records (part, row, kind, at, rev, doc)"
+                         " VALUES (?,?,?,?,(SELECT value FROM control_meta),?)",
+                         (part, row, cols.get("kind", "x"), cols.get("at", 0.0),
+                          cols.get("doc", "")))
+        conn.close()
+
+    made: list[ControlStore] = [store]
+
+    def make(**kwargs: Any) -> ControlStore:
+        made.append(SqliteControlStore(path, **kwargs))
+        return made[-1]
+
+    yield Kit("sqlite", store, make, raw_put, calls)
+    for s in made:
+        s.close()
+    backend.close()
+
+
+def _azure_kit(port: int) -> Iterator[Kit]:
+    from azure.data.tables import TableClient, UpdateMode
+
+    from supervisor.control.azure_table import AzureTableControlStore
+
+    table = "t" + uuid.uuid4().hex[:20]
+    conn = table_connection_string(port)
+    calls: list[str] = []
+
+    def hook(request: Any) -> None:
+        calls.append(f"{request.http_request.method} {request.http_request.url}")
+
+    made: list[ControlStore] = []
+
+    def make(**kwargs: Any) -> ControlStore:
+        kwargs.setdefault("cursor_slack", 0.0)
+        made.append(AzureTableControlStore(connection_string=conn, table=table, **kwargs))
+        return made[-1]
+
+    store = make(request_hook=hook)
+    raw = TableClient.from_connection_string(conn, table_name=table)
+
+    def raw_put(part: str, row: str, cols: dict[str, Any]) -> None:
+        entity = {"PartitionKey": part, "RowKey": row, **cols}
+        if isinstance(entity.get("doc"), str):
+            entity.update(n=1, d0=entity.pop("doc"))
+        raw.upsert_entity(entity, mode=UpdateMode.REPLACE)
+
+    calls.clear()  # creating the table is not part of any test's count
+    yield Kit("azure", store, make, raw_put, calls)
+    for s in made:
+        s.close()
+    raw.delete_table()
+    raw.close()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("azure", marks=pytest.mark.azure)])
+def kit(request, tmp_path) -> Iterator[Kit]:
+    if request.param == "sqlite":
+        yield from _sqlite_kit(tmp_path)
+    else:
+        yield from _azure_kit(request.getfixturevalue("azurite_table"))
+
+
+def doc_text(**fields: Any) -> str:
+    return json.dumps(fields)

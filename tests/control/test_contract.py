@@ -1,0 +1,272 @@
+"""The ControlStore contract, run against SQLite and Azure Table (Azurite) alike."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from supervisor.control import (
+    Cancel,
+    Command,
+    PurgeCounts,
+    QueueFlag,
+    ResultRecord,
+    TaskInfo,
+    WorkerRecord,
+    new_seq,
+    worker_state,
+)
+from supervisor.control.base import DAY, WORKER_PURGE_AGE, queue_partition, worker_partition
+from supervisor.control.records import CMD_CHARS
+from supervisor.control.signing import Gate, sign, verify
+from supervisor.security import SigningKey, key_id
+
+from .conftest import QUEUE, Kit, doc_text
+
+NOW = 1_700_000_000.0  # the injected wall clock
+KEY = SigningKey(kid=key_id(b"k" * 32), secret=b"k" * 32)
+
+
+def worker(wid: str = "host-1:100", queue: str = QUEUE, heartbeat: float = NOW,
+           tasks: int = 0, cmd: str = "sleep 10", state: str = "running") -> WorkerRecord:
+    infos = tuple(TaskInfo(id=f"task-{i:05d}", attempt=1, pid=20_000 + i, started=NOW - i,
+                           lease_expires=NOW + 300.5, cmd=cmd) for i in range(tasks))
+    return WorkerRecord(id=wid, queue=queue, host="host-1", pid=100, version="0.1.0",
+                        state=state, slots_used=tasks, slots_total=max(tasks, 4),
+                        started=NOW - 60, heartbeat=heartbeat, tasks=infos)
+
+
+def cancel(task_id: str = "t1", when: float = NOW, queue: str = QUEUE) -> Cancel:
+    return Cancel(queue=queue, task_id=task_id, reason="wrong input", who="alice@ctl",
+                  when=when, grace=5.0)
+
+
+# --------------------------------------------------------------------------------- workers
+def test_workers_upsert_list_delete(kit: Kit) -> None:
+    s = kit.store
+    s.put_worker(worker("a"))
+    s.put_worker(worker("b", state="draining"))
+    s.put_worker(worker("c", queue="other"))
+    assert [w.id for w in s.workers(QUEUE)] == ["a", "b"]
+    assert sorted(w.id for w in s.workers()) == ["a", "b", "c"]
+    s.put_worker(worker("a", heartbeat=NOW + 15, tasks=2))
+    a = next(w for w in s.workers(QUEUE) if w.id == "a")
+    assert a == worker("a", heartbeat=NOW + 15, tasks=2)
+    s.delete_worker(QUEUE, "a")
+    s.delete_worker(QUEUE, "a")  # a clean exit twice: no error
+    assert [w.id for w in s.workers(QUEUE)] == ["b"]
+
+
+def test_thousand_tasks_round_trip(kit: Kit) -> None:
+    record = worker(tasks=1000, cmd="python train.py --seed 1 " + "x" * 300)
+    kit.store.put_worker(record)
+    (back,) = kit.store.workers(QUEUE)
+    assert len(back.tasks) == 1000 and back.tasks_omitted == 0
+    assert all(len(t.cmd) == CMD_CHARS for t in back.tasks)
+    assert back.tasks[999] == TaskInfo(id="task-00999", attempt=1, pid=20_999,
+                                       started=NOW - 999, lease_expires=NOW + 300.5,
+                                       cmd=record.tasks[999].cmd[:CMD_CHARS])
+
+
+def test_too_many_tasks_are_counted_not_lost(kit: Kit) -> None:
+    # Non-ASCII commands take twice the UTF-16 room: the record must still fit one entity.
+    kit.store.put_worker(worker(tasks=4000, cmd="é" * 400))
+    (back,) = kit.store.workers(QUEUE)
+    assert back.slots_used == 4000
+    assert 1000 <= len(back.tasks) < 4000
+    assert len(back.tasks) + back.tasks_omitted == 4000
+
+
+def test_lost_and_purged_by_age(kit: Kit) -> None:
+    s = kit.store
+    s.put_worker(worker("fresh", heartbeat=NOW))
+    s.put_worker(worker("stale", heartbeat=NOW - 50))
+    s.put_worker(worker("ancient", heartbeat=NOW - WORKER_PURGE_AGE - 1))
+    states = {w.id: worker_state(w, NOW) for w in s.workers(QUEUE)}
+    assert states == {"fresh": "running", "stale": "lost", "ancient": "lost"}
+    assert worker_state(worker(heartbeat=NOW - 45), NOW) == "running"  # 3 intervals: not yet
+    counts = s.purge(NOW)
+    assert counts.workers == 1
+    assert sorted(w.id for w in s.workers(QUEUE)) == ["fresh", "stale"]
+
+
+# --------------------------------------------------------------------------------- cancels
+def test_cancel_point_lookup_and_ttl(kit: Kit) -> None:
+    s = kit.store
+    s.put_cancel(cancel("t1"))
+    s.put_cancel(cancel("old", when=NOW - 8 * DAY))
+    s.put_cancel(cancel("t1", queue="other"))
+    assert s.get_cancel(QUEUE, "t1") == cancel("t1")
+    assert s.get_cancel(QUEUE, "missing") is None
+    assert s.get_cancel(QUEUE, "t") is None  # a prefix is not a match
+    assert [c.task_id for c in s.cancels(QUEUE)] == ["old", "t1"]
+    assert s.purge(NOW).cancels == 1
+    assert [c.task_id for c in s.cancels(QUEUE)] == ["t1"]
+    assert s.get_cancel("other", "t1") is not None
+
+
+def test_cancel_lookup_costs_one_call(kit: Kit) -> None:
+    kit.store.put_cancel(cancel("t1"))
+    kit.calls.clear()
+    assert kit.store.get_cancel(QUEUE, "t1") is not None
+    assert _calls(kit) == 1
+
+
+def test_signed_and_unsigned_cancels(kit: Kit, caplog: pytest.LogCaptureFixture) -> None:
+    s = kit.store
+    s.put_cancel(sign(cancel("signed"), KEY))
+    s.put_cancel(cancel("unsigned"))
+    forged = sign(cancel("forged"), KEY)
+    s.put_cancel(Cancel(**{**forged.__dict__, "reason": "changed after signing"}))
+    snap = s.poll(QUEUE, "w1")
+    by_id = {c.task_id: c for c in snap.cancels}
+    assert verify(by_id["signed"], [KEY]) is None
+    assert verify(by_id["unsigned"], [KEY]) == "unsigned"
+    assert verify(by_id["forged"], [KEY]) == "tampered (MAC mismatch)"
+    gate = Gate([KEY])
+    with caplog.at_level(logging.WARNING, logger="jobq.control"):
+        for _ in range(3):  # every poll sees them again; each is logged once
+            assert [c.task_id for c in gate.filter(s.poll(QUEUE, "w1").cancels)] == ["signed"]
+    assert len([r for r in caplog.records if "ignored cancel" in r.message]) == 2
+    assert len(Gate([]).filter(snap.cancels)) == 3  # no keys configured: all are data
+
+
+# ----------------------------------------------------------------------- flags and commands
+def test_pause_and_resume(kit: Kit) -> None:
+    s = kit.store
+    assert s.poll(QUEUE, "w1").flag is None
+    s.put_flag(QueueFlag(queue=QUEUE, paused=True, who="bob", when=NOW))
+    assert s.poll(QUEUE, "w1").flag == QueueFlag(queue=QUEUE, paused=True, who="bob", when=NOW)
+    assert s.poll("other", "w1").flag is None
+    s.put_flag(QueueFlag(queue=QUEUE, paused=False, who="carol", when=NOW + 1))
+    flag = s.poll(QUEUE, "w1").flag
+    assert flag is not None and not flag.paused and flag.who == "carol"
+
+
+def test_commands_are_for_one_worker_and_consumed_once(kit: Kit) -> None:
+    s = kit.store
+    # "h" must not see the commands of "h:1" (its id starts with "h:")
+    for wid, action, t in (("h", "drain", 0), ("h:1", "stop", 1), ("h", "stop", 2)):
+        s.put_command(Command(queue=QUEUE, worker=wid, seq=new_seq(NOW + t), action=action,
+                              who="ops", when=NOW + t))
+    mine = s.poll(QUEUE, "h").commands
+    assert [c.action for c in mine] == ["drain", "stop"]  # in the order given
+    s.ack_command(mine[0])
+    s.ack_command(mine[0])  # acknowledged twice: no error, no effect
+    assert [c.action for c in s.poll(QUEUE, "h").commands] == ["stop"]
+    assert [c.action for c in s.poll(QUEUE, "h:1").commands] == ["stop"]
+    assert s.poll(QUEUE, "nobody").commands == ()
+
+
+# -------------------------------------------------------------------------------- the poll
+def test_poll_is_one_call_and_returns_everything(kit: Kit) -> None:
+    s = kit.store
+    s.put_flag(QueueFlag(queue=QUEUE, paused=True, who="bob", when=NOW))
+    for i in range(5):
+        s.put_cancel(cancel(f"t{i}"))
+    s.put_command(Command(queue=QUEUE, worker="w1", seq=new_seq(NOW), action="drain",
+                          who="ops", when=NOW))
+    s.put_command(Command(queue=QUEUE, worker="w2", seq=new_seq(NOW), action="stop",
+                          who="ops", when=NOW))
+    s.put_worker(worker("w1", tasks=1000))  # in its own partition: not in the poll
+    kit.calls.clear()
+    snap = s.poll(QUEUE, "w1")
+    assert _calls(kit) == 1
+    assert snap.flag is not None and snap.flag.paused
+    assert sorted(c.task_id for c in snap.cancels) == [f"t{i}" for i in range(5)]
+    assert [(c.worker, c.action) for c in snap.commands] == [("w1", "drain")]
+
+
+def test_poll_cursor_returns_new_cancels(kit: Kit) -> None:
+    s = kit.store
+    s.put_cancel(cancel("first"))
+    first = s.poll(QUEUE, "w1")
+    assert [c.task_id for c in first.cancels] == ["first"] and first.cursor is not None
+    _later(kit)
+    s.put_cancel(cancel("second"))
+    second = s.poll(QUEUE, "w1", first.cursor)
+    assert "second" in [c.task_id for c in second.cancels]
+    third = s.poll(QUEUE, "w1", second.cursor)
+    assert "first" not in [c.task_id for c in third.cancels]
+    assert s.poll(QUEUE, "w1", "not a cursor").cancels  # a foreign cursor: all live ones
+    idle = s.poll("other", "w1")
+    assert idle.cancels == () and idle.cursor is None
+
+
+def test_idle_worker_calls_per_hour(kit: Kit) -> None:
+    """Six minutes of an idle worker (5 s polls, 15 s heartbeats) on the injected clock, and
+    the hourly purge: 10 x (72 + 24) + 1 = 961 calls per hour."""
+    s = kit.store
+    s.put_cancel(cancel("seen-long-ago"))
+    cursor = s.poll(QUEUE, "w1").cursor
+    kit.calls.clear()
+    for step in range(72):  # 360 s / 5 s
+        now = NOW + 5 * step
+        if step % 3 == 0:
+            s.put_worker(worker("w1", heartbeat=now))
+        cursor = s.poll(QUEUE, "w1", cursor).cursor
+    assert s.purge(NOW + 360) == PurgeCounts()
+    if kit.kind == "azure":
+        assert len(kit.calls) == 97
+        assert [c.split()[0] for c in kit.calls].count("PUT") == 24  # the upserts
+    else:
+        statements = [c.split()[0] for c in kit.calls]
+        assert (statements.count("INSERT"), statements.count("SELECT"),
+                statements.count("DELETE")) == (24, 72, 1)
+
+
+# ----------------------------------------------------------------------------- robustness
+def test_corrupt_and_foreign_records_are_skipped(kit: Kit,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    s = kit.store
+    s.put_cancel(cancel("good"))
+    s.put_worker(worker("good"))
+    qp, wp = queue_partition(QUEUE), worker_partition(QUEUE)
+    kit.raw_put(qp, "cancel:badjson", {"kind": "cancel", "doc": "{not json"})
+    kit.raw_put(qp, "cancel:badtype", {"kind": "cancel", "doc": doc_text(
+        v=1, kind="cancel", queue=QUEUE, task_id=7, reason="r", who="w", when=NOW)})
+    kit.raw_put(qp, "flag", {"kind": "flag", "doc": doc_text(
+        v=1, kind="flag", queue=QUEUE, paused="yes", who="w", when=NOW)})
+    kit.raw_put(wp, "future", {"kind": "worker", "doc": doc_text(v=2, kind="worker")})
+    kit.raw_put(wp, "foreign", {"kind": "worker", "at": NOW})
+    with caplog.at_level(logging.WARNING, logger="jobq.control"):
+        for _ in range(2):
+            snap = s.poll(QUEUE, "w1")
+            assert [c.task_id for c in snap.cancels] == ["good"] and snap.flag is None
+            assert [w.id for w in s.workers(QUEUE)] == ["good"]
+    skipped = [r.message for r in caplog.records if "skipped record" in r.message]
+    assert len(skipped) == 5, skipped  # each once, though read twice
+    assert any("unknown version 2" in m for m in skipped)
+
+
+def test_results(kit: Kit) -> None:
+    s = kit.store
+    for i, outcome in enumerate(("cancelled", "failed", "cancelled")):
+        s.put_result(ResultRecord(queue=QUEUE, task_id=f"t{i}", attempt=1, outcome=outcome,
+                                  reason="cancelled by alice: wrong input", tail="line\n" * 3,
+                                  exit_status=None if outcome == "cancelled" else 1,
+                                  worker="w1", when=NOW + i))
+    assert [r.task_id for r in s.results(QUEUE, "cancelled")] == ["t0", "t2"]
+    assert len(s.results(QUEUE)) == 3
+    assert s.purge(NOW + 8 * DAY).results == 3
+
+
+def test_records_are_shared_between_instances(kit: Kit) -> None:
+    other = kit.make()
+    kit.store.put_cancel(cancel("t1"))
+    assert other.get_cancel(QUEUE, "t1") == cancel("t1")
+
+
+# --------------------------------------------------------------------------------- helpers
+def _calls(kit: Kit) -> int:
+    if kit.kind == "azure":
+        return len(kit.calls)
+    return len([c for c in kit.calls if c.startswith("SELECT")])
+
+
+def _later(kit: Kit) -> None:
+    """Let the service's clock move on (Azure's Timestamp cursor); SQLite needs nothing."""
+    if kit.kind == "azure":
+        time.sleep(0.05)

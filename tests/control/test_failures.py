@@ -1,0 +1,139 @@
+"""A store that is down, hung or locked raises ControlStoreError quickly; the SQLite store
+shares the queue's file with a working SqliteBackend."""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from supervisor.backends.sqlite import SqliteBackend
+from supervisor.control import Cancel, ControlStoreError, SqliteControlStore
+from supervisor.task import Task
+
+from .conftest import QUEUE, free_port, table_connection_string
+
+NOW = 1_700_000_000.0
+
+
+def _cancel(task_id: str = "t1") -> Cancel:
+    return Cancel(queue=QUEUE, task_id=task_id, reason="r", who="w", when=NOW)
+
+
+@pytest.fixture
+def black_hole() -> Iterator[int]:
+    """A loopback port that accepts connections and never answers."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(timeout=5)
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+@pytest.mark.azure
+def test_azure_store_down_raises_quickly() -> None:
+    from supervisor.control.azure_table import AzureTableControlStore
+
+    conn = table_connection_string(free_port())  # nothing listens there
+    start = time.monotonic()
+    with pytest.raises(ControlStoreError, match="create table"):
+        AzureTableControlStore(connection_string=conn)
+    store = AzureTableControlStore(connection_string=conn, create=False)
+    with pytest.raises(ControlStoreError, match="poll"):
+        store.poll(QUEUE, "w1")
+    with pytest.raises(ControlStoreError, match="write cancel"):
+        store.put_cancel(_cancel())
+    store.close()
+    assert time.monotonic() - start < 5, "the SDK retried instead of failing"
+
+
+@pytest.mark.azure
+def test_azure_store_hung_raises_after_read_timeout(black_hole: int) -> None:
+    from supervisor.control.azure_table import AzureTableControlStore
+
+    store = AzureTableControlStore(connection_string=table_connection_string(black_hole),
+                                   create=False, read_timeout=1.0)
+    start = time.monotonic()
+    with pytest.raises(ControlStoreError, match="poll"):
+        store.poll(QUEUE, "w1")
+    took = time.monotonic() - start
+    store.close()
+    assert 0.9 < took < 5, took
+
+
+@pytest.mark.azure
+def test_azure_secrets_are_not_in_errors() -> None:
+    from supervisor.control.azure_table import AzureTableControlStore
+
+    conn = table_connection_string(free_port())
+    with pytest.raises(ControlStoreError) as info:
+        AzureTableControlStore(connection_string=conn)
+    assert "Eby8vdM02x" not in str(info.value)
+
+
+def test_sqlite_locked_database_raises_within_busy_timeout(tmp_path) -> None:
+    path = str(tmp_path / "queue.db")
+    store = SqliteControlStore(path, busy_timeout=0.3)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process holding the write lock
+    try:
+        start = time.monotonic()
+        with pytest.raises(ControlStoreError, match="write cancel"):
+            store.put_cancel(_cancel())
+        assert time.monotonic() - start < 3
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    store.put_cancel(_cancel())  # and works again once the lock is gone
+    assert store.get_cancel(QUEUE, "t1") is not None
+    store.close()
+
+
+def test_sqlite_missing_directory_is_a_config_error(tmp_path) -> None:
+    from supervisor.control import ControlConfigError
+
+    with pytest.raises(ControlConfigError, match="does not exist"):
+        SqliteControlStore(str(tmp_path / "nope" / "queue.db"))
+
+
+def test_sqlite_store_coexists_with_the_queue(tmp_path) -> None:
+    path = str(tmp_path / "queue.db")
+    backend = SqliteBackend(path, QUEUE, "w1")
+    store = SqliteControlStore(path)
+    try:
+        backend.push([Task(cmd="true", id="a"), Task(cmd="true", id="b")])
+        store.put_cancel(_cancel("a"))
+        (lease,) = backend.receive(1, 60)
+        assert lease.task is not None and lease.task.id == "a"
+        assert store.get_cancel(QUEUE, lease.task.id) is not None  # found at claim time
+        lease.complete()
+        assert backend.size() == 1
+        SqliteControlStore(path).close()  # opening again keeps what is there
+        assert store.get_cancel(QUEUE, "a") is not None
+        tables = {r[0] for r in sqlite3.connect(path).execute(
+            "SELECT name FROM sqlite_master WHERE type='table'")}
+        assert {"jobs", "control_records", "control_meta"} <= tables
+    finally:
+        store.close()
+        backend.close()

@@ -1,0 +1,147 @@
+"""Records, keys and signatures without a store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from supervisor.control import Cancel, Command, QueueFlag, TaskInfo, WorkerRecord, new_seq
+from supervisor.control.azure_table import table_endpoint
+from supervisor.control.base import (
+    OnceLog,
+    after_prefix,
+    cancel_key,
+    command_prefix,
+    key_part,
+)
+from supervisor.control.records import (
+    SHORT_CMD_CHARS,
+    WORKER_DOC_BYTES,
+    RecordError,
+    chunks,
+    decode,
+    encode,
+    stored_bytes,
+)
+from supervisor.control.signing import sign, verify
+from supervisor.security import SigningKey, key_id
+
+NOW = 1_700_000_000.0
+KEY = SigningKey(kid=key_id(b"a" * 32), secret=b"a" * 32)
+OTHER = SigningKey(kid=key_id(b"b" * 32), secret=b"b" * 32)
+
+
+def _worker(n: int, cmd: str) -> WorkerRecord:
+    tasks = tuple(TaskInfo(id=f"{i:08d}-aaaa-bbbb-cccc-dddddddddddd", attempt=2, pid=10_000 + i,
+                           started=NOW, lease_expires=None, cmd=cmd) for i in range(n))
+    return WorkerRecord(id="h:1", queue="q", host="h", pid=1, version="0.1.0", state="paused",
+                        slots_used=n, slots_total=n, started=NOW, heartbeat=NOW, tasks=tasks)
+
+
+def test_round_trip_every_kind() -> None:
+    records = [
+        _worker(2, "echo ünïcode"),
+        Cancel(queue="q", task_id="t", reason="r", who="w", when=NOW, grace=0.0),
+        QueueFlag(queue="q", paused=True, who="w", when=NOW),
+        Command(queue="q", worker="h:1", seq=new_seq(NOW), action="stop", who="w", when=NOW),
+    ]
+    for record in records:
+        assert decode(encode(record)) == record
+
+
+def test_worker_record_schema_has_no_secrets() -> None:
+    doc = json.loads(encode(_worker(1, "x")))
+    assert set(doc) == {"v", "kind", "id", "queue", "host", "pid", "version", "state",
+                        "slots_used", "slots_total", "started", "heartbeat", "interval",
+                        "tasks", "tasks_omitted"}
+    assert set(doc["tasks"][0]) == {"id", "attempt", "pid", "started", "lease_expires", "cmd"}
+
+
+@pytest.mark.parametrize("cmd", ["a" * 300, "é" * 300, "😀" * 300])
+def test_thousand_tasks_always_fit(cmd: str) -> None:
+    text = encode(_worker(1000, cmd))
+    back = decode(text)
+    assert isinstance(back, WorkerRecord)
+    assert len(back.tasks) == 1000 and back.tasks_omitted == 0
+    assert stored_bytes(text) <= WORKER_DOC_BYTES
+    assert all(len(c) <= 15_000 for c in chunks(text))
+
+
+def test_commands_are_shortened_before_tasks_are_dropped() -> None:
+    back = decode(encode(_worker(2000, "é" * 300)))
+    assert isinstance(back, WorkerRecord)
+    assert len(back.tasks) == 2000 - back.tasks_omitted > 1500
+    assert len(back.tasks[0].cmd) == SHORT_CMD_CHARS
+
+
+@pytest.mark.parametrize("text, why", [
+    ("{", "bad JSON"),
+    ("[]", "not a JSON object"),
+    ('{"v": 2, "kind": "flag"}', "unknown version"),
+    ('{"v": 1, "kind": "nope"}', "unexpected kind"),
+    ('{"v": 1, "kind": "flag", "queue": "q", "paused": 1, "who": "w", "when": 1}', "paused"),
+    ('{"v": 1, "kind": "flag", "queue": "q", "paused": true, "who": "w"}', "missing"),
+    ('{"v": 1, "kind": "cancel", "queue": "q", "task_id": "t", "reason": "r", "who": "w", '
+     '"when": 1, "grace": -1}', "negative grace"),
+    ('{"v": 1, "kind": "cmd", "queue": "q", "worker": "w", "seq": "1", "action": "rm -rf /", '
+     '"who": "w", "when": 1}', "unknown action"),
+    ('{"v": 1, "kind": "flag", "queue": "q", "paused": true, "who": "w", "when": 1, '
+     '"sig": "x"}', "sig"),
+])
+def test_bad_documents_are_refused(text: str, why: str) -> None:
+    with pytest.raises(RecordError, match=why):
+        decode(text)
+
+
+def test_kind_must_match_its_key() -> None:
+    text = encode(QueueFlag(queue="q", paused=True, who="w", when=NOW))
+    with pytest.raises(RecordError, match="unexpected kind"):
+        decode(text, "cancel")
+
+
+def test_extra_fields_are_ignored() -> None:
+    doc = json.loads(encode(QueueFlag(queue="q", paused=False, who="w", when=NOW)))
+    doc["future"] = [1, 2]
+    assert decode(json.dumps(doc)) == QueueFlag(queue="q", paused=False, who="w", when=NOW)
+
+
+def test_keys_cannot_reach_into_each_other() -> None:
+    assert key_part("a:b/c#d?e\\f%") == "a%3Ab%2Fc%23d%3Fe%5Cf%25"
+    assert key_part("a%3Ab") != key_part("a:b")
+    worker_h, worker_h1 = command_prefix("h"), command_prefix("h:1")
+    assert not worker_h1.startswith(worker_h)
+    assert worker_h < worker_h + "x" < after_prefix(worker_h)
+    assert cancel_key("\x00\x7f") == "cancel:%00%7F"
+
+
+def test_table_endpoint_from_queue_url() -> None:
+    assert (table_endpoint("https://acct.queue.core.windows.net/")
+            == "https://acct.table.core.windows.net")
+    assert (table_endpoint("https://acct.queue.core.chinacloudapi.cn?sv=1&sig=x")
+            == "https://acct.table.core.chinacloudapi.cn?sv=1&sig=x")
+
+
+def test_signatures_bind_every_field() -> None:
+    cancel = sign(Cancel(queue="q", task_id="t", reason="r", who="w", when=NOW), KEY)
+    assert cancel.sig is not None and cancel.sig["kid"] == KEY.kid
+    assert verify(decode(encode(cancel)), [OTHER, KEY]) is None  # survives a round trip
+    assert verify(cancel, [OTHER]) == f"unknown key id {KEY.kid!r}"
+    for change in ({"task_id": "u"}, {"queue": "p"}, {"when": NOW + 1}, {"grace": 9.0}):
+        moved = Cancel(**{**cancel.__dict__, **change})
+        assert verify(moved, [KEY]) == "tampered (MAC mismatch)"
+    flag = sign(QueueFlag(queue="q", paused=True, who="w", when=NOW), KEY)
+    assert verify(QueueFlag(**{**flag.__dict__, "paused": False}), [KEY]) is not None
+    assert verify(Cancel(**{**cancel.__dict__, "sig": {"kid": KEY.kid, "mac": "é"}}),
+                  [KEY]) == "tampered (MAC mismatch)"
+
+
+def test_once_log_is_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    once = OnceLog(limit=2)
+    assert once.warn("a", "x") and not once.warn("a", "x")
+    assert once.warn("b", "x") and once.warn("c", "x")  # the set was full and restarted
+    assert len(once._seen) == 1
+
+
+def test_new_seq_sorts_by_time() -> None:
+    assert new_seq(NOW) < new_seq(NOW + 0.001) and new_seq(NOW) != new_seq(NOW)
