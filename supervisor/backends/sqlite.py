@@ -208,19 +208,15 @@ class SqliteBackend:
 
     def receive(self, max_messages: int, lock_duration: float) -> list[SqliteLease]:
         now = time.time()
-        leases = []
         try:
             # One autocommit statement (atomic on its own): BEGIN and COMMIT around it cost
             # two more round trips through the GIL per receive, on the hot path.
             rows = self._conn.execute(
                 RECEIVE_SQL, (self.worker_id, now, now + lock_duration, now, self.queue, now,
                               max_messages)).fetchall()
-            for seq, job_id, body, attempt, token, max_att in sorted(rows):
-                leases.append(SqliteLease(self, seq, job_id, body, attempt, token, max_att,
-                                          lock_duration))
         except sqlite3.DatabaseError as exc:
             raise BackendError(f"SQLite receive failed: {exc}") from None
-        return leases
+        return [SqliteLease(self, row, lock_duration) for row in sorted(rows)]
 
     def maintenance(self) -> None:
         """The stale-lock reaper, every --reaper-interval (main thread)."""

@@ -23,17 +23,15 @@ if TYPE_CHECKING:
 class SqliteLease:
     """A running job held by this worker.  Used from its LeaseKeeper thread only."""
 
-    def __init__(self, backend: SqliteBackend, seq: int, job_id: str, body: str, attempt: int,
-                 token: int, max_attempts: int | None, lock_duration: float) -> None:
+    def __init__(self, backend: SqliteBackend, row: tuple[int, str, str, int, int, int | None],
+                 lock_duration: float) -> None:
+        """``row``: what RECEIVE_SQL returns for one job (sqlite.py)."""
         self._backend = backend
-        self._seq = seq
-        self._token = token
-        self.message_id = job_id
-        self.raw_body = body
-        self.attempt = attempt
         self.lock_duration = lock_duration
+        seq, self.message_id, self.raw_body, self.attempt, self._token, max_attempts = row
+        self._fence = (seq, self._token)  # appended to every write's arguments
         self.format_error: str | None
-        task, self.format_error = parse_body(body)
+        task, self.format_error = parse_body(self.raw_body)
         if task is not None and max_attempts is not None and task.max_attempts is None:
             task = replace(task, max_attempts=max_attempts)  # the column set at push
         self.task: Task | None = task
@@ -41,7 +39,7 @@ class SqliteLease:
     def _write(self, sql: str, args: tuple, timeout: float) -> None:
         """One fenced UPDATE.  Raises LeaseLost when the token no longer matches (the lease
         was reaped, perhaps handed out again), BackendError on a busy database."""
-        n = self._backend._lease_write(sql, args + (self._seq, self._token), timeout)
+        n = self._backend._lease_write(sql, args + self._fence, timeout)
         if n == 0:
             raise LeaseLost(f"job {self.message_id}: lease token {self._token} no longer valid")
 
