@@ -8,10 +8,9 @@ environment variable ``JOBQ_<NAME>``; precedence: flag > environment > config fi
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
-import time
+from dataclasses import fields
 from typing import Any, NoReturn
 
 import configargparse
@@ -22,22 +21,42 @@ from .settings import (
     EXIT_OK,
     EXIT_UNEXPECTED,
     EXIT_USAGE,
+    LOCK_DEFAULTS,
+    LOCK_LOST_BEHAVIORS,
     LOG_FORMATS,
+    LOG_LEVELS,
+    SCHEDULED_EVENTS_MODES,
+    TASK_LIMITS,
     Settings,
     SettingsError,
     parse_duration,
 )
+from .usage import UsageError
 
+__all__ = ["UsageError", "ctl_main", "parse_worker_settings", "worker_main", "worker_parser"]
 
-class UsageError(Exception):
-    """Bad command line or configuration: one line on stderr, exit status 2."""
+# The default of every option that sets a Settings field is that field's default: one copy.
+SETTINGS_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Settings)}
 
 
 class _Parser(configargparse.ArgParser):
-    """argparse prints usage plus the message; we want exactly one line."""
+    """argparse prints usage plus the message; we want exactly one line.  An option without
+    an explicit default takes its Settings field's."""
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action: argparse.Action = super().add_argument(*args, **kwargs)
+        if "default" not in kwargs and action.dest in SETTINGS_DEFAULTS:
+            action.default = SETTINGS_DEFAULTS[action.dest]
+        return action
+
+
+def _per_backend(index: int, otherwise: str) -> str:
+    """``sqlite 2700, storage-queue 600 ...`` from LOCK_DEFAULTS, for help texts."""
+    return ", ".join(f"{name} {value[index]:g}" if value[index] is not None
+                     else f"{name} {otherwise}" for name, value in LOCK_DEFAULTS.items())
 
 
 def _duration(text: str) -> float:
@@ -67,23 +86,20 @@ def _positive_int(text: str) -> int:
 
 
 def _add_backend_options(p: Any, suppress: bool = False) -> None:
-    """Options shared by both commands (on jobq-ctl sub-commands with SUPPRESS defaults)."""
-
-    def d(value: Any) -> Any:
-        return argparse.SUPPRESS if suppress else value
-
-    p.add_argument("--backend", choices=BACKENDS, default=d("sqlite"),
-                   help="queue backend (default: sqlite)")
-    p.add_argument("--queue", default=d("default"), help="queue name (default: default)")
-    p.add_argument("--sqlite-path", default=d("jobq.db"),
-                   help="SQLite database file (default: jobq.db)")
-    p.add_argument("--connection-string", default=d(None),
-                   help="Azure connection string (secret: prefer env JOBQ_CONNECTION_STRING)")
-    p.add_argument("--account-url", default=d(None),
-                   help="Storage account queue URL, with DefaultAzureCredential")
-    p.add_argument("--namespace", default=d(None),
+    """Options shared by both commands (on jobq-ctl sub-commands with SUPPRESS defaults,
+    so that they do not hide the values given before the sub-command)."""
+    kw: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
+    p.add_argument("--backend", choices=BACKENDS, help="queue backend", **kw)
+    p.add_argument("--queue", help="queue name", **kw)
+    p.add_argument("--sqlite-path", help="SQLite database file", **kw)
+    p.add_argument("--connection-string",
+                   help="Azure connection string (secret: prefer env JOBQ_CONNECTION_STRING)",
+                   **kw)
+    p.add_argument("--account-url",
+                   help="Storage account queue URL, with DefaultAzureCredential", **kw)
+    p.add_argument("--namespace",
                    help="Service Bus namespace NAME.servicebus.windows.net, with "
-                        "DefaultAzureCredential")
+                        "DefaultAzureCredential", **kw)
 
 
 def worker_parser() -> _Parser:
@@ -98,90 +114,88 @@ def worker_parser() -> _Parser:
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _add_backend_options(p)
-    p.add_argument("-n", "--num-workers", type=int, default=1, help="tasks run at once")
-    p.add_argument("--lock-duration", type=_duration, default=None,
-                   help="lease length in seconds (SQLite 2700, Storage Queue 600)")
+    p.add_argument("-n", "--num-workers", type=int, help="tasks run at once")
+    p.add_argument("--lock-duration", type=_duration,
+                   help=f"lease length in seconds ({_per_backend(0, '')})")
     p.add_argument("--visibility-timeout", dest="lock_duration", type=_duration,
                    default=argparse.SUPPRESS, help="alias of --lock-duration (Storage Queue)")
-    p.add_argument("--renew-interval", type=_duration, default=None,
-                   help="seconds between lease renewals (SQLite 120, else lock/3)")
-    p.add_argument("--renew-before", type=_duration, default=10.0,
+    p.add_argument("--renew-interval", type=_duration,
+                   help=f"seconds between lease renewals ({_per_backend(1, 'lock/3')})")
+    p.add_argument("--renew-before", type=_duration,
                    help="renew at the latest this long before the lock ends")
-    p.add_argument("--reaper-interval", type=_duration, default=300.0,
+    p.add_argument("--reaper-interval", type=_duration,
                    help="SQLite stale-lock reaper period; 0 disables it")
-    p.add_argument("--stale-lock-age", type=_duration, default=None,
+    p.add_argument("--stale-lock-age", type=_duration,
                    help="reap running jobs whose lock expired this long ago (default: lock)")
-    p.add_argument("--kill-timeout", type=_duration, default=600.0,
+    p.add_argument("--kill-timeout", type=_duration,
                    help="SIGTERM to SIGKILL escalation delay; 0 never escalates")
-    p.add_argument("--lock-lost-behavior", choices=("sigkill", "sigterm"), default="sigkill",
+    p.add_argument("--lock-lost-behavior", choices=LOCK_LOST_BEHAVIORS,
                    help="signal sent to a task whose lease is lost")
-    p.add_argument("--max-attempts", type=int, default=5,
+    p.add_argument("--max-attempts", type=int,
                    help="attempts per task before it is failed (a task may set its own)")
-    p.add_argument("--retry-delay", type=_duration, default=10.0,
+    p.add_argument("--retry-delay", type=_duration,
                    help="first retry backoff; doubles per attempt")
-    p.add_argument("--retry-delay-max", type=_duration, default=600.0,
+    p.add_argument("--retry-delay-max", type=_duration,
                    help="upper bound of the retry backoff")
-    p.add_argument("--task-time-limit", type=_duration, default=None,
+    p.add_argument("--task-time-limit", type=_duration,
                    help="SIGTERM a task running longer than this")
-    p.add_argument("--time-limit", type=_duration, default=None,
+    p.add_argument("--time-limit", type=_duration,
                    help="worker lifetime: then requeue running tasks and exit 0")
-    p.add_argument("--max-consecutive-failures", type=_positive_int, default=0,
+    p.add_argument("--max-consecutive-failures", type=_positive_int,
                    help="exit 3 after this many failed tasks in a row (0 = off)")
-    p.add_argument("--exit-when-empty", action="store_true", default=False,
+    p.add_argument("--exit-when-empty", action="store_true",
                    help="exit 0 once nothing is pending and nothing runs")
-    p.add_argument("--idle-timeout", type=_duration, default=None,
+    p.add_argument("--idle-timeout", type=_duration,
                    help="exit 0 after this long without a task")
-    p.add_argument("--poll-interval", type=_duration, default=1.0,
+    p.add_argument("--poll-interval", type=_duration,
                    help="seconds between receives while the queue is empty")
-    p.add_argument("--task-log-dir", default=None,
+    p.add_argument("--task-log-dir",
                    help="also write each task's output to DIR/<task id>.<attempt>.log")
-    p.add_argument("--worker-id", default=None, help="name of this worker (default host:pid)")
-    p.add_argument("--lock-file", default=None,
+    p.add_argument("--worker-id", help="name of this worker (empty: HOST:PID:RANDOM)")
+    p.add_argument("--lock-file",
                    help="hold an flock on PATH for the run; a second run exits 0 at once")
-    p.add_argument("--metrics-file", default=None,
+    p.add_argument("--metrics-file",
                    help="write Prometheus metrics to PATH (node_exporter textfile collector)")
-    p.add_argument("--metrics-interval", type=_duration, default=5.0,
+    p.add_argument("--metrics-interval", type=_duration,
                    help="seconds between metrics file writes")
-    p.add_argument("--scheduled-events", choices=("auto", "on", "off"), default="auto",
+    p.add_argument("--scheduled-events", choices=SCHEDULED_EVENTS_MODES,
                    help="poll Azure Scheduled Events for Preempt/Terminate (auto: on Azure VMs "
                         "unless JOBQ_DISABLE_SCHEDULED_EVENTS=1)")
     p.add_argument("--scheduled-events-url",
-                   default="http://169.254.169.254/metadata/scheduledevents"
-                           "?api-version=2020-07-01",
                    help="Scheduled Events endpoint (Instance Metadata Service)")
-    p.add_argument("--scheduled-events-interval", type=_duration, default=1.0,
+    p.add_argument("--scheduled-events-interval", type=_duration,
                    help="seconds between Scheduled Events polls")
-    p.add_argument("--scheduled-events-ack", action="store_true", default=False,
+    p.add_argument("--scheduled-events-ack", action="store_true",
                    help="acknowledge a Preempt (StartRequests) once every task is requeued")
     _add_security_options(p)
-    p.add_argument("--log-level", default="INFO", type=str.upper,
-                   choices=("DEBUG", "INFO", "WARNING", "ERROR"))
-    p.add_argument("--log-format", choices=LOG_FORMATS, default="text")
+    p.add_argument("--log-level", type=str.upper,
+                   choices=LOG_LEVELS)
+    p.add_argument("--log-format", choices=LOG_FORMATS)
     return p
 
 
 def _add_security_options(p: Any) -> None:
     """The worker's issue-7 options (security.py checks them at start)."""
-    p.add_argument("--signing-key-file", action="append", default=None, metavar="PATH",
+    p.add_argument("--signing-key-file", action="append", metavar="PATH",
                    help="accept only tasks signed with this HMAC key (repeatable for key "
                         "rotation; env/INI: comma-separated list)")
-    p.add_argument("--max-task-age", type=_duration, default=None,
+    p.add_argument("--max-task-age", type=_duration,
                    help="refuse signed tasks issued longer ago than this")
-    p.add_argument("--allowed-commands", default=None, metavar="REGEX",
+    p.add_argument("--allowed-commands", metavar="REGEX",
                    help="refuse tasks whose command does not fully match REGEX")
-    p.add_argument("--task-user", default=None, metavar="NAME",
+    p.add_argument("--task-user", metavar="NAME",
                    help="run tasks as this user (the supervisor must run as root)")
-    p.add_argument("--task-group", default=None, metavar="NAME",
+    p.add_argument("--task-group", metavar="NAME",
                    help="run tasks with this group (default: the task user's group)")
-    p.add_argument("--task-memory-limit", type=_size, default=None, metavar="SIZE",
+    p.add_argument("--task-memory-limit", type=_size, metavar="SIZE",
                    help="memory limit per task, e.g. 512M, 2G (systemd: MemoryMax of the "
                         "task's scope; rlimit: address space per process)")
-    p.add_argument("--task-cpu-limit", type=_duration, default=None, metavar="SECONDS",
+    p.add_argument("--task-cpu-limit", type=_duration, metavar="SECONDS",
                    help="CPU-time limit per task process (RLIMIT_CPU, both mechanisms)")
-    p.add_argument("--task-max-procs", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--task-max-procs", type=_positive_int, metavar="N",
                    help="process limit (systemd: TasksMax of the task's scope; rlimit: "
                         "RLIMIT_NPROC of the task user, not for root)")
-    p.add_argument("--task-limits", choices=("auto", "systemd", "rlimit"), default="auto",
+    p.add_argument("--task-limits", choices=TASK_LIMITS,
                    help="how the task limits are applied: systemd scopes (cgroups), rlimits, "
                         "or auto: systemd when it can create scopes, else rlimits")
 
@@ -301,11 +315,12 @@ def ctl_parser() -> _Parser:
         args_for_setting_config_path=["--config"],
         config_arg_help_message="the worker's INI config file (backend and queue are read)",
         ignore_unknown_config_file_keys=True,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     _add_backend_options(p)
     # also here, so JOBQ_SIGNING_KEY_FILE and a shared worker INI apply (sub-parsers read
     # neither); push signs with the first key, so list the newest first
-    p.add_argument("--signing-key-file", action="append", default=None, metavar="PATH",
+    p.add_argument("--signing-key-file", action="append", metavar="PATH",
                    help="push: sign tasks with this key (env/INI: comma-separated list)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -363,7 +378,7 @@ def ctl_main(argv: list[str] | None = None) -> int:
         print(f"jobq-ctl: error: {exc}", file=sys.stderr)
         return EXIT_UNEXPECTED
     try:
-        return run_command(ns, settings, backend)
+        return run_command(ns, backend)
     except UsageError as exc:
         return _fail_usage("jobq-ctl", str(exc))
     except BackendConfigError as exc:
@@ -374,12 +389,3 @@ def ctl_main(argv: list[str] | None = None) -> int:
     finally:
         backend.close()
 
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True, default=str)
-
-
-def iso(ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import Any
 
 from .backends.base import Backend
-from .cli import UsageError, dumps, iso
 from .security import SecurityConfigError, load_key, sign_task, split_paths
-from .settings import Settings
 from .task import Task, TaskFormatError
+from .usage import UsageError
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, default=str)
+
+
+def iso(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def _env_pairs(pairs: list[str]) -> dict[str, str]:
@@ -127,7 +137,8 @@ def cmd_clear(ns: Any, backend: Backend) -> int:
     return 0
 
 
-def run_command(ns: Any, settings: Settings, backend: Backend) -> int:
+def run_command(ns: Any, backend: Backend) -> int:
+    """Run the parsed sub-command ``ns.command`` on ``backend``; its exit status."""
     handlers = {
         "push": cmd_push,
         "size": lambda ns, b: print(b.size()) or 0,

@@ -31,6 +31,7 @@ from types import FrameType
 from typing import Any, Callable
 
 from .events import Event
+from .settings import SCHEDULED_EVENTS_URL as SCHEDULED_EVENTS_URL  # the one copy; re-exported
 from .threads import start_thread
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -62,7 +63,6 @@ class SignalQueue:
 
 log = logging.getLogger("jobq.preemption")
 
-SCHEDULED_EVENTS_URL = "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
 COMPUTE_NAME_PATH = "/metadata/instance/compute/name?api-version=2021-02-01&format=text"
 AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
 PREEMPT_EVENT_TYPES = ("Preempt", "Terminate")

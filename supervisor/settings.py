@@ -21,6 +21,10 @@ BACKENDS = ("sqlite", "storage-queue", "servicebus")
 LOCK_LOST_BEHAVIORS = ("sigkill", "sigterm")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+SCHEDULED_EVENTS_MODES = ("auto", "on", "off")
+TASK_LIMITS = ("auto", "systemd", "rlimit")  # how task limits are applied (limits.py)
+# The Instance Metadata Service's Scheduled Events endpoint (preemption.py polls it).
+SCHEDULED_EVENTS_URL = "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
 
 # Per-backend defaults for the lease: (lock duration, renew interval or None = lock/3).
 LOCK_DEFAULTS: dict[str, tuple[float, float | None]] = {
@@ -84,8 +88,7 @@ class Settings:
     metrics_file: str | None = None
     metrics_interval: float = 5.0
     scheduled_events: str = "auto"
-    scheduled_events_url: str = (
-        "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01")
+    scheduled_events_url: str = SCHEDULED_EVENTS_URL
     scheduled_events_interval: float = 1.0
     scheduled_events_ack: bool = False
     log_level: str = "INFO"
@@ -100,7 +103,7 @@ class Settings:
     task_memory_limit: int | None = None  # bytes
     task_cpu_limit: float | None = None  # CPU seconds
     task_max_procs: int | None = None
-    task_limits: str = "auto"  # auto, systemd or rlimit (limits.py)
+    task_limits: str = "auto"  # one of TASK_LIMITS
     config_file: str | None = None  # the --config file, for the world-readable warning
 
     def __repr__(self) -> str:
@@ -190,7 +193,7 @@ class Settings:
                 raise bad(name.replace("_", "-"), "must be positive")
         if self.poll_interval <= 0 or self.poll_interval > 60:
             raise bad("poll-interval", "must be between 0 and 60 seconds")
-        if self.scheduled_events not in ("auto", "on", "off"):
+        if self.scheduled_events not in SCHEDULED_EVENTS_MODES:
             raise bad("scheduled-events", "must be auto, on or off")
         if not re.match(r"^https?://[^/]+", self.scheduled_events_url or ""):
             raise bad("scheduled-events-url", "must be an http(s) URL")
@@ -198,7 +201,7 @@ class Settings:
             raise bad("scheduled-events-interval", "must be positive")
         if self.metrics_interval <= 0:
             raise bad("metrics-interval", "must be positive")
-        if self.task_limits not in ("auto", "systemd", "rlimit"):
+        if self.task_limits not in TASK_LIMITS:
             raise bad("task-limits", "must be auto, systemd or rlimit")
         if self.log_format not in LOG_FORMATS:
             raise bad("log-format", "must be text or json")

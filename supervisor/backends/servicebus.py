@@ -12,9 +12,10 @@ Threads: each received message comes on a receiver of its own, which its lease t
 (see servicebus_pool.py); the receivers are opened by one opener thread.  The main thread
 has its own client for push/peek/ctl commands.
 
-Lock length (DESIGN §3): the queue's LockDuration, read once with the administration client
-where the credential allows it, else ``--lock-duration``; the broker's locked-until minus
-the local clock is only a cross-check (the shorter wins when it is plausible).
+Lock length (docs/architecture.rst, the lease deadline): the queue's LockDuration, read once
+with the administration client where the credential allows it, else ``--lock-duration``; the
+broker's locked-until minus the local clock is only a cross-check (the shorter wins when it is
+plausible).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
@@ -38,11 +39,12 @@ from azure.servicebus import (
 )
 
 from ..task import Task, parse_or_body
+from .azure_common import Scrubber, matches, reset_for_requeue
 from .base import Backend, BackendBase, BackendConfigError, FailedRecord, Lease, QueueStatus
+from .common import mapped_errors
 from .servicebus_lease import ServiceBusLease
 from .servicebus_pool import ReceiverPool
-from .servicebus_util import SDK_ERRORS, LockCheck, Scrubber, failed_record, message_text, translate
-from .storage_queue_util import matches, reset_for_requeue
+from .servicebus_util import SDK_ERRORS, LockCheck, failed_record, message_text, translate
 
 __all__ = ["ServiceBusBackend", "ServiceBusLease"]
 LOG = logging.getLogger(__name__)
@@ -78,6 +80,8 @@ class ServiceBusBackend(BackendBase):
         self.queue_name = queue
         self.worker_id = worker_id
         self.scrub = Scrubber(connection_string, None)
+        self.translate = partial(translate, scrub=self.scrub)
+        self.translate_lease = partial(translate, scrub=self.scrub, lease=True)  # any thread
         self._connection_string = connection_string
         self._namespace = namespace
         self.receive_wait = receive_wait
@@ -142,7 +146,7 @@ class ServiceBusBackend(BackendBase):
                 props = admin.get_queue(self.queue_name, connection_timeout=5, read_timeout=10)
         except Exception as exc:  # no Manage rights, no network: fall back, say why
             LOG.warning("cannot read the queue's LockDuration (%s); using --lock-duration",
-                        translate(exc, "get queue", self.scrub))
+                        self.translate(exc, "get queue"))
             return None
         duration = props.lock_duration
         seconds = duration.total_seconds() if isinstance(duration, timedelta) else None
@@ -161,19 +165,13 @@ class ServiceBusBackend(BackendBase):
         return ServiceBusAdministrationClient(str(self._namespace), self._credential,
                                               retry_total=0)
 
-    @contextmanager
-    def _sdk(self, what: str) -> Iterator[None]:
+    def _sdk(self, what: str) -> AbstractContextManager[None]:
         """Translate SDK errors of a block (opening a client happens on ``with``)."""
-        try:
-            yield
-        except SDK_ERRORS as exc:
-            raise translate(exc, what, self.scrub) from None
+        return mapped_errors(what, SDK_ERRORS, self.translate)
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
-        try:
+        with self._sdk(what):
             return fn()
-        except SDK_ERRORS as exc:
-            raise translate(exc, what, self.scrub) from None
 
     def receive(self, max_messages: int, lock_duration: float) -> list[Lease]:
         """Up to ``max_messages``, one receiver each; the first waits ``receive_wait`` s."""
@@ -189,7 +187,7 @@ class ServiceBusBackend(BackendBase):
             except SDK_ERRORS as exc:
                 self.pool.discard(receiver)  # closed on the opener thread
                 self.pool.give_back(receivers[i + 1:], front=True)
-                error = translate(exc, "receive", self.scrub)
+                error = self.translate(exc, "receive")
                 if leases:
                     LOG.warning("%s", error)
                     return leases
@@ -227,11 +225,9 @@ class ServiceBusBackend(BackendBase):
     def send(self, messages: list[ServiceBusMessage], what: str,
              timeout: float = CALL_TIMEOUT) -> None:
         """Any thread: send on a sender of its own."""
-        try:
-            with self.new_client() as client, client.get_queue_sender(self.queue_name) as sender:
-                sender.send_messages(messages, timeout=timeout)
-        except SDK_ERRORS as exc:
-            raise translate(exc, what, self.scrub) from None
+        with self._sdk(what), self.new_client() as client, \
+                client.get_queue_sender(self.queue_name) as sender:
+            sender.send_messages(messages, timeout=timeout)
 
     def push(self, tasks: Sequence[Task]) -> list[str]:
         """Send the tasks (message id = task id) in batches; returns their ids."""
@@ -277,7 +273,7 @@ class ServiceBusBackend(BackendBase):
                             else props.active_message_count) or 0)
             except Exception as exc:  # no Manage rights: count by peeking
                 LOG.info("administration API not available (%s); counting by peeking",
-                         translate(exc, "queue properties", self.scrub))
+                         self.translate(exc, "queue properties"))
         sub = ServiceBusSubQueue.DEAD_LETTER if dead_letter else None
         n = len(self._peek_all(sub, COUNT_LIMIT))
         if n >= COUNT_LIMIT:
@@ -334,7 +330,7 @@ class ServiceBusBackend(BackendBase):
                     try:
                         dlq.abandon_message(message)
                     except SDK_ERRORS as exc:  # comes back when its lock expires anyway
-                        LOG.warning("%s", translate(exc, "release failed record", self.scrub))
+                        LOG.warning("%s", self.translate(exc, "release failed record"))
         return moved
 
     def clear(self, failed: bool) -> int:

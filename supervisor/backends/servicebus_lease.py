@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
 
 from ..task import Task, TaskFormatError
-from .base import BackendError, LeaseLost
+from .base import BackendError
+from .common import mapped_errors, parse_body, settled_error
 from .servicebus_util import (
     MAX_DEAD_LETTER_TEXT,
     PRIOR_ATTEMPTS,
@@ -36,9 +37,7 @@ from .servicebus_util import (
     describe,
     message_text,
     prior_attempts,
-    translate,
 )
-from .storage_queue_util import poison_reason
 
 if TYPE_CHECKING:
     from .servicebus import ServiceBusBackend
@@ -60,12 +59,9 @@ class ServiceBusLease:
         self.lock_duration = granted
         self.expires = t_sent + granted  # monotonic; the broker's lock ends no earlier
         self.raw_body = message_text(message)
-        self.task: Task | None = None
-        self.format_error: str | None = None
-        try:
-            self.task = Task.parse(self.raw_body)
-        except TaskFormatError as exc:
-            self.format_error = poison_reason(exc, self.raw_body)
+        self.task: Task | None
+        self.format_error: str | None
+        self.task, self.format_error = parse_body(self.raw_body)
         # The wire's delivery count is 0 on the first delivery; preempted tasks are re-sent
         # (a new message) carrying the attempts used before.
         self.attempt = prior_attempts(message) + (message.delivery_count or 0) + 1
@@ -77,22 +73,19 @@ class ServiceBusLease:
         return f"ServiceBusLease(message_id={self.message_id!r}, attempt={self.attempt})"
 
     def _call(self, what: str, fn: Callable[[Any], T], timeout: float | None = None) -> T:
+        what = f"{what} {self.message_id}"
         if self.done:
-            raise LeaseLost(f"{what} {self.message_id}: lease already settled or lost")
+            raise settled_error(what)
         if timeout is None:  # settlement: bounded by the time left on the lock
             timeout = max(MIN_CALL, (self.expires - time.monotonic()) / 2)
         _bound(self._receiver, timeout)
         self.busy = True
+        # Unless the lease is lost, the receiver stays ours after an error: the SDK reopens a
+        # failed link by itself on the next call.  It is never swapped for another one, as
+        # the SDK settles on the current link by delivery id.
         try:
-            return fn(self._receiver)
-        except SDK_ERRORS as exc:
-            error = translate(exc, f"{what} {self.message_id}", self._backend.scrub, lease=True)
-            if isinstance(error, LeaseLost):
-                self.lost()
-            # Otherwise the receiver stays ours: the SDK reopens a failed link by itself on
-            # the next call.  It is never swapped for another one, as the SDK settles on the
-            # current link by delivery id.
-            raise error from None
+            with mapped_errors(what, SDK_ERRORS, self._backend.translate_lease, on_lost=self.lost):
+                return fn(self._receiver)
         finally:
             self.busy = False
 

@@ -18,8 +18,9 @@ import threading
 import time
 from typing import Any, Callable
 
+from .azure_common import Scrubber
 from .base import BackendConfigError, BackendError
-from .servicebus_util import Scrubber, translate
+from .servicebus_util import translate
 
 LOG = logging.getLogger(__name__)
 RETRY_MAX = 10.0  # s between failed opens, at most

@@ -23,11 +23,11 @@ from azure.servicebus.exceptions import (
     SessionLockLostError,
 )
 
-from ..task import Task, TaskFormatError
+from .azure_common import Scrubber, detail
 from .base import BackendConfigError, BackendError, FailedRecord, LeaseLost
-from .storage_queue_util import Scrubber, _short
+from .common import parse_body
 
-__all__ = ["SDK_ERRORS", "Scrubber", "translate"]
+__all__ = ["SDK_ERRORS", "translate"]
 LOG = logging.getLogger(__name__)
 
 # What an SDK call may raise: its own errors (AzureError), MessageAlreadySettled and "handler
@@ -49,19 +49,18 @@ def translate(exc: BaseException, what: str, scrub: Scrubber, lease: bool = Fals
     not found mean the lease is gone.  Only a scrubbed one-line summary is kept; callers
     raise the result ``from None`` so the SDK's exception is not chained into logs.
     """
-    first = str(exc).splitlines()[0] if str(exc) else ""
-    detail = _short(scrub(f"{type(exc).__name__}: {first}"))
+    summary = detail(exc, str(exc).splitlines()[0] if str(exc) else "", scrub)
     if lease and isinstance(exc, _LEASE_GONE):
-        return LeaseLost(f"{what}: lock lost or message already settled ({detail})")
+        return LeaseLost(f"{what}: lock lost or message already settled ({summary})")
     if isinstance(exc, (ServiceBusAuthenticationError, ServiceBusAuthorizationError,
                         ClientAuthenticationError)):
-        return BackendConfigError(f"{what}: not authorized: {detail}")
+        return BackendConfigError(f"{what}: not authorized: {summary}")
     if isinstance(exc, MessagingEntityNotFoundError):
         return BackendConfigError(f"{what}: the queue does not exist in this namespace: "
-                                  f"{detail}")
+                                  f"{summary}")
     if isinstance(exc, _TRANSIENT):
-        return BackendError(f"{what}: network error or timeout: {detail}")
-    return BackendError(f"{what}: failed: {detail}")
+        return BackendError(f"{what}: network error or timeout: {summary}")
+    return BackendError(f"{what}: failed: {summary}")
 
 
 class LockCheck:
@@ -130,10 +129,7 @@ _HEAD = re.compile(r"^exit_status=(\S+) attempts=(\d+) worker=(\S+) failed_at=([
 def failed_record(message: ServiceBusReceivedMessage) -> FailedRecord:
     """A dead-lettered message -> FailedRecord (ours, or dead-lettered by the broker)."""
     body = message_text(message)
-    try:
-        task: Task | None = Task.parse(body)
-    except TaskFormatError:
-        task = None
+    task = parse_body(body)[0]
     reason = message.dead_letter_reason or ""
     description = message.dead_letter_error_description or ""
     head, _, tail = description.partition("\n")

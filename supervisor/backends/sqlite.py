@@ -21,17 +21,13 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 
-from ..task import Task, TaskFormatError, parse_or_body
-from .base import (
-    BackendBase,
-    BackendConfigError,
-    BackendError,
-    FailedRecord,
-    LeaseLost,
-    QueueStatus,
-)
+from ..task import Task, parse_or_body
+from .base import BackendBase, BackendConfigError, BackendError, FailedRecord, QueueStatus
+from .common import command_of
+from .sqlite_lease import SqliteLease
+
+__all__ = ["SqliteBackend", "SqliteLease"]
 
 log = logging.getLogger("jobq.sqlite")
 
@@ -97,70 +93,6 @@ def _decode_text(data: bytes) -> str:
 def _is_lock_error(exc: sqlite3.Error) -> bool:
     text = str(exc).lower()
     return "locked" in text or "busy" in text
-
-
-class SqliteLease:
-    """A running job held by this worker.  Used from its LeaseKeeper thread only."""
-
-    def __init__(self, backend: SqliteBackend, seq: int, job_id: str, body: str, attempt: int,
-                 token: int, max_attempts: int | None, lock_duration: float) -> None:
-        self._backend = backend
-        self._seq = seq
-        self._token = token
-        self.message_id = job_id
-        self.raw_body = body
-        self.attempt = attempt
-        self.lock_duration = lock_duration
-        self.task: Task | None = None
-        self.format_error: str | None = None
-        try:
-            task = Task.parse(body)
-            if max_attempts is not None and task.max_attempts is None:
-                task = replace(task, max_attempts=max_attempts)
-            self.task = task
-        except TaskFormatError as exc:
-            self.format_error = str(exc)
-
-    def _write(self, sql: str, args: tuple, timeout: float) -> int:
-        """One fenced UPDATE; returns rowcount.  Raises BackendError on a busy database."""
-        return self._backend._lease_write(sql, args + (self._seq, self._token), timeout)
-
-    def renew(self, timeout: float) -> float:
-        now = time.time()
-        n = self._write(
-            "UPDATE jobs SET locked_until=?, updated_at=? "
-            "WHERE seq=? AND token=? AND status='running'",
-            (now + self.lock_duration, now), timeout)
-        if n == 0:
-            raise LeaseLost(f"job {self.message_id}: lease token {self._token} no longer valid")
-        return self.lock_duration
-
-    # A finished job keeps locked_by as "the worker that ran it last"; a released one not.
-    def complete(self) -> None:
-        now = time.time()
-        self._settle("status='succeeded', exit_status=0, reason=NULL", (), now)
-
-    def release(self, count_attempt: bool, delay: float = 0.0) -> None:
-        now = time.time()
-        if count_attempt:
-            self._settle("status='pending', locked_by=NULL, visible_at=?", (now + delay,), now)
-        else:
-            self._settle("status='pending', locked_by=NULL, visible_at=?, "
-                         "attempt=MAX(attempt - 1, 0), preemptions=preemptions + 1",
-                         (now + delay,), now)
-
-    def dead_letter(self, reason: str, output_tail: str, exit_status: int | None = None) -> None:
-        now = time.time()
-        self._settle("status='failed', reason=?, output_tail=?, exit_status=?",
-                     (reason, output_tail, exit_status), now)
-
-    def _settle(self, assignments: str, args: tuple, now: float) -> None:
-        n = self._write(
-            f"UPDATE jobs SET {assignments}, locked_until=NULL, updated_at=? "
-            "WHERE seq=? AND token=? AND status='running'",
-            args + (now,), self._backend.settle_timeout)
-        if n == 0:
-            raise LeaseLost(f"job {self.message_id}: lease token {self._token} no longer valid")
 
 
 class SqliteBackend(BackendBase):
@@ -278,19 +210,15 @@ class SqliteBackend(BackendBase):
 
     def receive(self, max_messages: int, lock_duration: float) -> list[SqliteLease]:
         now = time.time()
-        leases = []
         try:
             # One autocommit statement (atomic on its own): BEGIN and COMMIT around it cost
             # two more round trips through the GIL per receive, on the hot path.
             rows = self._conn.execute(
                 RECEIVE_SQL, (self.worker_id, now, now + lock_duration, now, self.queue, now,
                               max_messages)).fetchall()
-            for seq, job_id, body, attempt, token, max_att in sorted(rows):
-                leases.append(SqliteLease(self, seq, job_id, body, attempt, token, max_att,
-                                          lock_duration))
         except sqlite3.DatabaseError as exc:
             raise BackendError(f"SQLite receive failed: {exc}") from None
-        return leases
+        return [SqliteLease(self, row, lock_duration) for row in sorted(rows)]
 
     def maintenance(self) -> None:
         """The stale-lock reaper, every --reaper-interval (main thread)."""
@@ -384,12 +312,8 @@ class SqliteBackend(BackendBase):
                 "SELECT id, attempt, reason, body, output_tail, exit_status, locked_by, "
                 "updated_at FROM jobs WHERE queue=? AND status='failed' ORDER BY seq",
                 (self.queue,)):
-            try:
-                command = Task.parse(body).cmd
-            except TaskFormatError:
-                command = ""
             records.append(FailedRecord(id=job_id, attempts=attempt, reason=reason or "",
-                                        command=command, output_tail=tail or "",
+                                        command=command_of(body), output_tail=tail or "",
                                         exit_status=status, worker=worker, failed_at=ts,
                                         body=body))
         return records

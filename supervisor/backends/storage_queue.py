@@ -21,12 +21,14 @@ import logging
 import re
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from azure.core.exceptions import ResourceExistsError
 from azure.storage.queue import QueueClient, QueueMessage
 
 from ..task import Task, parse_or_body
+from .azure_common import Scrubber, matches, reset_for_requeue
 from .base import (
     Backend,
     BackendBase,
@@ -35,16 +37,14 @@ from .base import (
     Lease,
     QueueStatus,
 )
+from .common import mapped_errors
 from .storage_queue_lease import StorageQueueLease
 from .storage_queue_util import (
     SDK_ERRORS,
-    Scrubber,
     clamp_visibility,
     error_code,
-    matches,
     message_text,
     parse_record,
-    reset_for_requeue,
     translate,
 )
 
@@ -91,6 +91,8 @@ class StorageQueueBackend(BackendBase):
         self._connection_string = connection_string
         self._account_url = account_url
         self.scrub = Scrubber(connection_string, account_url)
+        self.translate = partial(translate, scrub=self.scrub)
+        self.translate_lease = partial(translate, scrub=self.scrub, lease=True)  # any thread
         self.connect_timeout = connect_timeout
         self._timeouts = {"connection_timeout": connect_timeout, "read_timeout": read_timeout}
         self._credential = credential
@@ -141,13 +143,11 @@ class StorageQueueBackend(BackendBase):
                 LOG.warning("not allowed to create queue %s; assuming it exists",
                             client.queue_name)
                 return
-            raise translate(exc, f"create queue {client.queue_name}", self.scrub) from None
+            raise self.translate(exc, f"create queue {client.queue_name}") from None
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
-        try:
+        with mapped_errors(what, SDK_ERRORS, self.translate):
             return fn()
-        except SDK_ERRORS as exc:
-            raise translate(exc, what, self.scrub) from None
 
     def receive(self, max_messages: int, lock_duration: float) -> list[Lease]:
         """Take up to ``max_messages`` (at most 32), hidden for ``lock_duration`` seconds."""
@@ -164,11 +164,8 @@ class StorageQueueBackend(BackendBase):
         before it are queued)."""
         ids = []
         for task in tasks:
-            body = task.to_json()
-            try:
-                self._main.send_message(body, time_to_live=-1)
-            except SDK_ERRORS as exc:
-                raise translate(exc, f"push {task.id}", self.scrub) from None
+            with mapped_errors(f"push {task.id}", SDK_ERRORS, self.translate):
+                self._main.send_message(task.to_json(), time_to_live=-1)
             ids.append(task.id)
         return ids
 
@@ -216,11 +213,9 @@ class StorageQueueBackend(BackendBase):
                     LOG.warning("cannot requeue %s: its body was truncated", record.id)
                     continue
                 # Send first, then delete: a failure in between duplicates, never loses.
-                try:
+                with mapped_errors(f"requeue {record.id}", SDK_ERRORS, self.translate):
                     self._main.send_message(reset_for_requeue(body), time_to_live=-1)
                     self._failed.delete_message(message.id, message.pop_receipt)
-                except SDK_ERRORS as exc:
-                    raise translate(exc, f"requeue {record.id}", self.scrub) from None
                 moved.add(message.id)
         finally:
             self._restore([m for m in taken if m.id not in moved])
@@ -231,11 +226,9 @@ class StorageQueueBackend(BackendBase):
         # Stop paging well before the first records taken become visible again.
         deadline = time.monotonic() + _LIST_VISIBILITY / 2
         while time.monotonic() < deadline:
-            try:
+            with mapped_errors("list failed", SDK_ERRORS, self.translate):
                 page = list(next(self._failed.receive_messages(
                     messages_per_page=_PAGE, visibility_timeout=_LIST_VISIBILITY).by_page(), []))
-            except SDK_ERRORS as exc:
-                raise translate(exc, "list failed", self.scrub) from None
             if not page:
                 return taken
             taken.extend(page)
@@ -249,7 +242,7 @@ class StorageQueueBackend(BackendBase):
                                             visibility_timeout=0)
             except SDK_ERRORS as exc:
                 # Best effort: it reappears by itself after _LIST_VISIBILITY seconds.
-                LOG.warning("%s", translate(exc, "restore failed record", self.scrub))
+                LOG.warning("%s", self.translate(exc, "restore failed record"))
 
     def clear(self, failed: bool) -> int:
         """Delete every message (also those leased right now); return the approximate count."""

@@ -13,15 +13,9 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from azure.storage.queue import QueueClient, QueueMessage
 
 from ..task import Task, TaskFormatError
-from .base import BackendError, LeaseLost
-from .storage_queue_util import (
-    SDK_ERRORS,
-    clamp_visibility,
-    make_record,
-    message_text,
-    poison_reason,
-    translate,
-)
+from .base import BackendError
+from .common import mapped_errors, parse_body, settled_error
+from .storage_queue_util import SDK_ERRORS, clamp_visibility, make_record, message_text
 
 if TYPE_CHECKING:
     from .storage_queue import StorageQueueBackend
@@ -42,12 +36,9 @@ class StorageQueueLease:
         self.dequeue_count: int = message.dequeue_count or 1
         self.lock_duration = float(visibility)
         self.raw_body = message_text(message.content)
-        self.task: Task | None = None
-        self.format_error: str | None = None
-        try:
-            self.task = Task.parse(self.raw_body)
-        except TaskFormatError as exc:
-            self.format_error = poison_reason(exc, self.raw_body)
+        self.task: Task | None
+        self.format_error: str | None
+        self.task, self.format_error = parse_body(self.raw_body)
         preemptions = self.task.preemptions if self.task is not None else 0
         self.attempt = max(1, self.dequeue_count - preemptions)
         self._client: QueueClient | None = None
@@ -59,17 +50,13 @@ class StorageQueueLease:
         return f"StorageQueueLease(message_id={self.message_id!r}, attempt={self.attempt})"
 
     def _call(self, what: str, fn: Callable[[QueueClient], T]) -> T:
+        what = f"{what} {self.message_id}"
         if self._settled:
-            raise LeaseLost(f"{what} {self.message_id}: lease already settled or lost")
+            raise settled_error(what)
         if self._client is None:
             self._client = self._backend.new_client(self._backend.queue_name)
-        try:
+        with mapped_errors(what, SDK_ERRORS, self._backend.translate_lease, on_lost=self._finish):
             return fn(self._client)
-        except SDK_ERRORS as exc:
-            error = translate(exc, f"{what} {self.message_id}", self._backend.scrub, lease=True)
-            if isinstance(error, LeaseLost):
-                self._finish()
-            raise error from None
 
     def _finish(self) -> None:
         self._settled = True
@@ -126,7 +113,7 @@ class StorageQueueLease:
         retry after a failed delete does not send a second record.
         """
         if self._settled:
-            raise LeaseLost(f"dead-letter {self.message_id}: lease already settled or lost")
+            raise settled_error(f"dead-letter {self.message_id}")
         backend = self._backend
         if not self._recorded:
             record = make_record(self.raw_body, self.task, reason, self.attempt, exit_status,
@@ -136,7 +123,7 @@ class StorageQueueLease:
             try:
                 self._failed_client.send_message(record, time_to_live=-1)
             except SDK_ERRORS as exc:
-                raise translate(exc, f"dead-letter {self.message_id}", backend.scrub) from None
+                raise backend.translate(exc, f"dead-letter {self.message_id}") from None
             self._recorded = True
         self._call("dead-letter", lambda c: c.delete_message(self.message_id, self._pop_receipt))
         self._finish()

@@ -1,4 +1,5 @@
-"""Helpers of the Storage Queue backend: error mapping, secret scrubbing, failed records.
+"""Helpers of the Storage Queue backend: error mapping, failed records (azure_common.py has
+what it shares with Service Bus).
 
 Kept apart from storage_queue.py so that module stays about the queue protocol itself.
 Nothing here talks to the network.
@@ -6,12 +7,9 @@ Nothing here talks to the network.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import math
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from azure.core.exceptions import (
@@ -23,8 +21,10 @@ from azure.core.exceptions import (
     ServiceResponseError,
 )
 
-from ..task import MAX_BODY_BYTES, Task, TaskFormatError
+from ..task import MAX_BODY_BYTES, Task
+from .azure_common import Scrubber, detail
 from .base import BackendConfigError, BackendError, FailedRecord, LeaseLost
+from .common import command_of
 
 # What may escape an SDK call besides AzureError: a response that is not UTF-8 or not XML,
 # or a socket error the transport did not wrap.
@@ -53,35 +53,6 @@ def clamp_visibility(seconds: float, minimum: int) -> int:
     return int(max(minimum, min(MAX_VISIBILITY, math.ceil(seconds))))
 
 
-class Scrubber:
-    """Removes secrets (connection string, account key, SAS signature, Service Bus
-    SharedAccessKey) from text."""
-
-    def __init__(self, connection_string: str | None, account_url: str | None) -> None:
-        secrets: list[str] = []
-        if connection_string:
-            secrets.append(connection_string)
-            for part in connection_string.split(";"):
-                key, _, value = part.partition("=")
-                if key.strip().lower() in ("accountkey", "sharedaccesssignature",
-                                                 "sharedaccesskey") and value:
-                    secrets.append(value.strip())
-        if account_url and "?" in account_url:
-            secrets.append(account_url.split("?", 1)[1])  # a SAS token in the URL
-        # Longest first, so a secret containing another is removed whole.
-        self._secrets = sorted({s for s in secrets if len(s) >= 8}, key=len, reverse=True)
-
-    def __call__(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
-
-
-def _short(text: str, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def error_code(exc: BaseException) -> str:
     code = getattr(exc, "error_code", None)
     return str(getattr(code, "value", code) or "")
@@ -99,38 +70,22 @@ def translate(exc: BaseException, what: str, scrub: Scrubber, lease: bool = Fals
     status = status or getattr(exc, "status_code", None)
     code = error_code(exc)
     first_line = str(getattr(exc, "message", None) or exc).splitlines()[0] if str(exc) else ""
-    # Scrub before shortening: a cut could leave part of a secret unmatched.
-    detail = _short(scrub(f"{type(exc).__name__}: {first_line}"))
+    summary = detail(exc, first_line, scrub)
     parts = [str(p) for p in (status, code) if p]
     tag = f" [{' '.join(parts)}]" if parts else ""
     if isinstance(exc, ClientAuthenticationError) or status in (401, 403):
-        return BackendConfigError(f"{what}: not authorized{tag}: {detail}")
+        return BackendConfigError(f"{what}: not authorized{tag}: {summary}")
     if lease and (status == 404 or code in ("PopReceiptMismatch", "MessageNotFound")):
         return LeaseLost(f"{what}: message gone or taken by another receiver{tag}")
     if status == 404 and code == "QueueNotFound":
         return BackendError(f"{what}: queue does not exist (deleted?){tag}")
     if isinstance(exc, (ServiceRequestError, ServiceResponseError)):
-        return BackendError(f"{what}: network error or timeout: {detail}")
+        return BackendError(f"{what}: network error or timeout: {summary}")
     if isinstance(exc, (DeserializationError, UnicodeDecodeError)):
-        return BackendError(f"{what}: could not decode the service's response: {detail}")
+        return BackendError(f"{what}: could not decode the service's response: {summary}")
     if isinstance(exc, (HttpResponseError, AzureError, OSError)):
-        return BackendError(f"{what}: failed{tag}: {detail}")
-    return BackendError(f"{what}: unexpected {detail}")
-
-
-def poison_reason(error: TaskFormatError, body: str) -> str:
-    """The parse error plus a hint for the two common producer mistakes."""
-    reason = str(error)
-    if "\ufffd" in body:
-        reason += " (the body had bytes that are not UTF-8; they were replaced by U+FFFD)"
-    elif body and len(body) % 4 == 0 and not body.lstrip().startswith(("{", "[")):
-        try:
-            decoded = base64.b64decode(body, validate=True)
-        except (binascii.Error, ValueError):
-            decoded = b""
-        if decoded.lstrip().startswith(b"{"):
-            reason += " (the body looks base64-encoded; send plain JSON text)"
-    return reason
+        return BackendError(f"{what}: failed{tag}: {summary}")
+    return BackendError(f"{what}: unexpected {summary}")
 
 
 def make_record(body: str, task: Task | None, reason: str, attempts: int, exit_status: int | None,
@@ -207,7 +162,7 @@ def parse_record(text: str, message_id: str) -> tuple[FailedRecord, str | None]:
         if isinstance(data, dict) and data.get("error"):
             reason = str(data["error"])
         return FailedRecord(id=_str_id(data, message_id), attempts=0, reason=reason,
-                            command=_command(text), body=text), text
+                            command=command_of(text), body=text), text
     if "task" in data:
         body: str | None = json.dumps(data["task"])
     else:
@@ -218,7 +173,7 @@ def parse_record(text: str, message_id: str) -> tuple[FailedRecord, str | None]:
         id=str(data.get("id") or message_id),
         attempts=_int(data.get("attempts")),
         reason=str(data.get("reason", "")),
-        command=_command(body or ""),
+        command=command_of(body or ""),
         output_tail=str(data.get("output_tail") or ""),
         exit_status=exit_status if isinstance(exit_status, int) else None,
         worker=str(data["worker"]) if data.get("worker") else None,
@@ -226,30 +181,6 @@ def parse_record(text: str, message_id: str) -> tuple[FailedRecord, str | None]:
         body=body or "",
     )
     return record, body
-
-
-def reset_for_requeue(body: str) -> str:
-    """The body to push again: preemption count back to 0 (attempts restart by themselves,
-    as a new message's dequeue count starts at 0)."""
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        return body
-    if isinstance(data, dict) and data.get("jobq_preemptions"):
-        data["jobq_preemptions"] = 0
-        return json.dumps(data)
-    return body
-
-
-def matches(record: FailedRecord, message_id: str, ids: Sequence[str] | None) -> bool:
-    return ids is None or record.id in ids or message_id in ids
-
-
-def _command(body: str) -> str:
-    try:
-        return Task.parse(body).cmd
-    except TaskFormatError:
-        return ""
 
 
 def _str_id(data: Any, fallback: str) -> str:

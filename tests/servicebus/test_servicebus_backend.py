@@ -10,22 +10,12 @@ import threading
 import time
 
 import pytest
-from azure.servicebus.exceptions import (
-    MessageAlreadySettled,
-    MessageLockLostError,
-    MessageNotFoundError,
-    MessagingEntityNotFoundError,
-    OperationTimeoutError,
-    ServiceBusAuthenticationError,
-    ServiceBusAuthorizationError,
-    ServiceBusConnectionError,
-    ServiceBusError,
-    ServiceBusServerBusyError,
-)
+from azure.servicebus import exceptions as sbx
 
+from supervisor.backends.azure_common import Scrubber
 from supervisor.backends.base import BackendConfigError, BackendError, LeaseLost
 from supervisor.backends.servicebus import ServiceBusBackend
-from supervisor.backends.servicebus_util import LockCheck, Scrubber, translate
+from supervisor.backends.servicebus_util import LockCheck, translate
 from supervisor.task import Task
 from tests.conftest import command
 
@@ -50,18 +40,18 @@ def backend(sb_broker):
 
 
 @pytest.mark.parametrize("exc, lease, expected", [
-    (MessageLockLostError(message="lock lost"), True, LeaseLost),
-    (MessageAlreadySettled(action="complete"), True, LeaseLost),
-    (MessageNotFoundError(message="gone"), True, LeaseLost),
-    (MessageLockLostError(message="lock lost"), False, BackendError),
-    (ServiceBusConnectionError(message="reset"), True, BackendError),
-    (OperationTimeoutError(message="slow"), True, BackendError),
-    (ServiceBusServerBusyError(message="busy"), True, BackendError),
-    (ServiceBusError("something"), True, BackendError),
+    (sbx.MessageLockLostError(message="lock lost"), True, LeaseLost),
+    (sbx.MessageAlreadySettled(action="complete"), True, LeaseLost),
+    (sbx.MessageNotFoundError(message="gone"), True, LeaseLost),
+    (sbx.MessageLockLostError(message="lock lost"), False, BackendError),
+    (sbx.ServiceBusConnectionError(message="reset"), True, BackendError),
+    (sbx.OperationTimeoutError(message="slow"), True, BackendError),
+    (sbx.ServiceBusServerBusyError(message="busy"), True, BackendError),
+    (sbx.ServiceBusError("something"), True, BackendError),
     (TimeoutError(), False, BackendError),
-    (ServiceBusAuthenticationError(message="bad key"), False, BackendConfigError),
-    (ServiceBusAuthorizationError(message="no Listen claim"), True, BackendConfigError),
-    (MessagingEntityNotFoundError(message="no queue"), False, BackendConfigError),
+    (sbx.ServiceBusAuthenticationError(message="bad key"), False, BackendConfigError),
+    (sbx.ServiceBusAuthorizationError(message="no Listen claim"), True, BackendConfigError),
+    (sbx.MessagingEntityNotFoundError(message="no queue"), False, BackendConfigError),
 ])
 def test_error_mapping(exc, lease, expected):
     error = translate(exc, "op", Scrubber(None, None), lease=lease)
@@ -71,8 +61,8 @@ def test_error_mapping(exc, lease, expected):
 
 def test_errors_are_scrubbed():
     scrub = Scrubber(_cs(1), None)
-    error = translate(ServiceBusConnectionError(message=f"failed with {_cs(1)} and {SECRET_KEY}"),
-                      "receive", scrub)
+    exc = sbx.ServiceBusConnectionError(message=f"failed with {_cs(1)} and {SECRET_KEY}")
+    error = translate(exc, "receive", scrub)
     assert SECRET_KEY not in str(error) and SECRET_KEY not in repr(error)
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
+from dataclasses import fields, replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.cli import UsageError, parse_worker_settings
+from supervisor.cli import UsageError, ctl_parser, parse_worker_settings, worker_parser
 from supervisor.settings import Settings, SettingsError, parse_duration, safety_margin
 
 pytestmark = pytest.mark.timeout(30)
@@ -223,6 +225,25 @@ def test_cli_defaults() -> None:
     assert s.lock_duration is None
     assert s.kill_timeout == 600.0
     assert s.worker_id  # generated when not given
+    assert replace(s, worker_id="") == Settings()  # nothing given: the dataclass's defaults
+
+
+def test_every_cli_default_is_the_settings_default() -> None:
+    """One copy of each default: every option of both commands that sets a Settings field
+    defaults to that field's default, and every Settings field has a worker option."""
+    defaults = {f.name: f.default for f in fields(Settings)}
+    seen: dict[str, set[str]] = {"jobq-supervisor": set(), "jobq-ctl": set()}
+    for parser in (worker_parser(), ctl_parser()):
+        for action in parser._actions:
+            if action.dest in ("help", "version", "command"):
+                continue
+            assert action.dest in defaults, f"{parser.prog}: {action.dest} is no Settings field"
+            if action.default is argparse.SUPPRESS:  # an alias (--visibility-timeout)
+                continue
+            assert action.default == defaults[action.dest], f"{parser.prog}: {action.dest}"
+            seen[parser.prog].add(action.dest)
+    assert seen["jobq-supervisor"] == set(defaults)
+    assert {"backend", "queue", "sqlite_path", "signing_key_file"} <= seen["jobq-ctl"]
 
 
 def test_cli_config_file_beats_default(tmp_path) -> None:

@@ -18,14 +18,13 @@ from azure.core.exceptions import (  # noqa: E402
     ServiceResponseError,
 )
 
+from supervisor.backends.azure_common import Scrubber, reset_for_requeue  # noqa: E402
 from supervisor.backends.base import BackendConfigError, BackendError, LeaseLost  # noqa: E402
+from supervisor.backends.common import poison_reason  # noqa: E402
 from supervisor.backends.storage_queue_util import (  # noqa: E402
-    Scrubber,
     clamp_visibility,
     make_record,
     parse_record,
-    poison_reason,
-    reset_for_requeue,
     translate,
 )
 from supervisor.task import MAX_BODY_BYTES, Task, TaskFormatError  # noqa: E402

@@ -1,0 +1,64 @@
+"""What the two Azure backends share: secret scrubbing, short error details, and the rules of
+``jobq-ctl requeue`` (which records match, what a requeued body looks like).  Nothing here
+talks to the network.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from .base import FailedRecord
+
+
+class Scrubber:
+    """Removes secrets (connection string, account key, SAS signature, Service Bus
+    SharedAccessKey) from text.  Any thread (read-only after construction)."""
+
+    def __init__(self, connection_string: str | None, account_url: str | None) -> None:
+        secrets: list[str] = []
+        if connection_string:
+            secrets.append(connection_string)
+            for part in connection_string.split(";"):
+                key, _, value = part.partition("=")
+                if key.strip().lower() in ("accountkey", "sharedaccesssignature",
+                                                 "sharedaccesskey") and value:
+                    secrets.append(value.strip())
+        if account_url and "?" in account_url:
+            secrets.append(account_url.split("?", 1)[1])  # a SAS token in the URL
+        # Longest first, so a secret containing another is removed whole.
+        self._secrets = sorted({s for s in secrets if len(s) >= 8}, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+
+def short(text: str, limit: int = 300) -> str:
+    """One line of at most ``limit`` characters (scrub before: a cut could split a secret)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def detail(exc: BaseException, first_line: str, scrub: Scrubber) -> str:
+    """The scrubbed, shortened ``Type: first line`` of an SDK exception, for error messages."""
+    return short(scrub(f"{type(exc).__name__}: {first_line}"))
+
+
+def matches(record: FailedRecord, message_id: str, ids: Sequence[str] | None) -> bool:
+    """Does ``jobq-ctl requeue IDS`` (None = all) mean this record (task or message id)?"""
+    return ids is None or record.id in ids or message_id in ids
+
+
+def reset_for_requeue(body: str) -> str:
+    """The body to push again: preemption count back to 0 (attempts restart by themselves,
+    as a new message's dequeue or delivery count starts at 0)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return body
+    if isinstance(data, dict) and data.get("jobq_preemptions"):
+        data["jobq_preemptions"] = 0
+        return json.dumps(data)
+    return body
