@@ -31,7 +31,8 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableClient, UpdateMode
 
-from ..backends.storage_queue_util import Scrubber, error_code
+from ..backends.azure_common import Scrubber
+from ..backends.storage_queue_util import error_code
 from .base import (
     ControlConfigError,
     ControlSnapshot,

@@ -19,36 +19,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Union
 
-from .base import (
-    ControlConfigError,
-    ControlSnapshot,
-    ControlStoreError,
-    OnceLog,
-    PurgeCounts,
-    after_prefix,
-    cancel_key,
-    command_key,
-    command_prefix,
-    key_part,
-    purge_cutoffs,
-    queue_partition,
-    result_key,
-    result_partition,
-    row_of,
-    skipped,
-    worker_partition,
-)
-from .records import (
-    Cancel,
-    Command,
-    QueueFlag,
-    Record,
-    RecordError,
-    ResultRecord,
-    WorkerRecord,
-    decode,
-    encode,
-)
+from . import base, records
+from .base import ControlConfigError, ControlSnapshot, ControlStoreError, OnceLog, PurgeCounts
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS control_records (
@@ -119,41 +91,41 @@ class SqliteControlStore:
         except sqlite3.Error as exc:
             raise ControlStoreError(f"control store {what}: {exc}") from None
 
-    def _put(self, part: str, row: str, record: Record, at: float) -> None:
+    def _put(self, part: str, row: str, record: records.Record, at: float) -> None:
         with self._tx(f"write {record.kind}", write=True) as conn:
             (rev,) = conn.execute(_NEXT_REV).fetchone()
-            conn.execute(_UPSERT, (part, row, record.kind, at, rev, encode(record)))
+            conn.execute(_UPSERT, (part, row, record.kind, at, rev, records.encode(record)))
 
     def _delete(self, part: str, row: str) -> None:
         with self._tx("delete", write=True) as conn:
             conn.execute("DELETE FROM control_records WHERE part=? AND row=?", (part, row))
 
     def _decode(self, rows: Iterable[tuple[Any, ...]], kind: Union[str, None] = None
-                ) -> Iterator[tuple[tuple[Any, ...], Record]]:
+                ) -> Iterator[tuple[tuple[Any, ...], records.Record]]:
         """(row, record) for each row whose last column decodes; others skipped, logged once."""
         for row in rows:
             try:
-                yield row, decode(row[-1], kind or row[-3])
-            except RecordError as exc:
-                skipped(self._once, self.name, (str(row[0]), str(row[1])), exc)
+                yield row, records.decode(row[-1], kind or row[-3])
+            except records.RecordError as exc:
+                base.skipped(self._once, self.name, (str(row[0]), str(row[1])), exc)
 
     def _select(self, what: str, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         with self._tx(what, write=False) as conn:
             return conn.execute(sql, args).fetchall()
 
     # -------------------------------------------------------------------------- workers
-    def put_worker(self, record: WorkerRecord) -> None:
-        self._put(worker_partition(record.queue), key_part(record.id), record,
+    def put_worker(self, record: records.WorkerRecord) -> None:
+        self._put(base.worker_partition(record.queue), base.key_part(record.id), record,
                   record.heartbeat)
 
     def delete_worker(self, queue: str, worker_id: str) -> None:
-        self._delete(worker_partition(queue), key_part(worker_id))
+        self._delete(base.worker_partition(queue), base.key_part(worker_id))
 
-    def workers(self, queue: Union[str, None] = None) -> list[WorkerRecord]:
+    def workers(self, queue: Union[str, None] = None) -> list[records.WorkerRecord]:
         if queue is None:
-            lo, hi = "w:", after_prefix("w:")
+            lo, hi = "w:", base.after_prefix("w:")
         else:
-            lo = worker_partition(queue)
+            lo = base.worker_partition(queue)
             hi = lo + "\x00"
         rows = self._select("list workers", "SELECT part, row, kind, rev, doc FROM "
                             "control_records WHERE part>=? AND part<? ORDER BY part, row",
@@ -161,14 +133,15 @@ class SqliteControlStore:
         return [r for _, r in self._decode(rows, "worker")]  # type: ignore[misc]
 
     # ---------------------------------------------------------------------- ctl writes
-    def put_cancel(self, cancel: Cancel) -> None:
-        self._put(queue_partition(cancel.queue), row_of(cancel), cancel, cancel.when)
+    def put_cancel(self, cancel: records.Cancel) -> None:
+        self._put(base.queue_partition(cancel.queue), base.row_of(cancel), cancel, cancel.when)
 
-    def put_flag(self, flag: QueueFlag) -> None:
-        self._put(queue_partition(flag.queue), "flag", flag, flag.when)
+    def put_flag(self, flag: records.QueueFlag) -> None:
+        self._put(base.queue_partition(flag.queue), "flag", flag, flag.when)
 
-    def put_command(self, command: Command) -> None:
-        self._put(queue_partition(command.queue), command_key(command), command, command.when)
+    def put_command(self, command: records.Command) -> None:
+        self._put(base.queue_partition(command.queue), base.command_key(command), command,
+                  command.when)
 
     # --------------------------------------------------------------------- worker reads
     def poll(self, queue: str, worker_id: str,
@@ -178,57 +151,58 @@ class SqliteControlStore:
             since = int(cursor) if cursor is not None else -1
         except ValueError:
             since = -1  # a cursor from another store: start over with all live cancels
-        prefix = command_prefix(worker_id)
+        prefix = base.command_prefix(worker_id)
         rows = self._select("poll", _POLL,
-                            (queue_partition(queue), prefix, after_prefix(prefix), since))
+                            (base.queue_partition(queue), prefix, base.after_prefix(prefix), since))
         flag = None
-        cancels: list[Cancel] = []
-        commands: list[Command] = []
+        cancels: list[records.Cancel] = []
+        commands: list[records.Command] = []
         top = since
         for row, record in self._decode(rows):
-            if isinstance(record, QueueFlag):
+            if isinstance(record, records.QueueFlag):
                 flag = record
-            elif isinstance(record, Cancel):
+            elif isinstance(record, records.Cancel):
                 cancels.append(record)
                 top = max(top, int(row[3]))
-            elif isinstance(record, Command):
+            elif isinstance(record, records.Command):
                 commands.append(record)
         commands.sort(key=lambda c: c.seq)
         return ControlSnapshot(flag, tuple(cancels), tuple(commands),
                                str(top) if top >= 0 else cursor)
 
-    def get_cancel(self, queue: str, task_id: str) -> Union[Cancel, None]:
+    def get_cancel(self, queue: str, task_id: str) -> Union[records.Cancel, None]:
         rows = self._select("get cancel", "SELECT part, row, kind, rev, doc FROM "
                             "control_records WHERE part=? AND row=?",
-                            (queue_partition(queue), cancel_key(task_id)))
+                            (base.queue_partition(queue), base.cancel_key(task_id)))
         for _, record in self._decode(rows, "cancel"):
             return record  # type: ignore[return-value]
         return None
 
-    def ack_command(self, command: Command) -> None:
-        self._delete(queue_partition(command.queue), command_key(command))
+    def ack_command(self, command: records.Command) -> None:
+        self._delete(base.queue_partition(command.queue), base.command_key(command))
 
     # ------------------------------------------------------------------------ listings
-    def cancels(self, queue: str) -> list[Cancel]:
+    def cancels(self, queue: str) -> list[records.Cancel]:
         rows = self._select("list cancels", "SELECT part, row, kind, rev, doc FROM "
                             "control_records WHERE part=? AND row>='cancel:' AND "
-                            "row<'cancel;' ORDER BY at", (queue_partition(queue),))
+                            "row<'cancel;' ORDER BY at", (base.queue_partition(queue),))
         return [r for _, r in self._decode(rows, "cancel")]  # type: ignore[misc]
 
-    def put_result(self, result: ResultRecord) -> None:
-        self._put(result_partition(result.queue), result_key(result), result, result.when)
+    def put_result(self, result: records.ResultRecord) -> None:
+        self._put(base.result_partition(result.queue), base.result_key(result), result, result.when)
 
-    def results(self, queue: str, outcome: Union[str, None] = None) -> list[ResultRecord]:
+    def results(self, queue: str, outcome: Union[str, None] = None) -> list[records.ResultRecord]:
         rows = self._select("list results", "SELECT part, row, kind, rev, doc FROM "
                             "control_records WHERE part=? ORDER BY at",
-                            (result_partition(queue),))
-        found: list[ResultRecord] = [r for _, r in self._decode(rows, "result")]  # type: ignore[misc]
+                            (base.result_partition(queue),))
+        found: list[records.ResultRecord] = [
+            r for _, r in self._decode(rows, "result")]  # type: ignore[misc]
         return [r for r in found if outcome is None or r.outcome == outcome]
 
     # -------------------------------------------------------------------- housekeeping
     def purge(self, now: float) -> PurgeCounts:
         """Delete records past their age (any process may; one short transaction)."""
-        cut = purge_cutoffs(now)
+        cut = base.purge_cutoffs(now)
         with self._tx("purge", write=True) as conn:
             kinds = [k for (k,) in conn.execute(
                 "DELETE FROM control_records WHERE (kind='worker' AND at<?) OR "
