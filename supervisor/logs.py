@@ -63,10 +63,35 @@ class JsonFormatter(logging.Formatter):
             out["exc"] = record.exc_text
         return self._encoder.encode(out)
 
+    def format_output(self, created: float, logger: str, task_id: str, text: str) -> str:
+        """A task's output line, exactly as ``format`` would make it, without a LogRecord
+        (writer thread): 3 us instead of 15 a line, and a flood is nothing but such lines."""
+        second = int(created)
+        if second != self._second:
+            self._second = second
+            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return self._encoder.encode({
+            "time": f"{self._second_text}.{int((created - second) * 1000):03d}Z",
+            "level": "INFO", "logger": logger, "message": text, "task_id": task_id,
+            "stream": "output"})
+
 
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(message)s")
+        self._second = -1
+        self._second_text = ""
+
+    def format_output(self, created: float, logger: str, task_id: str, text: str) -> str:
+        """A task's output line, exactly as ``format`` would make it, without a LogRecord
+        (writer thread)."""
+        second = int(created)
+        if second != self._second:
+            self._second = second
+            self._second_text = time.strftime(self.default_time_format,
+                                              self.converter(second))
+        return (f"{self._second_text},{int((created - second) * 1000):03d} INFO    "
+                f"[{task_id}]| {text}")
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
@@ -176,6 +201,9 @@ class LogWriter:
                     cost = len(text) + LINE_COST
                     account.written += cost
                     self.output_written += cost
+                    fast = getattr(self.formatter, "format_output", None)
+                    if fast is not None:
+                        return fast(created, account.logger, account.extra["task_id"], text)
                     item = (created, account.logger, logging.INFO, "%s", (text,),
                             account.extra)
                 record = _record(*item)

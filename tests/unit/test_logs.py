@@ -193,3 +193,13 @@ def test_the_supervisor_lines_come_last_and_nothing_is_lost_uncounted():
     counted = sum(int(m) for m in re.findall(r"\[(\d+) lines of output dropped", res.stderr))
     assert int(res.stdout) == counted > 0
     assert shown + counted == 200_000
+
+
+@pytest.mark.parametrize("formatter", [logs.TextFormatter, logs.JsonFormatter])
+@pytest.mark.parametrize("created", [1_700_000_000.0, 1_700_000_000.9996, 1_700_000_001.0417])
+def test_output_lines_are_formatted_as_any_other_record(formatter, created):
+    fmt = formatter()
+    text = 'écho "quoted" \\ 100%s'
+    record = logs._record(created, "jobq.task", logging.INFO, "%s", (text,),
+                          {"task_id": "t-1", "stream": "output"})
+    assert fmt.format_output(created, "jobq.task", "t-1", text) == fmt.format(record)
