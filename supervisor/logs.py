@@ -231,15 +231,23 @@ class OutputSink:
         self.queued = 0  # bytes of task output put on the queue
         self.dropped = 0  # lines dropped, all tasks, since start (read by the metrics)
 
+    def taking(self, account: OutputAccount) -> bool:
+        """Whether the task's next lines would be queued, at least in part (pump thread): if
+        not, the pump only counts them, without splitting them into lines."""
+        if not account.dropping:
+            return True
+        return (account.queued - account.written <= TASK_BUDGET // 2
+                and self.queued - self.writer.output_written <= TOTAL_BUDGET // 2)
+
     def offer(self, account: OutputAccount, lines: list[bytes]) -> None:
         """Queue what fits of one task's lines, drop and count the rest (pump thread)."""
-        task_room = TASK_BUDGET - (account.queued - account.written)
-        total_room = TOTAL_BUDGET - (self.queued - self.writer.output_written)
         if account.dropping:
-            if task_room < TASK_BUDGET // 2 or total_room < TOTAL_BUDGET // 2:
-                self._drop(account, len(lines))
+            if not self.taking(account):
+                self.drop(account, len(lines))
                 return
             self.marker(account)
+        task_room = TASK_BUDGET - (account.queued - account.written)
+        total_room = TOTAL_BUDGET - (self.queued - self.writer.output_written)
         now = time.time()
         put = self.records.put
         taken = 0
@@ -247,7 +255,7 @@ class OutputSink:
             text = raw.decode("utf-8", "replace")
             cost = len(text) + LINE_COST
             if cost > task_room or cost > total_room:
-                self._drop(account, len(lines) - taken)
+                self.drop(account, len(lines) - taken)
                 break
             task_room -= cost
             total_room -= cost
@@ -266,7 +274,8 @@ class OutputSink:
         account.dropped = 0
         account.dropping = False
 
-    def _drop(self, account: OutputAccount, n: int) -> None:
+    def drop(self, account: OutputAccount, n: int) -> None:
+        """Count ``n`` of the task's lines as dropped (pump thread)."""
         account.dropped += n
         account.dropping = True
         self.dropped += n

@@ -67,7 +67,16 @@ class TaskOutput:
             self._tail += data
             if len(self._tail) > 2 * OUTPUT_TAIL_BYTES:  # trimmed now and then, not per read
                 del self._tail[:-OUTPUT_TAIL_BYTES]
-        *lines, self._partial = (self._partial + data).split(b"\n")
+        buf = self._partial + data
+        sink = output_sink(self.log)
+        if sink is not None and not sink.taking(self.account):
+            # Dropped anyway: count the lines instead of making them (a flood is mostly this).
+            end = buf.rfind(b"\n") + 1
+            pieces = max(0, (len(buf) - end - 1) // MAX_LINE)  # as the loop below cuts them
+            self._partial = buf[end + pieces * MAX_LINE:]
+            sink.drop(self.account, buf.count(b"\n", 0, end) + pieces)
+            return
+        *lines, self._partial = buf.split(b"\n")
         while len(self._partial) > MAX_LINE:
             lines.append(self._partial[:MAX_LINE])
             self._partial = self._partial[MAX_LINE:]
