@@ -203,3 +203,47 @@ def test_output_lines_are_formatted_as_any_other_record(formatter, created):
     record = logs._record(created, "jobq.task", logging.INFO, "%s", (text,),
                           {"task_id": "t-1", "stream": "output"})
     assert fmt.format_output(created, "jobq.task", "t-1", text) == fmt.format(record)
+
+
+PIECES = r"""
+import logging, os, sys
+from supervisor import logs, output
+# 100-char lines, and lines the pump cuts in MAX_LINE pieces, in reads of 4 KiB
+data = (b"a" * 100 + b"\n") * 30000 + (b"b" * (3 * output.MAX_LINE + 7) + b"\n") * 20
+data += (b"c" * 100 + b"\n") * 30000 + b"d" * (output.MAX_LINE + 1)  # no newline at the end
+
+
+def run(logger):
+    out = output.TaskOutput("t1", open(os.devnull, "rb"), lambda: None, logger)
+    for i in range(0, len(data), 4096):
+        out.feed(data[i:i + 4096])
+    out.finish()
+
+
+class Count(logging.Handler):
+    n = 0
+
+    def emit(self, record):
+        Count.n += 1
+
+
+reference = logging.getLogger("reference")  # a handler of its own: ordinary log calls
+reference.addHandler(Count())
+reference.propagate = False
+reference.setLevel(logging.INFO)
+run(reference)
+logs.setup_logging("INFO", "text")
+run(logging.getLogger("jobq.task"))
+print(Count.n, logs.dropped_lines())
+"""
+
+
+def test_every_piece_of_output_is_logged_or_counted():
+    res = subprocess.run([sys.executable, "-c", PIECES], capture_output=True, text=True,
+                         check=True, timeout=60)
+    pieces, dropped = map(int, res.stdout.split())
+    assert pieces > 60_000 + 20 * 3  # the long lines did come in pieces
+    shown = res.stderr.count("[t1]| ")
+    counted = sum(int(m) for m in re.findall(r"\[(\d+) lines of output dropped", res.stderr))
+    assert dropped == counted > 0
+    assert shown + counted == pieces
