@@ -1,4 +1,12 @@
-"""Logging set-up: text or one JSON object per line, with the task id where there is one."""
+"""Logging set-up: text or one JSON object per line, with the task id where there is one.
+
+One writer thread formats and writes every record.  Its queue holds two kinds of lines: the
+supervisor's own (started, finished, lock lost, summary...), always taken, and its tasks'
+output lines, taken only within a byte budget (``OutputSink``): a task printing faster than
+stderr takes its lines has the excess dropped and counted, with a marker line in its place.
+One queue, not two, so every line keeps its order: a task's output comes before its
+"finished" line.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +23,11 @@ from typing import Any, TextIO
 from .threads import start_thread
 
 MAX_BATCH = 256  # lines per write: a burst is written in pieces, never held back
-GATHER = 0.02  # seconds the writer lets records gather after a write
+GATHER = 0.02  # seconds the writer lets records gather after a write that emptied its queue
+TASK_BUDGET = 1 << 20  # bytes of one task's output lines waiting for the writer
+TOTAL_BUDGET = 16 << 20  # bytes of all tasks' output lines waiting for the writer
+LINE_COST = 200  # bytes a queued line takes beyond its text (tuple, str header, float)
+DROPPED = "[%d lines of output dropped: log writer behind]"
 _STANDARD = set(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime"}
 
 
@@ -51,10 +63,35 @@ class JsonFormatter(logging.Formatter):
             out["exc"] = record.exc_text
         return self._encoder.encode(out)
 
+    def format_output(self, created: float, logger: str, task_id: str, text: str) -> str:
+        """A task's output line, exactly as ``format`` would make it, without a LogRecord
+        (writer thread): 3 us instead of 15 a line, and a flood is nothing but such lines."""
+        second = int(created)
+        if second != self._second:
+            self._second = second
+            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return self._encoder.encode({
+            "time": f"{self._second_text}.{int((created - second) * 1000):03d}Z",
+            "level": "INFO", "logger": logger, "message": text, "task_id": task_id,
+            "stream": "output"})
+
 
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(message)s")
+        self._second = -1
+        self._second_text = ""
+
+    def format_output(self, created: float, logger: str, task_id: str, text: str) -> str:
+        """A task's output line, exactly as ``format`` would make it, without a LogRecord
+        (writer thread)."""
+        second = int(created)
+        if second != self._second:
+            self._second = second
+            self._second_text = time.strftime(self.default_time_format,
+                                              self.converter(second))
+        return (f"{self._second_text},{int((created - second) * 1000):03d} INFO    "
+                f"[{task_id}]| {text}")
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
@@ -78,14 +115,30 @@ class _QueueHandler(logging.handlers.QueueHandler):
         return record
 
 
+class OutputAccount:
+    """One task's output lines in the writer's queue.  ``queued`` is written by the pump thread
+    only and ``written`` by the writer thread only, so either reads their difference without a
+    lock; ``dropped``/``dropping`` belong to the pump thread."""
+
+    __slots__ = ("logger", "extra", "queued", "written", "dropped", "dropping")
+
+    def __init__(self, logger: str, task_id: str) -> None:
+        self.logger = logger
+        self.extra = {"task_id": task_id, "stream": "output"}
+        self.queued = self.written = 0
+        self.dropped = 0
+        self.dropping = False
+
+
 class LogWriter:
     """The thread that formats and writes every record (started by ``setup_logging``).
 
-    It takes all records that are waiting and writes them with one write and one flush, then
-    lets the next ones gather for ``GATHER`` seconds: with many short tasks, waking this thread
-    and writing once per record was a good part of the supervisor's cost per task.  So a line
-    may trail its event by that much.  Stopped, after draining the queue, by ``stop`` (at
-    exit)."""
+    It takes all records that are waiting and writes them with one write and one flush; when
+    that emptied its queue it lets the next ones gather for ``GATHER`` seconds: with many short
+    tasks, waking this thread and writing once per record was a good part of the supervisor's
+    cost per task.  So a line may trail its event by that much; while records wait it writes
+    on at once, as fast as stderr takes them.  Stopped, after draining the queue, by ``stop``
+    (at exit)."""
 
     _STOP = object()
 
@@ -95,13 +148,16 @@ class LogWriter:
         self.stream = stream
         self.formatter = formatter
         self.stopped = threading.Event()
+        self.output_written = 0  # bytes of task output taken off the queue (writer thread)
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         self._thread = start_thread(self._run, "log-writer")
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Any thread (atexit): write what is queued, then end the thread."""
+    def stop(self, timeout: float = 10.0) -> None:
+        """Any thread (atexit): write what is queued, then end the thread.  The task output
+        in the queue is bounded (``TOTAL_BUDGET``), so this takes a fraction of a second
+        unless stderr itself is stuck."""
         if not self.stopped.is_set():
             self.stopped.set()
             self.records.put(self._STOP)
@@ -115,10 +171,10 @@ class LogWriter:
             lines = []
             done = False
             while True:
-                if item is self._STOP:
+                if item is self._STOP:  # only stop() queues it; what comes after is lost
                     done = True
-                else:
-                    lines.append(self._format(item))
+                    break
+                lines.append(self._format(item))
                 if len(lines) >= MAX_BATCH:
                     break
                 try:
@@ -131,22 +187,102 @@ class LogWriter:
                     self.stream.flush()
                 except (OSError, ValueError):
                     pass  # stderr closed or full: logging must never stop the supervisor
-            if done:  # only stop() queues _STOP
+            if done:
                 return
-            # While we wait here, logging a record is an append without a thread wake-up.
-            self.stopped.wait(GATHER)
+            if self.records.empty():
+                # While we wait here, logging a record is an append without a thread wake-up.
+                self.stopped.wait(GATHER)
 
     def _format(self, item: logging.LogRecord | tuple) -> str:
         try:
-            record = _record(*item) if isinstance(item, tuple) else item
+            if isinstance(item, tuple):
+                if len(item) == 3:  # a task's output line: (account, created, text)
+                    account, created, text = item
+                    cost = len(text) + LINE_COST
+                    account.written += cost
+                    self.output_written += cost
+                    fast = getattr(self.formatter, "format_output", None)
+                    if fast is not None:
+                        return fast(created, account.logger, account.extra["task_id"], text)
+                    item = (created, account.logger, logging.INFO, "%s", (text,),
+                            account.extra)
+                record = _record(*item)
+            else:
+                record = item
             return self.formatter.format(record)
         except Exception as exc:  # a bad argument in one log call must not end the writer
             msg = item[3] if isinstance(item, tuple) else item.msg
             return f"log record could not be formatted: {exc!r} ({msg!r})"
 
 
-# The queue handler setup_logging installed on the root logger, and its queue.
-_FAST: list[tuple[_QueueHandler, queue.SimpleQueue]] = []
+class OutputSink:
+    """Takes task output lines into the writer's queue within the byte budgets (pump thread).
+
+    Per task (``TASK_BUDGET``), so one task printing fast never costs another task its lines,
+    and in all (``TOTAL_BUDGET``), so the supervisor's memory is bounded however many tasks
+    print.  Lines over budget are dropped and counted; once the task's queued lines are down
+    to half its budget its lines are taken again, after one marker line with the count (half,
+    not any room at all: otherwise a marker would come every few lines).  The per-task log
+    file is written before this, and gets everything."""
+
+    def __init__(self, records: queue.SimpleQueue, writer: LogWriter) -> None:
+        self.records = records
+        self.writer = writer
+        self.queued = 0  # bytes of task output put on the queue
+        self.dropped = 0  # lines dropped, all tasks, since start (read by the metrics)
+
+    def taking(self, account: OutputAccount) -> bool:
+        """Whether the task's next lines would be queued, at least in part (pump thread): if
+        not, the pump only counts them, without splitting them into lines."""
+        if not account.dropping:
+            return True
+        return (account.queued - account.written <= TASK_BUDGET // 2
+                and self.queued - self.writer.output_written <= TOTAL_BUDGET // 2)
+
+    def offer(self, account: OutputAccount, lines: list[bytes]) -> None:
+        """Queue what fits of one task's lines, drop and count the rest (pump thread)."""
+        if account.dropping:
+            if not self.taking(account):
+                self.drop(account, len(lines))
+                return
+            self.marker(account)
+        task_room = TASK_BUDGET - (account.queued - account.written)
+        total_room = TOTAL_BUDGET - (self.queued - self.writer.output_written)
+        now = time.time()
+        put = self.records.put
+        taken = 0
+        for raw in lines:
+            text = raw.decode("utf-8", "replace")
+            cost = len(text) + LINE_COST
+            if cost > task_room or cost > total_room:
+                self.drop(account, len(lines) - taken)
+                break
+            task_room -= cost
+            total_room -= cost
+            account.queued += cost
+            self.queued += cost
+            put((account, now, text))
+            taken += 1
+
+    def marker(self, account: OutputAccount) -> None:
+        """The count of the task's lines dropped since its last line (pump thread); never
+        itself dropped."""
+        if account.dropped:
+            put = self.records.put
+            put((time.time(), account.logger, logging.WARNING, DROPPED, (account.dropped,),
+                 {"task_id": account.extra["task_id"], "dropped_lines": account.dropped}))
+        account.dropped = 0
+        account.dropping = False
+
+    def drop(self, account: OutputAccount, n: int) -> None:
+        """Count ``n`` of the task's lines as dropped (pump thread)."""
+        account.dropped += n
+        account.dropping = True
+        self.dropped += n
+
+
+# The queue handler setup_logging installed on the root logger, its queue and output sink.
+_FAST: list[tuple[_QueueHandler, queue.SimpleQueue, OutputSink]] = []
 
 
 def log_fast(logger: logging.Logger, level: int, msg: str, *args: Any,
@@ -158,12 +294,28 @@ def log_fast(logger: logging.Logger, level: int, msg: str, *args: Any,
     an ordinary log call."""
     if not logger.isEnabledFor(level):
         return
-    handlers = logging.root.handlers
-    if _FAST and len(handlers) == 1 and handlers[0] is _FAST[0][0] and logger.propagate \
-            and not logger.handlers and not logger.filters:
+    if _fast_path(logger):
         _FAST[0][1].put((time.time(), logger.name, level, msg, args, extra))
     else:
         logger.log(level, msg, *args, extra=extra)
+
+
+def _fast_path(logger: logging.Logger) -> bool:
+    """Whether our writer is the one handler of ``logger``'s records (any thread)."""
+    handlers = logging.root.handlers
+    return bool(_FAST) and len(handlers) == 1 and handlers[0] is _FAST[0][0] \
+        and logger.propagate and not logger.handlers and not logger.filters
+
+
+def output_sink(logger: logging.Logger) -> OutputSink | None:
+    """Where the pump puts ``logger``'s task output lines: our writer's sink, or None when
+    records go elsewhere (tests, other handlers: then they are ordinary log calls)."""
+    return _FAST[0][2] if _fast_path(logger) else None
+
+
+def dropped_lines() -> int:
+    """Task output lines dropped since start because the writer was behind (any thread)."""
+    return _FAST[0][2].dropped if _FAST else 0
 
 
 def _record(created: float, name: str, level: int, msg: str, args: tuple,
@@ -194,7 +346,7 @@ def setup_logging(level: str, fmt: str) -> None:
     root = logging.getLogger()
     handler = _QueueHandler(records)
     root.handlers[:] = [handler]
-    _FAST[:] = [(handler, records)]
+    _FAST[:] = [(handler, records, OutputSink(records, writer))]
     root.setLevel(level.upper())
     # The Azure SDKs log every HTTP request at INFO.
     logging.getLogger("azure").setLevel(max(logging.WARNING, root.level))

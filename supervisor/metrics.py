@@ -90,6 +90,7 @@ class Metrics:
             names, buckets=RENEWAL_BUCKETS, registry=self.registry).labels(**labels)
         self._up.set(1)
         self._process = psutil.Process()
+        self.registry.register(OutputDropped(labels))
 
     @property
     def enabled(self) -> bool:
@@ -169,3 +170,23 @@ class Metrics:
                             "earliest): %s", self.path, WARN_EVERY, exc)
             return False
         return True
+
+
+class OutputDropped:
+    """``jobq_task_output_lines_dropped_total``: task output lines the log writer was too far
+    behind to take (``logs.OutputSink``).  Read from the pump's count when the file is
+    written (main thread), so the pump pays no lock per dropped line."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels = labels
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        from .logs import dropped_lines
+
+        family = CounterMetricFamily(
+            "jobq_task_output_lines_dropped", "Task output lines not logged: the log writer "
+            "was behind (a marker line gives each count).", labels=list(self.labels))
+        family.add_metric(list(self.labels.values()), dropped_lines())
+        yield family

@@ -3,9 +3,12 @@
 One thread with epoll instead of a reader thread per task: starting a thread per task cost the
 main thread more than the spawn itself at high task rates.  Lines are logged with the task id;
 the last ~20 KiB are kept for the failure reason; an optional per-task log file gets the raw
-bytes.  When a pipe reaches EOF (every holder of its write end is gone) ``on_eof`` runs on the
-pump thread.  The pump never blocks on a pipe: leftovers of a task that still hold it simply
-keep it open until they are killed, and the main loop does not wait for that (see worker.py).
+bytes.  A task printing faster than the log writer takes its lines gets the excess dropped
+with a counted marker (``logs.OutputSink``), after its log file and tail have them: its pipe
+is read at full speed, so the task never waits on the supervisor's stderr.  When a pipe
+reaches EOF (every holder of its write end is gone) ``on_eof`` runs on the pump thread.  The
+pump never blocks on a pipe: leftovers of a task that still hold it simply keep it open until
+they are killed, and the main loop does not wait for that (see worker.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import selectors
 import threading
 from typing import IO, Callable
 
+from .logs import OutputAccount, output_sink
 from .threads import Flag, start_thread
 
 OUTPUT_TAIL_BYTES = 20 * 1024
@@ -34,8 +38,8 @@ class TaskOutput:
         self.log = logger
         self.log_file = log_file
         self.closed = Flag()
-        self._lines: collections.deque[str] = collections.deque()
-        self._size = 0
+        self.account = OutputAccount(logger.name, task_id)
+        self._tail = bytearray()
         self._partial = b""
         self._lock = threading.Lock()
         self._file: IO[bytes] | None = None
@@ -59,18 +63,32 @@ class TaskOutput:
                 self.log.warning("task log %s: %s; no longer writing it", self.log_file, exc,
                                  extra={"task_id": self.task_id})
                 self._close_file()
+        with self._lock:
+            self._tail += data
+            if len(self._tail) > 2 * OUTPUT_TAIL_BYTES:  # trimmed now and then, not per read
+                del self._tail[:-OUTPUT_TAIL_BYTES]
         buf = self._partial + data
+        sink = output_sink(self.log)
+        if sink is not None and not sink.taking(self.account):
+            # Dropped anyway: count the lines instead of making them (a flood is mostly this).
+            end = buf.rfind(b"\n") + 1
+            pieces = max(0, (len(buf) - end - 1) // MAX_LINE)  # as the loop below cuts them
+            self._partial = buf[end + pieces * MAX_LINE:]
+            sink.drop(self.account, buf.count(b"\n", 0, end) + pieces)
+            return
         *lines, self._partial = buf.split(b"\n")
         while len(self._partial) > MAX_LINE:
             lines.append(self._partial[:MAX_LINE])
             self._partial = self._partial[MAX_LINE:]
-        for raw in lines:
-            self._emit(raw)
+        self._emit(lines)
 
     def finish(self) -> None:
         if self._partial:
-            self._emit(self._partial)
+            self._emit([self._partial])
             self._partial = b""
+        sink = output_sink(self.log)
+        if sink is not None:
+            sink.marker(self.account)  # before on_eof: the count precedes "finished"
         self._close_file()
         try:
             self.pipe.close()
@@ -87,20 +105,23 @@ class TaskOutput:
                 pass
             self._file = None
 
-    def _emit(self, raw: bytes) -> None:
-        line = raw.decode("utf-8", "replace")
-        self.log.info("%s", line, extra={"task_id": self.task_id, "stream": "output"})
-        with self._lock:
-            self._lines.append(line)
-            self._size += len(line) + 1
-            while self._size > OUTPUT_TAIL_BYTES and len(self._lines) > 1:
-                self._size -= len(self._lines.popleft()) + 1
+    def _emit(self, lines: list[bytes]) -> None:
+        if not lines or not self.log.isEnabledFor(logging.INFO):
+            return
+        sink = output_sink(self.log)
+        if sink is not None:
+            sink.offer(self.account, lines)
+            return
+        for raw in lines:
+            self.log.info("%s", raw.decode("utf-8", "replace"),
+                          extra={"task_id": self.task_id, "stream": "output"})
 
     # -- any thread ----------------------------------------------------------------------
     def text(self) -> str:
         with self._lock:
-            text = "\n".join(self._lines)
-        return text[-OUTPUT_TAIL_BYTES:]
+            tail = bytes(self._tail[-OUTPUT_TAIL_BYTES:])
+        text = tail.decode("utf-8", "replace")
+        return text[:-1] if text.endswith("\n") else text
 
 
 class OutputPump:

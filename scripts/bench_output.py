@@ -1,0 +1,104 @@
+"""How fast one supervisor logs its tasks' output, next to ``cat`` of the same output.
+
+One task prints ``LINES`` lines of 100 characters as fast as ``tr``/``fold`` make them; the
+supervisor logs what its writer keeps up with and drops the rest with a counted marker
+(``supervisor/logs.py``), so the lines it logged per second of the task's run are its writer's
+sustained rate under a flood.  Its log goes into a file, then into a pipe read by
+``cat >/dev/null``; the reference is the same command piped through ``cat`` into a file and
+into ``cat >/dev/null``, in the same run.  Log lines count in MB/s at their full length
+(timestamp, level, task id); the pipe case, whose bytes nobody counts, is credited the file
+case's bytes per line.  Run alone: ``.venv/bin/python scripts/bench_output.py [LINES]``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LINES = 1_000_000
+WIDTH = 100
+
+
+def _command(lines: int) -> str:
+    return f"head -c {lines * WIDTH} /dev/zero | tr '\\0' x | fold -w {WIDTH}"
+
+
+def _supervise(bin_dir: Path, tmp: Path, lines: int, to_pipe: bool) -> tuple[int, int, float]:
+    """Run one supervisor on one task; its logged output lines, log bytes (file case) and
+    the seconds from the task's start to the supervisor's exit."""
+    db, start = tmp / "q.db", tmp / "t0"
+    db.unlink(missing_ok=True)
+    subprocess.run([str(bin_dir / "jobq-ctl"), "--sqlite-path", str(db), "push", "-c",
+                    f"date +%s.%N > {start}; {_command(lines)}"], check=True, capture_output=True)
+    metrics, log = tmp / "m.prom", tmp / "sup.log"
+    args = [str(bin_dir / "jobq-supervisor"), "--sqlite-path", str(db), "--exit-when-empty",
+            "--metrics-file", str(metrics)]
+    if to_pipe:
+        cat = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        assert cat.stdin is not None
+        sup = subprocess.run(args, stderr=cat.stdin, stdout=subprocess.DEVNULL, cwd=tmp,
+                             timeout=600)
+        end = time.time()
+        cat.stdin.close()
+        cat.wait(60)
+        size = 0
+    else:
+        with open(log, "wb") as out:
+            sup = subprocess.run(args, stderr=out, stdout=subprocess.DEVNULL, cwd=tmp,
+                                 timeout=600)
+        end = time.time()
+        size = log.stat().st_size
+    if sup.returncode != 0:
+        raise RuntimeError(f"supervisor exited {sup.returncode}")
+    found = re.search(r"^jobq_task_output_lines_dropped_total\{.*\} (\S+)$",
+                      metrics.read_text(), re.M)
+    dropped = int(float(found.group(1))) if found else 0
+    return lines - dropped, size, end - float(start.read_text())
+
+
+def _cat(cmd: str, tail: str) -> float:
+    began = time.monotonic()
+    subprocess.run(["sh", "-c", f"{cmd} | {tail}"], check=True, timeout=600)
+    return time.monotonic() - began
+
+
+def output_rate(python: str, workdir: Path, lines: int = LINES) -> dict[str, float]:
+    """Lines/s and MB/s one supervisor logs into a file and into a pipe, and ``cat``'s in the
+    same run (the caller's thread; ``python`` is the interpreter whose bin directory holds
+    jobq-supervisor and jobq-ctl; scratch files go under ``workdir``)."""
+    bin_dir = Path(python).parent
+    cmd = _command(lines)
+    out: dict[str, float] = {"output_lines": lines}
+    with tempfile.TemporaryDirectory(dir=workdir) as name:
+        tmp = Path(name)
+        logged, size, secs = _supervise(bin_dir, tmp, lines, to_pipe=False)
+        per_line = size / max(logged, 1)
+        out.update(supervisor_file_lines_per_s=logged / secs,
+                   supervisor_file_mb_per_s=size / secs / 1e6,
+                   supervisor_file_logged_fraction=logged / lines)
+        logged, _size, secs = _supervise(bin_dir, tmp, lines, to_pipe=True)
+        out.update(supervisor_pipe_lines_per_s=logged / secs,
+                   supervisor_pipe_mb_per_s=logged * per_line / secs / 1e6,
+                   supervisor_pipe_logged_fraction=logged / lines)
+        raw_mb = lines * (WIDTH + 1) / 1e6
+        secs = _cat(cmd, f"cat > {tmp / 'cat.out'}")
+        out.update(cat_file_lines_per_s=lines / secs, cat_file_mb_per_s=raw_mb / secs)
+        secs = _cat(cmd, "cat | cat > /dev/null")
+        out.update(cat_pipe_lines_per_s=lines / secs, cat_pipe_mb_per_s=raw_mb / secs)
+    return out
+
+
+def main() -> int:
+    lines = int(sys.argv[1]) if len(sys.argv) > 1 else LINES
+    result = output_rate(sys.executable, Path(tempfile.gettempdir()), lines)
+    print(json.dumps({k: round(v, 3) for k, v in result.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
