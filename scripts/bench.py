@@ -33,6 +33,7 @@ from bench_measure import (
     sqlite_lock_loss,
     sqlite_throughput,
 )
+from bench_output import output_rate
 from benchlib import Azurite, Bench, Figure, Row, pct
 
 
@@ -127,6 +128,18 @@ def fig_sqlite_lock_loss(b: Bench) -> None:
           "all before expiry" if min(m for _, m in ll) > 0 else "LATE")
 
 
+def fig_output_rate(b: Bench) -> None:
+    r = output_rate(sys.executable, b.tmp, 200_000 if b.quick else 1_000_000)
+    b.results["output_rate"] = r
+    for where in ("file", "pipe"):
+        b.row(f"Task output logged, into a {where}",
+              f"{r[f'supervisor_{where}_lines_per_s'] / 1000:.0f}k lines/s, "
+              f"{r[f'supervisor_{where}_mb_per_s']:.0f} MB/s",
+              f"cat of the same output: {r[f'cat_{where}_lines_per_s'] / 1000:.0f}k lines/s, "
+              f"{r[f'cat_{where}_mb_per_s']:.0f} MB/s",
+              f"{r[f'supervisor_{where}_logged_fraction'] * 100:.0f}% logged, rest counted")
+
+
 # The table's rows, in order.  Consecutive Azurite figures share one Azurite.
 FIGURES = [
     Figure(fig_sqlite_throughput),
@@ -137,6 +150,7 @@ FIGURES = [
     Figure(fig_sigterm_forwarding),
     Figure(fig_escalation),
     Figure(fig_sqlite_lock_loss),
+    Figure(fig_output_rate),
 ]
 
 
