@@ -83,10 +83,8 @@ class Lifeline:
         self.feed.unregister(pgid)
 
     def flush(self) -> None:
-        """Send what was registered this turn in one write (main thread, once per turn).
-
-        A task spawned a moment before the supervisor dies and not yet sent is still found
-        by the helper through the JOBQ_LIFELINE marker in its environment."""
+        """Send what was registered this turn in one write (main thread, once per turn);
+        the lifeline thread sends it soon anyway."""
         self._send(deadlines=False)
 
     def _run(self) -> None:
@@ -147,8 +145,7 @@ class DeadlineFeed:
         self._watched: dict[int, list] = {}
 
     def register(self, pgid: int, marker: str, keeper: LeaseKeeper | None) -> None:
-        """A task started (main thread).  Its deadline travels with it: no window in which
-        the helper knows the task but not its deadline."""
+        """A task started, with its deadline: never known without it (main thread)."""
         seq = marker.rpartition(":")[2]
         if not self.wanted.is_set():  # once per batch: set() takes a Condition's lock
             self.wanted.set()
@@ -206,7 +203,7 @@ def act_time(deadline: float, expires: float) -> float:
 
 
 class Deadlines:
-    """The helper's book of tasks and deadlines; ``clock`` is injected by the unit tests."""
+    """The helper's book of tasks and deadlines (callers pass ``now``: tests inject it)."""
 
     def __init__(self, sig: int, kill_timeout: float) -> None:
         self.sig = sig
