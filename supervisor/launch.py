@@ -215,7 +215,7 @@ class Launcher:
                                    None)
             return None
         if self.lifeline is not None:
-            self.lifeline.register(proc.pgid)
+            self.lifeline.register(proc.pgid, proc.marker, keeper)  # with its lease deadline
         now = self.clock()
         rt = RunningTask(task_id=task_id, attempt=lease.attempt, proc=proc, keeper=keeper,
                          started=now, lease=lease, task=task,

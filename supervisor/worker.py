@@ -111,7 +111,8 @@ class Worker:
         self.signals.install()
         try:
             set_child_subreaper()
-            self.lifeline = self.launcher.lifeline = Lifeline(self.token)
+            self.lifeline = self.launcher.lifeline = Lifeline(
+                self.token, self.s.lock_lost_behavior, self.s.kill_timeout)
             self.watchdog.start()
             self.output_pump.start()
             self.launcher.start()
