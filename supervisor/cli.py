@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from dataclasses import fields
 from typing import Any, NoReturn
@@ -109,7 +110,8 @@ def worker_parser() -> _Parser:
         auto_env_var_prefix="JOBQ_",
         config_file_parser_class=configargparse.DefaultConfigFileParser,
         args_for_setting_config_path=["-c", "--config"],
-        config_arg_help_message="INI config file; keys are the long option names",
+        config_arg_help_message="INI config file (env: JOBQ_CONFIG); keys are the long option "
+                                "names",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -200,7 +202,19 @@ def _add_security_options(p: Any) -> None:
                         "or auto: systemd when it can create scopes, else rlimits")
 
 
+def _with_env_config(prog: str, argv: list[str]) -> list[str]:
+    """JOBQ_CONFIG as if given as ``--config`` (configargparse reads no env var for it), so a
+    missing file is the same one-line exit 2; a ``--config`` flag wins.  jobq-ctl's ``-c`` is
+    push's command, not the config file."""
+    path = os.environ.get("JOBQ_CONFIG")
+    short = prog == "jobq-supervisor"
+    given = any(a == "--config" or a.startswith("--config=")
+                or (short and a.startswith("-c") and not a.startswith("--")) for a in argv)
+    return ["--config", path, *argv] if path and not given else argv
+
+
 def _parse(parser: _Parser, argv: list[str]) -> argparse.Namespace:
+    argv = _with_env_config(parser.prog, argv)
     try:
         return parser.parse_args(argv)
     except UnicodeDecodeError:
@@ -313,7 +327,8 @@ def ctl_parser() -> _Parser:
         auto_env_var_prefix="JOBQ_",
         config_file_parser_class=configargparse.DefaultConfigFileParser,
         args_for_setting_config_path=["--config"],
-        config_arg_help_message="the worker's INI config file (backend and queue are read)",
+        config_arg_help_message="the worker's INI config file, backend and queue are read "
+                                "(env: JOBQ_CONFIG)",
         ignore_unknown_config_file_keys=True,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

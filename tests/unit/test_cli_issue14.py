@@ -1,0 +1,40 @@
+"""Issue 14 (a new operator's first hour): the command lines' contract, in-process."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.cli import ctl_main, parse_worker_settings
+
+
+# --- bug 2: JOBQ_CONFIG is honoured by both commands, with --config's errors ---------------
+def test_jobq_config_env_is_read_by_the_worker(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    ini = tmp_path / "w.ini"
+    ini.write_text("[jobq-supervisor]\nnum-workers = 2\n")
+    monkeypatch.setenv("JOBQ_CONFIG", str(ini))
+    assert parse_worker_settings([]).num_workers == 2
+    # a --config flag wins over the variable
+    other = tmp_path / "o.ini"
+    other.write_text("num-workers = 3\n")
+    assert parse_worker_settings(["-c", str(other)]).num_workers == 3
+    assert parse_worker_settings([f"--config={other}"]).num_workers == 3
+
+
+@pytest.mark.parametrize("argv", [["size"], ["push", "-c", "true"]])
+def test_jobq_config_env_missing_file_is_exit_2_on_ctl(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, capsys, argv):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("JOBQ_CONFIG", str(tmp_path / "nonexistent.ini"))
+    assert ctl_main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "nonexistent.ini" in err
+    assert not (tmp_path / "jobq.db").exists()
+
+
+def test_jobq_config_env_is_read_by_ctl(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    ini = tmp_path / "w.ini"
+    ini.write_text(f"[jobq-supervisor]\nsqlite-path = {tmp_path / 'elsewhere.db'}\n")
+    monkeypatch.setenv("JOBQ_CONFIG", str(ini))
+    assert ctl_main(["push", "-c", "true"]) == 0
+    assert (tmp_path / "elsewhere.db").exists() and not (tmp_path / "jobq.db").exists()
