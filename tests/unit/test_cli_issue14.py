@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from supervisor.cli import ctl_main, parse_worker_settings
@@ -38,3 +40,17 @@ def test_jobq_config_env_is_read_by_ctl(tmp_path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("JOBQ_CONFIG", str(ini))
     assert ctl_main(["push", "-c", "true"]) == 0
     assert (tmp_path / "elsewhere.db").exists() and not (tmp_path / "jobq.db").exists()
+
+
+# --- bug 6: the shipped worker.ini keeps each backend's lease defaults ---------------------
+SHIPPED_INI = str(Path(__file__).resolve().parents[2] / "conf" / "worker.ini")
+
+
+@pytest.mark.parametrize("backend, extra, lock, renew", [
+    ("sqlite", [], 2700.0, 120.0),
+    ("storage-queue", ["--connection-string", "UseDevelopmentStorage=true"], 600.0, 200.0),
+    ("servicebus", ["--namespace", "x.servicebus.windows.net"], 60.0, 20.0),
+])
+def test_shipped_worker_ini_keeps_backend_lease_defaults(backend, extra, lock, renew):
+    s = parse_worker_settings(["--config", SHIPPED_INI, "--backend", backend, *extra])
+    assert (s.lock, s.renew_every) == (lock, renew)
