@@ -371,6 +371,19 @@ def ctl_parser() -> _Parser:
     return p
 
 
+def _check_config_keys(path: str | None) -> None:
+    """jobq-ctl reads the worker's INI, so it ignores the worker's keys it has no use for, but
+    a key the worker does not know either is the worker's one-line exit 2."""
+    if not path:
+        return
+    known = {o[2:] for a in worker_parser()._actions for o in a.option_strings}
+    with open(path, encoding="utf-8") as fh:
+        keys = configargparse.DefaultConfigFileParser().parse(fh)
+    unknown = [k for k in keys if k not in known]
+    if unknown:
+        raise UsageError(f"--config: unknown key {unknown[0]!r} in {path}")
+
+
 def ctl_main(argv: list[str] | None = None) -> int:
     """Entry point of ``jobq-ctl`` (main thread)."""
     from .backends import open_backend
@@ -380,6 +393,7 @@ def ctl_main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         ns = _parse(ctl_parser(), argv)
+        _check_config_keys(ns.config_file)
         ns.worker_id = "jobq-ctl"
         settings = Settings.from_namespace(ns)
     except (UsageError, SettingsError) as exc:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.cli import ctl_main, parse_worker_settings
+from supervisor.cli import UsageError, ctl_main, parse_worker_settings
 
 
 # --- bug 2: JOBQ_CONFIG is honoured by both commands, with --config's errors ---------------
@@ -54,3 +54,43 @@ SHIPPED_INI = str(Path(__file__).resolve().parents[2] / "conf" / "worker.ini")
 def test_shipped_worker_ini_keeps_backend_lease_defaults(backend, extra, lock, renew):
     s = parse_worker_settings(["--config", SHIPPED_INI, "--backend", backend, *extra])
     assert (s.lock, s.renew_every) == (lock, renew)
+
+
+# --- bug 9: jobq-ctl's bad input ---------------------------------------------------------
+@pytest.mark.parametrize("text", ["[jobq-supervisor]\nbogus = 1\n", "[other]\nx = 1\n"])
+def test_ctl_config_unknown_key_is_exit_2_one_line(tmp_path, monkeypatch, capsys, text):
+    monkeypatch.chdir(tmp_path)
+    ini = tmp_path / "bad.ini"
+    ini.write_text(text)
+    assert ctl_main(["--config", str(ini), "size"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "unknown key" in err, err
+    # the worker's keys jobq-ctl has no use for are still fine
+    ini.write_text("[jobq-supervisor]\nnum-workers = 4\nkill-timeout = 10m\n")
+    assert ctl_main(["--config", str(ini), "size"]) == 0
+
+
+def test_poll_interval_zero_says_zero_is_excluded() -> None:
+    with pytest.raises(UsageError) as info:
+        parse_worker_settings(["--poll-interval", "0"])
+    assert "more than 0" in str(info.value) and "at most 60" in str(info.value)
+    assert parse_worker_settings(["--poll-interval", "60"]).poll_interval == 60
+
+
+def test_push_empty_file_says_it_held_no_command(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n# only a comment\n")
+    assert ctl_main(["push", "--file", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "held no command" in err, err
+
+
+def test_requeue_of_an_unknown_id_exits_1(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert ctl_main(["push", "-c", "true"]) == 0
+    capsys.readouterr()
+    assert ctl_main(["requeue", "no-such-id"]) == 1
+    out, err = capsys.readouterr()
+    assert "requeued 0" in out and "matched no failed task" in err
+    assert ctl_main(["requeue", "--all-failed"]) == 0
