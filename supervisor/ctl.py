@@ -12,6 +12,9 @@ from .security import SecurityConfigError, load_key, sign_task, split_paths
 from .task import Task, TaskFormatError
 from .usage import UsageError
 
+# set by the worker for every task (launch.py); a task's env cannot override them
+WORKER_SET = ("JOBQ_TASK_ID", "JOBQ_QUEUE_NAME", "JOBQ_ATTEMPT")
+
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, default=str)
@@ -29,6 +32,8 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UsageError(f"--env: expected K=V, got {pair!r}")
+        if key in WORKER_SET:
+            raise UsageError(f"--env: {key} is set by the worker for each task")
         env[key] = value
     return env
 

@@ -34,3 +34,20 @@ def test_jobq_config_values_apply_to_the_worker(tmp_path):
               env={"JOBQ_CONFIG": str(ini)})
     assert res.returncode == 0, res.stderr
     assert "slots=2" in res.stderr
+
+
+def test_a_message_env_cannot_override_the_task_id(tmp_path):
+    """A message written by someone else (not jobq-ctl, which refuses it) with its own
+    JOBQ_TASK_ID: the task sees its real id."""
+    from supervisor.backends.sqlite import SqliteBackend
+    from supervisor.task import Task
+
+    backend = SqliteBackend(str(tmp_path / "jobq.db"), "default", "test")
+    try:
+        [task_id] = backend.push([Task(cmd="echo $JOBQ_TASK_ID $JOBQ_ATTEMPT > seen.txt",
+                                       env={"JOBQ_TASK_ID": "forged", "JOBQ_ATTEMPT": "99"})])
+    finally:
+        backend.close()
+    res = run("jobq-supervisor", "--exit-when-empty", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "seen.txt").read_text().split() == [task_id, "1"]

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
+import re
 from pathlib import Path
 
 import pytest
 
-from supervisor.cli import UsageError, ctl_main, parse_worker_settings
+from supervisor import __version__
+from supervisor.cli import (
+    UsageError,
+    ctl_main,
+    ctl_parser,
+    parse_worker_settings,
+    worker_main,
+    worker_parser,
+)
 
 
 # --- bug 2: JOBQ_CONFIG is honoured by both commands, with --config's errors ---------------
@@ -94,3 +104,48 @@ def test_requeue_of_an_unknown_id_exits_1(tmp_path, monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert "requeued 0" in out and "matched no failed task" in err
     assert ctl_main(["requeue", "--all-failed"]) == 0
+
+
+# --- help and docs -----------------------------------------------------------------------
+def _all_parsers() -> list[argparse.ArgumentParser]:
+    parsers: list[argparse.ArgumentParser] = [worker_parser(), ctl_parser()]
+    for action in parsers[1]._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            parsers += list(action.choices.values())
+    return parsers
+
+
+def test_every_option_of_both_commands_has_help() -> None:
+    missing = [f"{p.prog} {a.option_strings or a.dest}" for p in _all_parsers()
+               for a in p._actions if not (a.help or "").strip()]
+    assert not missing, missing
+
+
+def test_help_prints_no_default_twice_and_no_shortened_link() -> None:
+    for p in _all_parsers():
+        text = " ".join(p.format_help().split())
+        assert "goo.gl" not in text, p.prog
+        assert "(default: None)" not in text, p.prog
+        for chunk in re.split(r"\n\s*-", p.format_help()):
+            assert chunk.count("(default") <= 1, chunk
+
+
+def test_lock_duration_help_says_service_bus_reads_the_queue() -> None:
+    text = " ".join(worker_parser().format_help().split())
+    assert "LockDuration" in text and "HOST:PID" in text
+
+
+@pytest.mark.parametrize("main", [ctl_main, worker_main])
+def test_version(main, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and __version__ in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["JOBQ_TASK_ID", "JOBQ_ATTEMPT", "JOBQ_QUEUE_NAME"])
+def test_push_refuses_the_variables_the_worker_sets(tmp_path, monkeypatch, capsys, name):
+    monkeypatch.chdir(tmp_path)
+    assert ctl_main(["push", "-c", "true", "--env", f"{name}=x"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and name in err
+    assert ctl_main(["push", "-c", "true", "--env", "MODE=fast"]) == 0
