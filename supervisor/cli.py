@@ -10,8 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from dataclasses import fields
-from typing import Any, NoReturn
+from typing import Any
 
 import configargparse
 
@@ -29,60 +28,15 @@ from .settings import (
     TASK_LIMITS,
     Settings,
     SettingsError,
-    parse_duration,
 )
-from .usage import UsageError
+from .usage import UsageError, _duration, _parse, _Parser, _positive_int, _size
 
 __all__ = ["UsageError", "ctl_main", "parse_worker_settings", "worker_main", "worker_parser"]
-
-# The default of every option that sets a Settings field is that field's default: one copy.
-SETTINGS_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Settings)}
-
-
-class _Parser(configargparse.ArgParser):
-    """argparse prints usage plus the message; we want exactly one line.  An option without
-    an explicit default takes its Settings field's."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        action: argparse.Action = super().add_argument(*args, **kwargs)
-        if "default" not in kwargs and action.dest in SETTINGS_DEFAULTS:
-            action.default = SETTINGS_DEFAULTS[action.dest]
-        return action
-
 
 def _per_backend(index: int, otherwise: str) -> str:
     """``sqlite 2700, storage-queue 600 ...`` from LOCK_DEFAULTS, for help texts."""
     return ", ".join(f"{name} {value[index]:g}" if value[index] is not None
                      else f"{name} {otherwise}" for name, value in LOCK_DEFAULTS.items())
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _size(text: str) -> int:
-    from .limits import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
-    return value
 
 
 def _add_backend_options(p: Any, suppress: bool = False) -> None:
@@ -109,14 +63,15 @@ def worker_parser() -> _Parser:
         auto_env_var_prefix="JOBQ_",
         config_file_parser_class=configargparse.DefaultConfigFileParser,
         args_for_setting_config_path=["-c", "--config"],
-        config_arg_help_message="INI config file; keys are the long option names",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        config_arg_help_message="INI config file (env: JOBQ_CONFIG); keys are the long option "
+                                "names",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _add_backend_options(p)
     p.add_argument("-n", "--num-workers", type=int, help="tasks run at once")
     p.add_argument("--lock-duration", type=_duration,
-                   help=f"lease length in seconds ({_per_backend(0, '')})")
+                   help="lease length (default sqlite 2700s, storage-queue 600s; servicebus: "
+                        "the queue's LockDuration when it can be read, else this, default 60s)")
     p.add_argument("--visibility-timeout", dest="lock_duration", type=_duration,
                    default=argparse.SUPPRESS, help="alias of --lock-duration (Storage Queue)")
     p.add_argument("--renew-interval", type=_duration,
@@ -151,7 +106,8 @@ def worker_parser() -> _Parser:
                    help="seconds between receives while the queue is empty")
     p.add_argument("--task-log-dir",
                    help="also write each task's output to DIR/<task id>.<attempt>.log")
-    p.add_argument("--worker-id", help="name of this worker (empty: HOST:PID:RANDOM)")
+    p.add_argument("--worker-id", help="name of this worker in logs and task records "
+                                       "(default when empty: HOST:PID:6 random hex digits)")
     p.add_argument("--lock-file",
                    help="hold an flock on PATH for the run; a second run exits 0 at once")
     p.add_argument("--metrics-file",
@@ -168,9 +124,10 @@ def worker_parser() -> _Parser:
     p.add_argument("--scheduled-events-ack", action="store_true",
                    help="acknowledge a Preempt (StartRequests) once every task is requeued")
     _add_security_options(p)
-    p.add_argument("--log-level", type=str.upper,
-                   choices=LOG_LEVELS)
-    p.add_argument("--log-format", choices=LOG_FORMATS)
+    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
+                   help="log threshold (DEBUG shows every lease renewal)")
+    p.add_argument("--log-format", choices=LOG_FORMATS,
+                   help="text, or json: one object per line")
     return p
 
 
@@ -198,15 +155,6 @@ def _add_security_options(p: Any) -> None:
     p.add_argument("--task-limits", choices=TASK_LIMITS,
                    help="how the task limits are applied: systemd scopes (cgroups), rlimits, "
                         "or auto: systemd when it can create scopes, else rlimits")
-
-
-def _parse(parser: _Parser, argv: list[str]) -> argparse.Namespace:
-    try:
-        return parser.parse_args(argv)
-    except UnicodeDecodeError:
-        raise UsageError("--config: the config file is not UTF-8 text") from None
-    except OSError as exc:
-        raise UsageError(f"--config: cannot read {exc.filename}: {exc.strerror}") from None
 
 
 def parse_worker_settings(argv: list[str]) -> Settings:
@@ -313,20 +261,21 @@ def ctl_parser() -> _Parser:
         auto_env_var_prefix="JOBQ_",
         config_file_parser_class=configargparse.DefaultConfigFileParser,
         args_for_setting_config_path=["--config"],
-        config_arg_help_message="the worker's INI config file (backend and queue are read)",
+        config_arg_help_message="the worker's INI config file, backend and queue are read "
+                                "(env: JOBQ_CONFIG)",
         ignore_unknown_config_file_keys=True,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _add_backend_options(p)
     # also here, so JOBQ_SIGNING_KEY_FILE and a shared worker INI apply (sub-parsers read
     # neither); push signs with the first key, so list the newest first
     p.add_argument("--signing-key-file", action="append", metavar="PATH",
                    help="push: sign tasks with this key (env/INI: comma-separated list)")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", help="one of:")
     sub.required = True
 
     def cmd(name: str, help_text: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp = sub.add_parser(name, help=help_text, description=help_text, epilog=None)
         _add_backend_options(sp, suppress=True)
         return sp
 
@@ -336,24 +285,40 @@ def ctl_parser() -> _Parser:
     push.add_argument("--file", help="one command per line ('-' = stdin)")
     push.add_argument("--max-attempts", dest="task_max_attempts", type=int, default=None,
                       help="attempts for these tasks (default: the worker's --max-attempts)")
-    push.add_argument("--env", action="append", default=[], metavar="K=V")
-    push.add_argument("--cwd", default=None)
+    push.add_argument("--env", action="append", default=[], metavar="K=V",
+                      help="environment variable for the tasks (repeatable; not the JOBQ_ "
+                           "variables the worker sets)")
+    push.add_argument("--cwd", default=None,
+                      help="working directory of the tasks (default: the worker's)")
     push.add_argument("--signing-key-file", action="append", default=argparse.SUPPRESS,
                       metavar="PATH", help="sign the tasks with this key (the first one given)")
     cmd("size", "number of pending tasks")
     st = cmd("status", "counts per state and the running tasks")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--json", action="store_true", help="print JSON")
     pk = cmd("peek", "show the next pending tasks")
-    pk.add_argument("-n", type=int, default=10)
-    pk.add_argument("--json", action="store_true")
+    pk.add_argument("-n", type=int, default=10, help="how many tasks to show")
+    pk.add_argument("--json", action="store_true", help="print JSON")
     fl = cmd("failed", "list failed (dead-lettered) tasks")
-    fl.add_argument("--json", action="store_true")
+    fl.add_argument("--json", action="store_true", help="print JSON")
     rq = cmd("requeue", "move failed tasks back to pending")
-    rq.add_argument("ids", nargs="*")
-    rq.add_argument("--all-failed", action="store_true")
+    rq.add_argument("ids", nargs="*", help="ids of failed tasks (as push and failed print them)")
+    rq.add_argument("--all-failed", action="store_true", help="requeue every failed task")
     cl = cmd("clear", "delete pending tasks (or, with --failed, failed ones)")
-    cl.add_argument("--failed", action="store_true")
+    cl.add_argument("--failed", action="store_true", help="delete failed tasks instead")
     return p
+
+
+def _check_config_keys(path: str | None) -> None:
+    """jobq-ctl reads the worker's INI, so it ignores the worker's keys it has no use for, but
+    a key the worker does not know either is the worker's one-line exit 2."""
+    if not path:
+        return
+    known = {o[2:] for a in worker_parser()._actions for o in a.option_strings}
+    with open(path, encoding="utf-8") as fh:
+        keys = configargparse.DefaultConfigFileParser().parse(fh)
+    unknown = [k for k in keys if k not in known]
+    if unknown:
+        raise UsageError(f"--config: unknown key {unknown[0]!r} in {path}")
 
 
 def ctl_main(argv: list[str] | None = None) -> int:
@@ -365,6 +330,7 @@ def ctl_main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         ns = _parse(ctl_parser(), argv)
+        _check_config_keys(ns.config_file)
         ns.worker_id = "jobq-ctl"
         settings = Settings.from_namespace(ns)
     except (UsageError, SettingsError) as exc:

@@ -12,6 +12,9 @@ from .security import SecurityConfigError, load_key, sign_task, split_paths
 from .task import Task, TaskFormatError
 from .usage import UsageError
 
+# set by the worker for every task (launch.py); a task's env cannot override them
+WORKER_SET = ("JOBQ_TASK_ID", "JOBQ_QUEUE_NAME", "JOBQ_ATTEMPT")
+
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, default=str)
@@ -29,6 +32,8 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UsageError(f"--env: expected K=V, got {pair!r}")
+        if key in WORKER_SET:
+            raise UsageError(f"--env: {key} is set by the worker for each task")
         env[key] = value
     return env
 
@@ -51,7 +56,11 @@ def _read_commands(path: str) -> list[str]:
 def cmd_push(ns: Any, backend: Backend) -> int:
     commands = list(ns.commands)
     if ns.file:
-        commands += _read_commands(ns.file)
+        from_file = _read_commands(ns.file)
+        if not from_file:
+            raise UsageError(f"--file: {ns.file} held no command (blank lines and # comments "
+                             "are skipped)")
+        commands += from_file
     if not commands:
         raise UsageError("push: give -c CMD or --file F")
     if ns.task_max_attempts is not None and ns.task_max_attempts < 1:
@@ -128,6 +137,12 @@ def cmd_requeue(ns: Any, backend: Backend) -> int:
         raise UsageError("requeue: give task ids or --all-failed (not both)")
     n = backend.requeue(None if ns.all_failed else ns.ids)
     print(f"requeued {n}")
+    missing = 0 if ns.all_failed else len(set(ns.ids)) - n
+    if missing > 0:
+        # exit 1, so that a typo in an id is not taken for success
+        print(f"jobq-ctl: error: requeue: {missing} of the given ids matched no failed task",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -168,9 +168,11 @@ class Launcher:
                   extra={"task_id": task_id, "attempt": lease.attempt})
         self._seq += 1
         env = dict(self.base_env)
-        env.update(JOBQ_TASK_ID=task.id, JOBQ_QUEUE_NAME=self.s.queue,
-                   JOBQ_ATTEMPT=str(lease.attempt), **self.guard.environment())
+        env.update(self.guard.environment())
         env.update(task.env)
+        # after the message's env: a task cannot pose as another (issue 14)
+        env.update(JOBQ_TASK_ID=task.id, JOBQ_QUEUE_NAME=self.s.queue,
+                   JOBQ_ATTEMPT=str(lease.attempt))
         marker = f"{self.token}:{self._seq}"
         job = SpawnJob(task.cmd, env, task.cwd, marker,
                        context=TaskStart(lease, task, keeper, max_attempts),

@@ -192,7 +192,7 @@ class Settings:
             if value is not None and value <= 0:
                 raise bad(name.replace("_", "-"), "must be positive")
         if self.poll_interval <= 0 or self.poll_interval > 60:
-            raise bad("poll-interval", "must be between 0 and 60 seconds")
+            raise bad("poll-interval", "must be more than 0 and at most 60 seconds")
         if self.scheduled_events not in SCHEDULED_EVENTS_MODES:
             raise bad("scheduled-events", "must be auto, on or off")
         if not re.match(r"^https?://[^/]+", self.scheduled_events_url or ""):

@@ -1,7 +1,111 @@
-"""The one error both command lines share (cli.py parses, ctl.py runs sub-commands)."""
+"""Command-line usage shared by both commands (cli.py builds the parsers, ctl.py runs the
+sub-commands): the parser class with its one-line errors and help format, ``JOBQ_CONFIG``,
+the option value types, and UsageError (main thread)."""
 
 from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import fields
+from typing import Any, NoReturn
+
+import configargparse
+
+from .settings import Settings, parse_duration
 
 
 class UsageError(Exception):
     """Bad command line or configuration: one line on stderr, exit status 2."""
+
+
+# The default of every option that sets a Settings field is that field's default: one copy.
+SETTINGS_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Settings)}
+
+
+EPILOG = ("Every option with -- is also a key of the --config INI file (the name without the "
+          "dashes) and an environment variable JOBQ_<NAME>; precedence: flag > environment > "
+          "config file > default.")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default once: not when the help text already names it, nor an empty one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, [], "", argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
+class _Parser(configargparse.ArgParser):
+    """argparse prints usage plus the message; we want exactly one line.  An option without
+    an explicit default takes its Settings field's."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # configargparse's own epilog points at a URL shortener; ours is EPILOG
+        kwargs.setdefault("epilog", EPILOG)
+        super().__init__(*args, add_config_file_help=False, add_env_var_help=False,
+                         formatter_class=_HelpFormatter, **kwargs)
+
+    def format_help(self) -> str:
+        for a in self._actions:
+            env = getattr(a, "env_var", None)
+            if env and a.help != argparse.SUPPRESS and f"[env var: {env}]" not in (a.help or ""):
+                a.help = f"{a.help or ''} [env var: {env}]"
+        return argparse.ArgumentParser.format_help(self)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action: argparse.Action = super().add_argument(*args, **kwargs)
+        if "default" not in kwargs and action.dest in SETTINGS_DEFAULTS:
+            action.default = SETTINGS_DEFAULTS[action.dest]
+        return action
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _size(text: str) -> int:
+    from .limits import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+    return value
+
+
+def _with_env_config(prog: str, argv: list[str]) -> list[str]:
+    """JOBQ_CONFIG as if given as ``--config`` (configargparse reads no env var for it), so a
+    missing file is the same one-line exit 2; a ``--config`` flag wins.  jobq-ctl's ``-c`` is
+    push's command, not the config file."""
+    path = os.environ.get("JOBQ_CONFIG")
+    short = prog == "jobq-supervisor"
+    given = any(a == "--config" or a.startswith("--config=")
+                or (short and a.startswith("-c") and not a.startswith("--")) for a in argv)
+    return ["--config", path, *argv] if path and not given else argv
+
+
+def _parse(parser: _Parser, argv: list[str]) -> argparse.Namespace:
+    argv = _with_env_config(parser.prog, argv)
+    try:
+        return parser.parse_args(argv)
+    except UnicodeDecodeError:
+        raise UsageError("--config: the config file is not UTF-8 text") from None
+    except OSError as exc:
+        raise UsageError(f"--config: cannot read {exc.filename}: {exc.strerror}") from None

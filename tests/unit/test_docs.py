@@ -50,3 +50,16 @@ def test_no_reference_to_a_design_file_outside_the_repository():
     hits = [str(p.relative_to(REPO)) for d in ("supervisor", "tests", "scripts")
             for p in (REPO / d).rglob("*.py") if "DESIGN" + ".md" in p.read_text()]
     assert not hits, hits
+
+
+def test_readme_says_what_a_new_operator_needs():
+    """Issue 14: the command length limit, jobq-ctl's exit statuses, the reserved variables,
+    and an Azurite command that does not phone home."""
+    from supervisor.task import MAX_COMMAND_BYTES
+
+    readme = (REPO / "README.rst").read_text()
+    assert f"{MAX_COMMAND_BYTES // 1024} KiB" in readme
+    assert "Exit status of ``jobq-ctl``" in readme
+    assert "``--env`` cannot set ``JOBQ_TASK_ID``" in readme
+    azurite = [line for line in readme.splitlines() if "bin/azurite-queue" in line]
+    assert azurite and all("--disableTelemetry" in line for line in azurite)
