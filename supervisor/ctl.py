@@ -12,6 +12,10 @@ from .security import SecurityConfigError, load_key, sign_task, split_paths
 from .task import Task, TaskFormatError
 from .usage import UsageError
 
+# Sub-commands that only look: they open the backend with create=False, so a mistyped queue
+# or path is "does not exist" (exit 1) instead of a new, empty queue and "0".
+READ_ONLY_COMMANDS = frozenset({"size", "peek", "status", "failed"})
+
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, default=str)

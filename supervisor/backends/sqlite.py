@@ -72,7 +72,7 @@ QUICK_WAIT = 0.005  # the most a settlement tried on the main loop may wait for 
 CTL_BUSY_TIMEOUT = 30.0
 
 
-def _connect(path: str, busy_timeout: float) -> sqlite3.Connection:
+def _connect(path: str, busy_timeout: float, setup: bool = True) -> sqlite3.Connection:
     # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a write never has to
     # upgrade a read lock (which SQLite answers with SQLITE_BUSY without waiting).
     conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
@@ -81,7 +81,8 @@ def _connect(path: str, busy_timeout: float) -> sqlite3.Connection:
     # make a whole SELECT fail: one such body would stall every receive.  It reads with
     # U+FFFD instead and the body is dead-lettered as poison (as on Storage Queue).
     conn.text_factory = _decode_text
-    conn.execute("PRAGMA journal_mode=WAL")
+    if setup:  # WAL is a property of the file: switching to it is a write
+        conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     return conn
 
@@ -105,7 +106,11 @@ class SqliteBackend(BackendBase):
 
     def __init__(self, path: str, queue: str, worker_id: str, *, max_attempts: int = 5,
                  stale_lock_age: float = 2700.0, reaper_interval: float = 300.0,
-                 busy_timeout: float = MAIN_BUSY_TIMEOUT) -> None:
+                 busy_timeout: float = MAIN_BUSY_TIMEOUT, create: bool = True) -> None:
+        """Open (``create``: and set up) the database at ``path`` (main thread).
+
+        ``create=False`` writes nothing: a missing file or one without the jobs table is a
+        BackendError (``jobq-ctl size`` on a mistyped path must not make an empty queue)."""
         self.path = path
         self.queue = queue
         self.worker_id = worker_id
@@ -120,13 +125,22 @@ class SqliteBackend(BackendBase):
         self._lease_lock = threading.Lock()
         self._lease_busy_ms = 0
         self._quick = threading.local()  # .on: this thread's lease writes may not wait
+        if not create and not os.path.isfile(path):
+            raise BackendError(f"SQLite database {path} does not exist (nothing was pushed "
+                               f"there yet?)")
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
             raise BackendConfigError(f"--sqlite-path: directory {parent} does not exist")
         try:
-            self._conn = _connect(path, busy_timeout)
-            self._conn.executescript(SCHEMA)
-            self._lease_conn = _connect(path, busy_timeout)
+            self._conn = _connect(path, busy_timeout, setup=create)
+            if create:
+                self._conn.executescript(SCHEMA)
+            elif not self._conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' "
+                                        "AND name='jobs'").fetchone():
+                self._conn.close()
+                raise BackendError(f"SQLite database {path} holds no jobq queue (no jobs "
+                                   f"table)")
+            self._lease_conn = _connect(path, busy_timeout, setup=create)
         except sqlite3.DatabaseError as exc:
             if _is_lock_error(exc):
                 raise BackendError(f"SQLite database {path} is busy: {exc}") from None

@@ -70,8 +70,11 @@ class StorageQueueBackend(BackendBase):
     def __init__(self, queue: str, *, connection_string: str | None = None,
                  account_url: str | None = None, worker_id: str = "",
                  credential: Any = None, connect_timeout: float = 5.0,
-                 read_timeout: float = 20.0) -> None:
+                 read_timeout: float = 20.0, create: bool = True) -> None:
         """Connect and create ``queue`` and ``queue-failed`` when missing.
+
+        ``create=False`` (read-only commands) creates nothing: a missing ``queue`` is a
+        BackendError here, and a missing ``-failed`` companion reads as empty.
 
         Exactly one of ``connection_string`` / ``account_url``.  With an account URL the
         credential is ``credential``, a SAS token in the URL, or DefaultAzureCredential.
@@ -106,8 +109,11 @@ class StorageQueueBackend(BackendBase):
         self._failed = self.new_client(self.failed_queue_name)
         self._endpoint = self.scrub(self._main.url.split("?", 1)[0])
         try:
-            for client in (self._main, self._failed):
-                self._create(client)
+            if create:
+                for client in (self._main, self._failed):
+                    self._create(client)
+            else:
+                self._count(self._main)  # QueueNotFound -> "does not exist", nothing made
         except BaseException:
             self.close()
             raise
@@ -174,7 +180,18 @@ class StorageQueueBackend(BackendBase):
         return self._count(self._main)
 
     def _count(self, client: QueueClient) -> int:
-        props = self._call("queue properties", client.get_queue_properties)
+        props = self._call(f"queue {client.queue_name}", client.get_queue_properties)
+        return int(props.approximate_message_count or 0)
+
+    def _count_failed(self) -> int | None:
+        """Records in ``-failed``; None when that queue does not exist (read-only commands
+        do not make it, and a queue made by another tool may lack it): read as empty."""
+        try:
+            props = self._failed.get_queue_properties()
+        except SDK_ERRORS as exc:
+            if error_code(exc) == "QueueNotFound":
+                return None
+            raise self.translate(exc, f"queue {self.failed_queue_name}") from None
         return int(props.approximate_message_count or 0)
 
     def peek(self, n: int) -> list[Task | str]:
@@ -188,12 +205,14 @@ class StorageQueueBackend(BackendBase):
         return out
 
     def status(self) -> QueueStatus:
-        return QueueStatus(counts={"pending": self.size(), "failed": self._count(self._failed)})
+        return QueueStatus(counts={"pending": self.size(), "failed": self._count_failed() or 0})
 
     def failed(self) -> list[FailedRecord]:
         """Every record of ``<queue>-failed``.  Peek stops at 32, so this receives the
         records (hidden for 60 s) and makes them visible again afterwards; a concurrent
         lister sees fewer meanwhile."""
+        if self._count_failed() is None:
+            return []
         taken = self._take_failed()
         try:
             return [parse_record(message_text(m.content), m.id)[0] for m in taken]

