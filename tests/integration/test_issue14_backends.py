@@ -3,7 +3,9 @@ database is a configuration error (bug 3), the JSON contract of status/failed (i
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+import time
 
 import pytest
 
@@ -43,3 +45,27 @@ def test_push_still_creates_the_database_and_size_reads_it(env):
     env.push("true")
     assert env.ctl("size").stdout.strip() == "1"
     assert env.ctl("status").returncode == 0
+
+
+@contextlib.contextmanager
+def immutable(path):
+    """``chattr +i`` on path (root ignores file modes; the immutable flag stops it too)."""
+    res = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"chattr +i does not work here: {res.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_unwritable_database_is_exit_2_at_start(env):
+    [task] = env.push("true")
+    with immutable(env.db):
+        t0 = time.monotonic()
+        sup = env.supervisor("--exit-when-empty")
+        assert sup.wait(30) == 2
+        assert time.monotonic() - t0 < 20
+        log = sup.log().strip().splitlines()
+    assert len(log) == 1 and "cannot be written" in log[0] and str(env.db) in log[0], log
+    assert env.job(task)["status"] == "pending"
