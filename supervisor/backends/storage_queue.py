@@ -53,6 +53,8 @@ LOG = logging.getLogger(__name__)
 T = TypeVar("T")
 
 FAILED_SUFFIX = "-failed"
+QUEUED_NOTE = ("Storage Queue cannot tell pending from running or backing-off messages: "
+               "queued counts all of them")
 _PAGE = 32  # the service returns at most 32 messages per receive or peek
 _LIST_VISIBILITY = 60  # s a failed record stays hidden while failed()/requeue() pages through
 _NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
@@ -205,7 +207,10 @@ class StorageQueueBackend(BackendBase):
         return out
 
     def status(self) -> QueueStatus:
-        return QueueStatus(counts={"pending": self.size(), "failed": self._count_failed() or 0})
+        """``queued``, not ``pending``: the service's count includes the messages workers
+        hold invisible (running) and those hidden for a retry delay (backing off)."""
+        return QueueStatus(counts={"queued": self.size(), "failed": self._count_failed() or 0},
+                           note=QUEUED_NOTE)
 
     def failed(self) -> list[FailedRecord]:
         """Every record of ``<queue>-failed``.  Peek stops at 32, so this receives the

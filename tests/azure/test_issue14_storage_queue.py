@@ -3,12 +3,15 @@ contract of status/failed (item 8)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 
 import pytest
-from azure.storage.queue import QueueServiceClient
+from azure.storage.queue import QueueClient, QueueServiceClient
 
+from supervisor.backends.storage_queue_util import make_record
 from tests.azure.test_storage_queue_backend import connection_string
 from tests.conftest import command
 
@@ -49,3 +52,32 @@ def test_missing_failed_companion_reads_as_empty(tmp_path, azurite, queue_name):
     assert queue_name + "-failed" not in _queues(azurite.port)
     # a writing command still makes what it needs
     assert _ctl(tmp_path, azurite.port, queue_name, "push", "-c", "true").returncode == 0
+
+
+ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+
+
+def test_status_json_does_not_call_held_messages_pending(tmp_path, azurite, queue_name):
+    port = azurite.port
+    assert _ctl(tmp_path, port, queue_name, "push", "-c", "true", "-c", "true").returncode == 0
+    client = QueueClient.from_connection_string(connection_string(port), queue_name)
+    with client:  # a worker holds one message invisible (running)
+        [held] = list(next(client.receive_messages(messages_per_page=1,
+                                                   visibility_timeout=60).by_page()))[:1]
+    status = json.loads(_ctl(tmp_path, port, queue_name, "status", "--json").stdout)
+    assert "pending" not in status["counts"], status
+    assert status["counts"]["queued"] == 2 and "cannot tell" in status["note"], status
+    text = _ctl(tmp_path, port, queue_name, "status").stdout
+    assert "queued=2" in text and "note: " in text
+
+
+def test_failed_json_time_is_iso_utc(tmp_path, azurite, queue_name):
+    port = azurite.port
+    assert _ctl(tmp_path, port, queue_name, "clear").returncode == 0  # creates both queues
+    record = make_record('{"cmd": "exit 3"}', None, "exit status 3", 1, 3, "", "w", "m-1")
+    failed = QueueClient.from_connection_string(connection_string(port), queue_name + "-failed")
+    with failed:
+        failed.send_message(record, time_to_live=-1)
+    [row] = json.loads(_ctl(tmp_path, port, queue_name, "failed", "--json").stdout)
+    assert ISO.match(row["failed_at"]), row
+    assert f"failed {row['failed_at']}" in _ctl(tmp_path, port, queue_name, "failed").stdout

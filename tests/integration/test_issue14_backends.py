@@ -4,12 +4,15 @@ database is a configuration error (bug 3), the JSON contract of status/failed (i
 from __future__ import annotations
 
 import contextlib
+import json
+import re
+import signal
 import subprocess
 import time
 
 import pytest
 
-from tests.conftest import command
+from tests.conftest import command, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -69,3 +72,32 @@ def test_unwritable_database_is_exit_2_at_start(env):
         log = sup.log().strip().splitlines()
     assert len(log) == 1 and "cannot be written" in log[0] and str(env.db) in log[0], log
     assert env.job(task)["status"] == "pending"
+
+
+ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+
+
+def test_json_times_are_iso_utc_and_text_shows_failure_time(env):
+    [bad] = env.push("exit 1", extra=("--max-attempts", "1"))
+    sup = env.supervisor("--exit-when-empty", "--log-format", "json")
+    assert sup.wait(30) == 4
+    [record] = json.loads(env.ctl("failed", "--json").stdout)
+    assert record["id"] == bad and ISO.match(record["failed_at"]), record
+    text = env.ctl("failed").stdout
+    assert f"failed {record['failed_at']}" in text, text
+    # the summary's fields are keys of its JSON line, not only words of its message
+    summary = json.loads(sup.log().strip().splitlines()[-1])
+    assert summary["message"].startswith("summary:")
+    assert {k: summary[k] for k in ("succeeded", "failed", "exit_status", "stop")} == {
+        "succeeded": 0, "failed": 1, "exit_status": 4, "stop": "queue empty"}
+    assert isinstance(summary["duration_s"], float) and summary["lock_lost"] == 0
+
+    [running] = env.push("sleep 30")
+    sup = env.supervisor()
+    wait_for(lambda: env.job(running)["status"] == "running", 20, what="task running")
+    status = json.loads(env.ctl("status", "--json").stdout)
+    [row] = status["running"]
+    assert ISO.match(row["locked_at"]) and ISO.match(row["locked_until"]), row
+    assert status["note"] is None
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 0
