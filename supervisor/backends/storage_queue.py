@@ -93,6 +93,9 @@ class StorageQueueBackend(BackendBase):
         self.queue_name = queue
         self.failed_queue_name = queue + FAILED_SUFFIX
         self.worker_id = worker_id
+        # The queues this process made at start it makes again when they vanish (an
+        # emulator restarted in memory, a mistaken delete); a read-only command made none.
+        self.recreate = create
         self._connection_string = connection_string
         self._account_url = account_url
         self.scrub = Scrubber(connection_string, account_url)
@@ -138,7 +141,17 @@ class StorageQueueBackend(BackendBase):
                 f"storage-queue: bad connection string or account URL: {self.scrub(str(exc))}"
             ) from None
 
+    def recreate_if_missing(self, exc: BaseException, client: QueueClient) -> bool:
+        """Any thread, with its own ``client``: True when ``exc`` says the client's queue
+        does not exist and this backend made it again (a queue it would make at start)."""
+        if not self.recreate or error_code(exc) != "QueueNotFound":
+            return False
+        LOG.warning("queue %s does not exist (deleted?); creating it again", client.queue_name)
+        self._create(client)
+        return True
+
     def _create(self, client: QueueClient) -> None:
+        """Any thread, with its own ``client``: create its queue unless it exists."""
         try:
             client.create_queue()
         except ResourceExistsError:
@@ -164,7 +177,12 @@ class StorageQueueBackend(BackendBase):
         visibility = clamp_visibility(lock_duration, 1)
         pages = self._main.receive_messages(messages_per_page=min(_PAGE, max_messages),
                                             visibility_timeout=visibility).by_page()
-        messages = self._call("receive", lambda: list(next(pages, [])))
+        try:
+            messages = list(next(pages, []))
+        except SDK_ERRORS as exc:
+            if self.recreate_if_missing(exc, self._main):
+                return []  # empty, just made: the next receive asks again
+            raise self.translate(exc, "receive") from None
         return [StorageQueueLease(self, message, visibility) for message in messages]
 
     def push(self, tasks: Sequence[Task]) -> list[str]:

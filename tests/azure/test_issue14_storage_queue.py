@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 
 import pytest
@@ -13,7 +14,7 @@ from azure.storage.queue import QueueClient, QueueServiceClient
 
 from supervisor.backends.storage_queue_util import make_record
 from tests.azure.test_storage_queue_backend import connection_string
-from tests.conftest import command
+from tests.conftest import command, wait_for
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 
@@ -81,3 +82,33 @@ def test_failed_json_time_is_iso_utc(tmp_path, azurite, queue_name):
     [row] = json.loads(_ctl(tmp_path, port, queue_name, "failed", "--json").stdout)
     assert ISO.match(row["failed_at"]), row
     assert f"failed {row['failed_at']}" in _ctl(tmp_path, port, queue_name, "failed").stdout
+
+
+@pytest.fixture
+def sq(tmp_path, azurite, queue_name):
+    from tests.azure.test_storage_queue_worker import SqEnv
+
+    e = SqEnv(tmp_path, azurite.port, queue_name)
+    e.ctl("clear")  # creates both queues
+    yield e
+    e.cleanup()
+
+
+def test_worker_recreates_its_queues_when_they_vanish(sq, azurite):
+    """Bug 5: Azurite restarted in memory loses every queue; the worker made them at start
+    and makes them again, instead of 'queue does not exist' every 10 s for ever."""
+    sup = sq.supervisor("--poll-interval", "0.5")
+    sup.wait_log(" started: backend=")
+    with QueueServiceClient.from_connection_string(connection_string(azurite.port)) as svc:
+        svc.delete_queue(sq.queue)
+        svc.delete_queue(sq.queue + "-failed")
+    wait_for(lambda: sq.queue in _queues(azurite.port), 30, what="main queue made again")
+    assert f"queue {sq.queue} does not exist (deleted?); creating it again" in sup.log()
+    # the dead-letter record makes its queue again too
+    [task] = sq.ctl("push", "-c", "exit 3", "--max-attempts", "1").stdout.split()
+    wait_for(lambda: sq.queue + "-failed" in _queues(azurite.port), 30,
+             what="failed queue made again")
+    wait_for(lambda: [r["id"] for r in sq.failed_records()] == [task], 30,
+             what="record in the remade failed queue")
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 0
