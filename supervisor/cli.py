@@ -325,7 +325,7 @@ def ctl_main(argv: list[str] | None = None) -> int:
     """Entry point of ``jobq-ctl`` (main thread)."""
     from .backends import open_backend
     from .backends.base import BackendConfigError, BackendError
-    from .ctl import run_command
+    from .ctl import READ_ONLY_COMMANDS, run_command
 
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -337,7 +337,8 @@ def ctl_main(argv: list[str] | None = None) -> int:
         return _fail_usage("jobq-ctl", str(exc))
     logging.basicConfig(level=logging.WARNING, format="jobq-ctl: %(message)s")
     try:
-        backend = open_backend(settings, for_ctl=True)
+        backend = open_backend(settings, for_ctl=True,
+                               create=ns.command not in READ_ONLY_COMMANDS)
     except BackendConfigError as exc:
         return _fail_usage("jobq-ctl", str(exc))
     except BackendError as exc:

@@ -14,16 +14,27 @@ from .usage import UsageError
 
 # set by the worker for every task (launch.py); a task's env cannot override them
 WORKER_SET = ("JOBQ_TASK_ID", "JOBQ_QUEUE_NAME", "JOBQ_ATTEMPT")
+# Sub-commands that only look: they open the backend with create=False, so a mistyped queue
+# or path is "does not exist" (exit 1) instead of a new, empty queue and "0".
+READ_ONLY_COMMANDS = frozenset({"size", "peek", "status", "failed"})
 
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, default=str)
 
 
+# Epoch seconds in the backends' records; ISO-8601 UTC strings in every JSON output.
+TIME_KEYS = frozenset({"locked_at", "locked_until", "failed_at"})
+
+
 def iso(ts: float | None) -> str:
     if ts is None:
         return "-"
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def iso_or_none(ts: float | None) -> str | None:
+    return None if ts is None else iso(ts)
 
 
 def _env_pairs(pairs: list[str]) -> dict[str, str]:
@@ -90,9 +101,13 @@ def cmd_push(ns: Any, backend: Backend) -> int:
 def cmd_status(ns: Any, backend: Backend) -> int:
     st = backend.status()
     if ns.json:
-        print(dumps({"counts": st.counts, "running": st.running}))
+        running = [{k: iso_or_none(v) if k in TIME_KEYS else v for k, v in r.items()}
+                   for r in st.running]
+        print(dumps({"counts": st.counts, "running": running, "note": st.note}))
         return 0
     print("  ".join(f"{k}={v}" for k, v in st.counts.items()))
+    if st.note:
+        print(f"note: {st.note}")
     if st.running:
         print(f"{'TASK':34} {'WORKER':30} {'ATTEMPT':>7}  {'SINCE':20}  LOCKED UNTIL")
         for r in st.running:
@@ -119,10 +134,11 @@ def cmd_peek(ns: Any, backend: Backend) -> int:
 def cmd_failed(ns: Any, backend: Backend) -> int:
     records = backend.failed()
     if ns.json:
-        print(dumps([vars(r) for r in records]))
+        print(dumps([{k: iso_or_none(v) if k in TIME_KEYS else v for k, v in vars(r).items()}
+                     for r in records]))
         return 0
     for r in records:
-        print(f"{r.id}  attempts={r.attempts}  reason: {r.reason}")
+        print(f"{r.id}  failed {iso(r.failed_at)}  attempts={r.attempts}  reason: {r.reason}")
         print(f"    command: {r.command}")
         if r.output_tail:
             tail = r.output_tail.splitlines()[-5:]

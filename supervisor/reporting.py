@@ -85,7 +85,13 @@ class Reporter:
     def summary(self, duration: float, stop_reason: str, exit_code: int) -> None:
         """The one line logged at exit (main thread)."""
         c = self.counts
+        # The same fields as keys: --log-format json readers need not parse the message.
+        fields: dict[str, object] = {
+            k: c[k] for k in ("succeeded", "failed", "dead_lettered", "retried", "requeued",
+                              "lock_lost")}
+        fields.update(duration_s=round(duration, 1), stop=stop_reason or "done",
+                      exit_status=exit_code)
         log.info("summary: succeeded=%d failed=%d dead_lettered=%d retried=%d requeued=%d "
                  "lock_lost=%d duration=%.1fs stop=%r exit=%d", c["succeeded"], c["failed"],
                  c["dead_lettered"], c["retried"], c["requeued"], c["lock_lost"],
-                 duration, stop_reason or "done", exit_code)
+                 duration, stop_reason or "done", exit_code, extra=fields)

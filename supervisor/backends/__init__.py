@@ -10,8 +10,11 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 
-def open_backend(settings: Settings, for_ctl: bool = False) -> Backend:
-    """Construct the configured backend (main thread).  Raises BackendConfigError/BackendError."""
+def open_backend(settings: Settings, for_ctl: bool = False, create: bool = True) -> Backend:
+    """Construct the configured backend (main thread).  Raises BackendConfigError/BackendError.
+
+    ``create=False`` (the read-only ``jobq-ctl`` commands): create no database or queue; one
+    that does not exist is a BackendError, so a mistyped name is visible instead of "0"."""
     if settings.backend == "sqlite":
         from .sqlite import CTL_BUSY_TIMEOUT, MAIN_BUSY_TIMEOUT, SqliteBackend
 
@@ -23,6 +26,7 @@ def open_backend(settings: Settings, for_ctl: bool = False) -> Backend:
             stale_lock_age=settings.stale_age,
             reaper_interval=settings.reaper_interval,
             busy_timeout=CTL_BUSY_TIMEOUT if for_ctl else MAIN_BUSY_TIMEOUT,
+            create=create,
         )
     if settings.backend == "storage-queue":
         from .storage_queue import StorageQueueBackend
@@ -37,6 +41,7 @@ def open_backend(settings: Settings, for_ctl: bool = False) -> Backend:
             # The main thread receives: a hung call must not hold up signal handling long.
             connect_timeout=3.0,
             read_timeout=5.0,
+            create=create,
         )
     if settings.backend == "servicebus":
         from .servicebus import ServiceBusBackend

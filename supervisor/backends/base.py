@@ -53,6 +53,9 @@ class QueueStatus:
 
     counts: dict[str, int] = field(default_factory=dict)
     running: list[dict[str, Any]] = field(default_factory=list)
+    # What the counts cannot tell (Storage Queue: running and backing-off messages are
+    # counted with the waiting ones); None when they mean exactly what they say.
+    note: str | None = None
 
 
 class Lease(Protocol):

@@ -72,7 +72,7 @@ QUICK_WAIT = 0.005  # the most a settlement tried on the main loop may wait for 
 CTL_BUSY_TIMEOUT = 30.0
 
 
-def _connect(path: str, busy_timeout: float) -> sqlite3.Connection:
+def _connect(path: str, busy_timeout: float, setup: bool = True) -> sqlite3.Connection:
     # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a write never has to
     # upgrade a read lock (which SQLite answers with SQLITE_BUSY without waiting).
     conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
@@ -81,13 +81,20 @@ def _connect(path: str, busy_timeout: float) -> sqlite3.Connection:
     # make a whole SELECT fail: one such body would stall every receive.  It reads with
     # U+FFFD instead and the body is dead-lettered as poison (as on Storage Queue).
     conn.text_factory = _decode_text
-    conn.execute("PRAGMA journal_mode=WAL")
+    if setup:  # WAL is a property of the file: switching to it is a write
+        conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     return conn
 
 
 def _decode_text(data: bytes) -> str:
     return data.decode("utf-8", "replace")
+
+
+def _is_readonly_error(exc: sqlite3.Error) -> bool:
+    # SQLITE_READONLY (8) and its extended codes: a read-only file, directory or mount
+    code = getattr(exc, "sqlite_errorcode", None)
+    return (code is not None and code & 0xFF == 8) or "readonly" in str(exc).lower()
 
 
 def _is_lock_error(exc: sqlite3.Error) -> bool:
@@ -105,7 +112,11 @@ class SqliteBackend(BackendBase):
 
     def __init__(self, path: str, queue: str, worker_id: str, *, max_attempts: int = 5,
                  stale_lock_age: float = 2700.0, reaper_interval: float = 300.0,
-                 busy_timeout: float = MAIN_BUSY_TIMEOUT) -> None:
+                 busy_timeout: float = MAIN_BUSY_TIMEOUT, create: bool = True) -> None:
+        """Open (``create``: and set up) the database at ``path`` (main thread).
+
+        ``create=False`` writes nothing: a missing file or one without the jobs table is a
+        BackendError (``jobq-ctl size`` on a mistyped path must not make an empty queue)."""
         self.path = path
         self.queue = queue
         self.worker_id = worker_id
@@ -116,22 +127,60 @@ class SqliteBackend(BackendBase):
         # A lost lease comes back when some worker's reaper sees it stale.
         self.lost_lease_return_delay = stale_lock_age + reaper_interval if reaper_interval else 0.0
         self._next_reap = 0.0
+        self._reap_backoff = 0.0
+        self.clock = time.monotonic  # the reaper's schedule (tests inject a clock)
         self._data_version = -1
         self._lease_lock = threading.Lock()
         self._lease_busy_ms = 0
         self._quick = threading.local()  # .on: this thread's lease writes may not wait
+        if not create and not os.path.isfile(path):
+            raise BackendError(f"SQLite database {path} does not exist (nothing was pushed "
+                               f"there yet?)")
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
             raise BackendConfigError(f"--sqlite-path: directory {parent} does not exist")
         try:
-            self._conn = _connect(path, busy_timeout)
-            self._conn.executescript(SCHEMA)
-            self._lease_conn = _connect(path, busy_timeout)
-        except sqlite3.DatabaseError as exc:
+            self._conn = _connect(path, busy_timeout, setup=create)
+            if create:
+                self._conn.executescript(SCHEMA)
+                self._check_writable()
+            elif not self._conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' "
+                                        "AND name='jobs'").fetchone():
+                raise BackendError(f"SQLite database {path} holds no jobq queue (no jobs "
+                                   f"table)")
+            self._lease_conn = _connect(path, busy_timeout, setup=create)
+        except BaseException as exc:
+            self.close()
+            if not isinstance(exc, sqlite3.DatabaseError):
+                raise
             if _is_lock_error(exc):
                 raise BackendError(f"SQLite database {path} is busy: {exc}") from None
+            if _is_readonly_error(exc):
+                raise BackendConfigError(f"--sqlite-path: {path} cannot be written "
+                                         f"({exc})") from None
             raise BackendConfigError(f"--sqlite-path: {path} is not a usable SQLite database "
                                      f"({exc})") from None
+
+    def _check_writable(self) -> None:
+        """Write one header field to its own value and roll back (main thread, at open).
+
+        The schema statements are no-ops on an existing database, so an immutable or
+        read-only file would open fine and then fail every receive and reap for ever; a
+        database this process can never write is a configuration error (exit 2) instead.
+        BEGIN IMMEDIATE alone does not tell: in WAL mode its lock lives in the -shm file."""
+        conn = self._conn
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(f"PRAGMA user_version={int(version)}")
+            finally:
+                conn.execute("ROLLBACK")
+        except sqlite3.OperationalError as exc:
+            if _is_readonly_error(exc):
+                raise BackendConfigError(f"--sqlite-path: {self.path} cannot be written "
+                                         f"({exc})") from None
+            raise
 
     # -- plumbing ----------------------------------------------------------------------
     @contextmanager
@@ -222,14 +271,21 @@ class SqliteBackend(BackendBase):
 
     def maintenance(self) -> None:
         """The stale-lock reaper, every --reaper-interval (main thread)."""
-        if not self.reaper_interval or time.monotonic() < self._next_reap:
+        if not self.reaper_interval or self.clock() < self._next_reap:
             return
-        self._next_reap = time.monotonic() + self.reaper_interval
+        now = self.clock()
+        self._next_reap = now + self.reaper_interval
         try:
             self.reap()
         except (BackendError, sqlite3.DatabaseError) as exc:
-            log.warning("stale-lock reaper skipped this round: %s", exc)
-            self._next_reap = time.monotonic() + min(self.reaper_interval, 5.0)
+            # Back off 5, 10, 20 ... s up to the interval itself: a database that stays
+            # unwritable (or busy) logs a line per round, not one every 5 s for ever.
+            self._reap_backoff = min(self.reaper_interval, max(5.0, self._reap_backoff * 2))
+            log.warning("stale-lock reaper skipped this round (next try in %.0fs): %s",
+                        self._reap_backoff, exc)
+            self._next_reap = now + self._reap_backoff
+        else:
+            self._reap_backoff = 0.0
 
     def reap(self) -> int:
         now = time.time()
@@ -338,7 +394,9 @@ class SqliteBackend(BackendBase):
                                 (self.queue, state)).rowcount
 
     def close(self) -> None:
-        for conn in (self._conn, self._lease_conn):
+        for conn in (getattr(self, "_conn", None), getattr(self, "_lease_conn", None)):
+            if conn is None:
+                continue
             try:
                 conn.close()
             except sqlite3.Error:

@@ -53,6 +53,8 @@ LOG = logging.getLogger(__name__)
 T = TypeVar("T")
 
 FAILED_SUFFIX = "-failed"
+QUEUED_NOTE = ("Storage Queue cannot tell pending from running or backing-off messages: "
+               "queued counts all of them")
 _PAGE = 32  # the service returns at most 32 messages per receive or peek
 _LIST_VISIBILITY = 60  # s a failed record stays hidden while failed()/requeue() pages through
 _NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
@@ -70,8 +72,11 @@ class StorageQueueBackend(BackendBase):
     def __init__(self, queue: str, *, connection_string: str | None = None,
                  account_url: str | None = None, worker_id: str = "",
                  credential: Any = None, connect_timeout: float = 5.0,
-                 read_timeout: float = 20.0) -> None:
+                 read_timeout: float = 20.0, create: bool = True) -> None:
         """Connect and create ``queue`` and ``queue-failed`` when missing.
+
+        ``create=False`` (read-only commands) creates nothing: a missing ``queue`` is a
+        BackendError here, and a missing ``-failed`` companion reads as empty.
 
         Exactly one of ``connection_string`` / ``account_url``.  With an account URL the
         credential is ``credential``, a SAS token in the URL, or DefaultAzureCredential.
@@ -88,6 +93,9 @@ class StorageQueueBackend(BackendBase):
         self.queue_name = queue
         self.failed_queue_name = queue + FAILED_SUFFIX
         self.worker_id = worker_id
+        # The queues this process made at start it makes again when they vanish (an
+        # emulator restarted in memory, a mistaken delete); a read-only command made none.
+        self.recreate = create
         self._connection_string = connection_string
         self._account_url = account_url
         self.scrub = Scrubber(connection_string, account_url)
@@ -106,8 +114,11 @@ class StorageQueueBackend(BackendBase):
         self._failed = self.new_client(self.failed_queue_name)
         self._endpoint = self.scrub(self._main.url.split("?", 1)[0])
         try:
-            for client in (self._main, self._failed):
-                self._create(client)
+            if create:
+                for client in (self._main, self._failed):
+                    self._create(client)
+            else:
+                self._count(self._main)  # QueueNotFound -> "does not exist", nothing made
         except BaseException:
             self.close()
             raise
@@ -130,7 +141,17 @@ class StorageQueueBackend(BackendBase):
                 f"storage-queue: bad connection string or account URL: {self.scrub(str(exc))}"
             ) from None
 
+    def recreate_if_missing(self, exc: BaseException, client: QueueClient) -> bool:
+        """Any thread, with its own ``client``: True when ``exc`` says the client's queue
+        does not exist and this backend made it again (a queue it would make at start)."""
+        if not self.recreate or error_code(exc) != "QueueNotFound":
+            return False
+        LOG.warning("queue %s does not exist (deleted?); creating it again", client.queue_name)
+        self._create(client)
+        return True
+
     def _create(self, client: QueueClient) -> None:
+        """Any thread, with its own ``client``: create its queue unless it exists."""
         try:
             client.create_queue()
         except ResourceExistsError:
@@ -156,7 +177,12 @@ class StorageQueueBackend(BackendBase):
         visibility = clamp_visibility(lock_duration, 1)
         pages = self._main.receive_messages(messages_per_page=min(_PAGE, max_messages),
                                             visibility_timeout=visibility).by_page()
-        messages = self._call("receive", lambda: list(next(pages, [])))
+        try:
+            messages = list(next(pages, []))
+        except SDK_ERRORS as exc:
+            if self.recreate_if_missing(exc, self._main):
+                return []  # empty, just made: the next receive asks again
+            raise self.translate(exc, "receive") from None
         return [StorageQueueLease(self, message, visibility) for message in messages]
 
     def push(self, tasks: Sequence[Task]) -> list[str]:
@@ -174,7 +200,18 @@ class StorageQueueBackend(BackendBase):
         return self._count(self._main)
 
     def _count(self, client: QueueClient) -> int:
-        props = self._call("queue properties", client.get_queue_properties)
+        props = self._call(f"queue {client.queue_name}", client.get_queue_properties)
+        return int(props.approximate_message_count or 0)
+
+    def _count_failed(self) -> int | None:
+        """Records in ``-failed``; None when that queue does not exist (read-only commands
+        do not make it, and a queue made by another tool may lack it): read as empty."""
+        try:
+            props = self._failed.get_queue_properties()
+        except SDK_ERRORS as exc:
+            if error_code(exc) == "QueueNotFound":
+                return None
+            raise self.translate(exc, f"queue {self.failed_queue_name}") from None
         return int(props.approximate_message_count or 0)
 
     def peek(self, n: int) -> list[Task | str]:
@@ -188,12 +225,17 @@ class StorageQueueBackend(BackendBase):
         return out
 
     def status(self) -> QueueStatus:
-        return QueueStatus(counts={"pending": self.size(), "failed": self._count(self._failed)})
+        """``queued``, not ``pending``: the service's count includes the messages workers
+        hold invisible (running) and those hidden for a retry delay (backing off)."""
+        return QueueStatus(counts={"queued": self.size(), "failed": self._count_failed() or 0},
+                           note=QUEUED_NOTE)
 
     def failed(self) -> list[FailedRecord]:
         """Every record of ``<queue>-failed``.  Peek stops at 32, so this receives the
         records (hidden for 60 s) and makes them visible again afterwards; a concurrent
         lister sees fewer meanwhile."""
+        if self._count_failed() is None:
+            return []
         taken = self._take_failed()
         try:
             return [parse_record(message_text(m.content), m.id)[0] for m in taken]

@@ -121,7 +121,12 @@ class StorageQueueLease:
             if self._failed_client is None:
                 self._failed_client = backend.new_client(backend.failed_queue_name)
             try:
-                self._failed_client.send_message(record, time_to_live=-1)
+                try:
+                    self._failed_client.send_message(record, time_to_live=-1)
+                except SDK_ERRORS as exc:
+                    if not backend.recreate_if_missing(exc, self._failed_client):
+                        raise
+                    self._failed_client.send_message(record, time_to_live=-1)
             except SDK_ERRORS as exc:
                 raise backend.translate(exc, f"dead-letter {self.message_id}") from None
             self._recorded = True

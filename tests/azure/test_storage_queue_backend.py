@@ -211,7 +211,7 @@ def test_dead_letter_failed_requeue_clear(backend):
     for lease in leases:
         lease.dead_letter("exit status 3", "line1\nline2\n", exit_status=3)
     assert backend.receive(5, 30) == []
-    assert wait_for(lambda: backend.status().counts == {"pending": 0, "failed": 2}, 5)
+    assert wait_for(lambda: backend.status().counts == {"queued": 0, "failed": 2}, 5)
     records = {r.id: r for r in backend.failed()}
     assert set(records) == {"task-1", "task-2"}
     rec = records["task-1"]

@@ -67,7 +67,7 @@ class SqEnv(Env):
 @pytest.fixture
 def sq(tmp_path, azurite, queue_name):
     e = SqEnv(tmp_path, azurite.port, queue_name)
-    e.ctl("size")  # creates the queues, as any first use does
+    e.ctl("clear")  # creates the queues, as any first writing command does
     yield e
     e.cleanup()
     from tests.conftest import wait_for_no_marked

@@ -98,7 +98,7 @@ def env(tmp_path, run_id):
 @pytest.fixture
 def sq(tmp_path, azurite, queue_name, run_id):  # noqa: F811
     e = RelSqEnv(tmp_path, azurite.port, queue_name, run_id)
-    e.ctl("size")  # creates the queue and its -failed twin
+    e.ctl("clear")  # creates the queue and its -failed twin (size no longer does)
     yield e
     e.cleanup()
     assert_no_survivors(run_id)

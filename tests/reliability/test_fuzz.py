@@ -319,7 +319,7 @@ def test_fuzz_storage_queue(sq, makers):
     e = RelSqEnv(sq.tmp / f"ex-{uuid.uuid4().hex[:8]}", sq.port, "f-" + uuid.uuid4().hex[:20],
                  sq.run_id)
     e.tmp.mkdir()
-    e.ctl("size")
+    e.ctl("clear")  # creates the queues (size no longer does)
     outdir = e.tmp / "out"
     outdir.mkdir()
     raw = e.client()
