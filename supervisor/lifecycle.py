@@ -141,8 +141,9 @@ class Lifecycle:
         self.stop_reason = reason
         self.exit_code = exit_code
         self.notifier.stopping()
+        # A task whose shell already exited is being settled, not stopped.
         log.warning("stopping (%s): %d running task(s) get SIGTERM and go back to the queue",
-                    reason, len(active))
+                    reason, sum(1 for rt in active if rt.exited_at is None))
         for rt in active:
             rt.stop_reason = rt.stop_reason or "preempted"
         self.watchdog.wake()

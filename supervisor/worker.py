@@ -225,8 +225,9 @@ class Worker:
             # A slot is free once its shell exited: the next task starts before this turn
             # spends time settling the last one.
             self._receive(now)
-        elif self.launcher.ready:  # stopping, draining or preempted: none of them starts
+        else:  # stopping, draining or preempted: none of them starts
             self.launcher.release_ready()
+            self.launcher.cancel_starting()
         self._settle_exited(now)
         self.settlement.prune()
         if self.watchdog.cleaned_count != self.cleaned_seen:  # scan only when it changed
@@ -274,10 +275,20 @@ class Worker:
         """Tasks whose shell has not exited: an exited one no longer takes a slot."""
         return sum(1 for rt in self.active if rt.exited_at is None)
 
+    def _failure_pending(self) -> bool:
+        """Settling the failed tasks whose shell exited may reach --max-consecutive-failures:
+        then nothing starts before they are settled (main thread)."""
+        limit = self.s.max_consecutive_failures
+        if not limit:
+            return False
+        failing = sum(1 for rt in self.active if rt.exited_at is not None
+                      and (rt.proc.returncode != 0 or rt.term_reason is not None))
+        return failing > 0 and self.settlement.consecutive_failures + failing >= limit
+
     def _receive(self, now: float) -> None:
         self.next_ready_expiry = self.launcher.expire_ready(now)
         free = self.s.num_workers - self._running() - len(self.launcher.starting)
-        if free <= 0:
+        if free <= 0 or self._failure_pending():
             return
         free -= self.launcher.take_ready(free)  # leases received ahead go first
         if free <= 0:

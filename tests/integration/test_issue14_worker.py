@@ -1,0 +1,32 @@
+"""Issue 14 (what a new operator hits in the first hour): the worker's side.
+
+--max-consecutive-failures starts nothing once it decided to stop; --task-log-dir is created
+at start; the exit and log contract (the summary is the last line; SIGTERM while the backend
+is unreachable at start is a stop like any other).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.mark.parametrize("pause", ["", "sleep 0.3; "])
+def test_failure_limit_starts_nothing_once_stopping(env, pause):
+    """The issue's commands: A and B fail, the worker stops; C never starts, and goes back
+    to the queue untouched (received ahead or not), exit 3."""
+    ran = env.tmp / "ran.txt"
+    # Without a pause the tasks are short enough for a receive to take C ahead of time.
+    a, b, c = env.push(*[f"echo {n} >> {ran}; {pause}exit 1" for n in "ABC"],
+                       extra=("--max-attempts", "1"))
+    sup = env.supervisor("--max-consecutive-failures", "2", "--exit-when-empty")
+    assert sup.wait(60) == 3
+    log = sup.log()
+    stop = log.index("stopping (too many consecutive failures)")
+    assert " started pid=" not in log[stop:], log
+    assert "preempted" not in log, log
+    assert ran.read_text().split() == ["A", "B"]
+    assert [env.job(t)["status"] for t in (a, b)] == ["failed", "failed"]
+    assert (env.job(c)["status"], env.job(c)["attempt"]) == ("pending", 0)
+
