@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from dataclasses import fields
 from typing import Any, NoReturn
@@ -242,6 +243,12 @@ def worker_main(argv: list[str] | None = None) -> int:
         guard = TaskGuard.from_settings(settings)
     except SecurityConfigError as exc:
         return _fail_usage("jobq-supervisor", str(exc))
+    if settings.task_log_dir:  # created now: a task's log file is opened on the spawner thread
+        try:
+            os.makedirs(settings.task_log_dir, exist_ok=True)
+        except OSError as exc:
+            return _fail_usage("jobq-supervisor", f"--task-log-dir: cannot create "
+                               f"{settings.task_log_dir}: {exc.strerror or exc}")
     setup_logging(settings.log_level, settings.log_format)
     if settings.lock_file:
         from .lockfile import AlreadyRunning, acquire

@@ -30,3 +30,23 @@ def test_failure_limit_starts_nothing_once_stopping(env, pause):
     assert [env.job(t)["status"] for t in (a, b)] == ["failed", "failed"]
     assert (env.job(c)["status"], env.job(c)["attempt"]) == ("pending", 0)
 
+
+def test_task_log_dir_is_created_at_start(env):
+    logs = env.tmp / "not" / "yet"
+    [tid] = env.push("echo into-the-file")
+    sup = env.supervisor("--exit-when-empty", "--task-log-dir", str(logs))
+    assert sup.wait(30) == 0
+    assert (logs / f"{tid}.1.log").read_text().strip() == "into-the-file"
+    warnings = [ln for ln in sup.log().splitlines()
+                if " WARNING " in ln and "tasks run as root" not in ln]
+    assert not warnings, sup.log()
+
+
+def test_task_log_dir_that_cannot_be_created_is_exit_2(env):
+    (env.tmp / "a-file").write_text("")
+    env.push("echo never")
+    sup = env.supervisor("--exit-when-empty", "--task-log-dir", str(env.tmp / "a-file" / "x"))
+    assert sup.wait(30) == 2
+    lines = sup.log().strip().splitlines()
+    assert len(lines) == 1 and "--task-log-dir" in lines[0] and "a-file" in lines[0], lines
+    assert env.rows("SELECT status, attempt FROM jobs") == [("pending", 0)]
