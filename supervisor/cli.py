@@ -266,6 +266,8 @@ def worker_main(argv: list[str] | None = None) -> int:
         backend = _open_with_retry(settings)
     except BackendConfigError as exc:
         return _fail_usage("jobq-supervisor", str(exc))
+    if backend is None:  # stopped by a signal while the backend was unreachable
+        return EXIT_OK
     from .metrics import MetricsUnavailable
 
     try:
@@ -293,23 +295,46 @@ def worker_main(argv: list[str] | None = None) -> int:
 def _open_with_retry(settings: Settings) -> Any:
     """Open the backend; a transient outage is retried with backoff, one log line per try.
 
-    Runs before the signal handlers exist, so SIGTERM simply ends the process here."""
-    import threading
+    SIGTERM/SIGINT meanwhile are a stop like any other: the summary line, then None (exit 0).
+    The handlers only enqueue the signal; the worker installs its own afterwards."""
+    import queue
+    import signal
+    import time
 
     from .backends import open_backend
     from .backends.base import BackendError
+    from .preemption import STOP_SIGNALS
+    from .reporting import ZERO_COUNTS, log_summary
 
     log = logging.getLogger("jobq")
+    started = time.monotonic()
     delay, attempt = 1.0, 1
-    pause = threading.Event()
-    while True:
-        try:
-            return open_backend(settings)
-        except BackendError as exc:
-            log.warning("backend not reachable (attempt %d): %s; retrying in %.0fs",
-                        attempt, exc, delay)
-        pause.wait(delay)
-        delay, attempt = min(delay * 2, 30.0), attempt + 1
+    stops: queue.SimpleQueue[int] = queue.SimpleQueue()
+    previous = {sig: signal.signal(sig, lambda signum, _frame: stops.put_nowait(signum))
+                for sig in STOP_SIGNALS}
+    try:
+        while True:
+            try:
+                backend = open_backend(settings)
+            except BackendError as exc:
+                log.warning("backend not reachable (attempt %d): %s; retrying in %.0fs",
+                            attempt, exc, delay)
+                backend = None
+            if backend is not None and stops.empty():
+                return backend
+            try:
+                signum = stops.get(timeout=0 if backend is not None else delay)
+            except queue.Empty:
+                delay, attempt = min(delay * 2, 30.0), attempt + 1
+                continue
+            if backend is not None:
+                backend.close()
+            log_summary(ZERO_COUNTS, time.monotonic() - started,
+                        f"{signal.Signals(signum).name} received", EXIT_OK)
+            return None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 # --------------------------------------------------------------------------- jobq-ctl

@@ -109,6 +109,8 @@ class Worker:
     # ------------------------------------------------------------------------------ run
     def run(self) -> int:
         self.signals.install()
+        done = False  # the run ended as a stop (not by an exception): it gets a summary
+        life = self.lifecycle
         try:
             set_child_subreaper()
             self.lifeline = self.launcher.lifeline = Lifeline(self.token)
@@ -130,12 +132,16 @@ class Worker:
             batch_end = life.stop_reason in ("queue empty", "idle timeout")
             if batch_end and c["failed"] + c["dead_lettered"]:
                 life.exit_code = EXIT_TASKS_FAILED
-            self.reporter.summary(self.clock() - life.started_at, life.stop_reason,
-                                  life.exit_code)
+            done = True
             return life.exit_code
         finally:
             self._teardown()
             self.signals.restore()
+            # After the teardown: its leftover cleanup and the last task output it flushes
+            # come before the summary, the last line of every run.
+            if done:
+                self.reporter.summary(self.clock() - life.started_at, life.stop_reason,
+                                      life.exit_code)
 
     def _helper_pids(self) -> set[int]:
         return {self.lifeline.pid} if self.lifeline is not None else set()

@@ -7,6 +7,8 @@ is unreachable at start is a stop like any other).
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 pytestmark = pytest.mark.timeout(90)
@@ -50,3 +52,45 @@ def test_task_log_dir_that_cannot_be_created_is_exit_2(env):
     lines = sup.log().strip().splitlines()
     assert len(lines) == 1 and "--task-log-dir" in lines[0] and "a-file" in lines[0], lines
     assert env.rows("SELECT status, attempt FROM jobs") == [("pending", 0)]
+
+
+# An account on a loopback port nobody listens on: every start-up attempt is refused.
+UNREACHABLE = ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey="
+               "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
+               "KBHBeksoGMGw==;QueueEndpoint=http://127.0.0.1:1/devstoreaccount1")
+
+
+def _last_line(log: str) -> str:
+    return log.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_during_start_up_retry_is_a_stop(env, sig):
+    sup = env.supervisor("--backend", "storage-queue", "--connection-string", UNREACHABLE)
+    sup.wait_log("retrying in 2s")  # in the pause after the second refused attempt
+    sup.signal(sig)
+    assert sup.wait(30) == 0
+    last = _last_line(sup.log())
+    assert "summary: succeeded=0" in last and f"{sig.name} received" in last, sup.log()
+    assert "exit=0" in last
+
+
+def test_summary_is_the_last_line_after_leftover_cleanup(env):
+    """A leftover that ignores SIGTERM writes a line while the worker cleans up on its way
+    out (its LEFTOVER_GRACE outlasts the task's OUTPUT_GRACE): the summary still ends the log."""
+    env.push("(trap '' TERM; sleep 1.5; echo late-line) & exit 0")
+    sup = env.supervisor("--exit-when-empty")
+    assert sup.wait(30) == 0
+    log = sup.log()
+    assert "leftover" in log and "late-line" in log, log
+    assert _last_line(log).split(None, 3)[-1].startswith("summary:"), log
+
+
+@pytest.mark.parametrize("option", ["--idle-timeout", "--time-limit"])
+def test_idle_timeout_and_time_limit_stop_at_info(env, option):
+    sup = env.supervisor(option, "1", "--poll-interval", "0.2")
+    assert sup.wait(30) == 0
+    log = sup.log()
+    stop = [ln for ln in log.splitlines() if "stopping (" in ln]
+    assert len(stop) == 1 and " INFO " in stop[0], log
+    assert "summary:" in _last_line(log)
