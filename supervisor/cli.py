@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from dataclasses import fields
 from typing import Any, NoReturn
@@ -243,12 +242,11 @@ def worker_main(argv: list[str] | None = None) -> int:
         guard = TaskGuard.from_settings(settings)
     except SecurityConfigError as exc:
         return _fail_usage("jobq-supervisor", str(exc))
-    if settings.task_log_dir:  # created now: a task's log file is opened on the spawner thread
-        try:
-            os.makedirs(settings.task_log_dir, exist_ok=True)
-        except OSError as exc:
-            return _fail_usage("jobq-supervisor", f"--task-log-dir: cannot create "
-                               f"{settings.task_log_dir}: {exc.strerror or exc}")
+    from .startup import make_task_log_dir, open_with_retry
+
+    problem = make_task_log_dir(settings)
+    if problem:
+        return _fail_usage("jobq-supervisor", problem)
     setup_logging(settings.log_level, settings.log_format)
     if settings.lock_file:
         from .lockfile import AlreadyRunning, acquire
@@ -263,7 +261,7 @@ def worker_main(argv: list[str] | None = None) -> int:
             return _fail_usage("jobq-supervisor",
                                f"--lock-file: cannot open {settings.lock_file}: {exc.strerror}")
     try:
-        backend = _open_with_retry(settings)
+        backend = open_with_retry(settings)
     except BackendConfigError as exc:
         return _fail_usage("jobq-supervisor", str(exc))
     if backend is None:  # stopped by a signal while the backend was unreachable
@@ -290,51 +288,6 @@ def worker_main(argv: list[str] | None = None) -> int:
         return EXIT_UNEXPECTED
     finally:
         backend.close()
-
-
-def _open_with_retry(settings: Settings) -> Any:
-    """Open the backend; a transient outage is retried with backoff, one log line per try.
-
-    SIGTERM/SIGINT meanwhile are a stop like any other: the summary line, then None (exit 0).
-    The handlers only enqueue the signal; the worker installs its own afterwards."""
-    import queue
-    import signal
-    import time
-
-    from .backends import open_backend
-    from .backends.base import BackendError
-    from .preemption import STOP_SIGNALS
-    from .reporting import ZERO_COUNTS, log_summary
-
-    log = logging.getLogger("jobq")
-    started = time.monotonic()
-    delay, attempt = 1.0, 1
-    stops: queue.SimpleQueue[int] = queue.SimpleQueue()
-    previous = {sig: signal.signal(sig, lambda signum, _frame: stops.put_nowait(signum))
-                for sig in STOP_SIGNALS}
-    try:
-        while True:
-            try:
-                backend = open_backend(settings)
-            except BackendError as exc:
-                log.warning("backend not reachable (attempt %d): %s; retrying in %.0fs",
-                            attempt, exc, delay)
-                backend = None
-            if backend is not None and stops.empty():
-                return backend
-            try:
-                signum = stops.get(timeout=0 if backend is not None else delay)
-            except queue.Empty:
-                delay, attempt = min(delay * 2, 30.0), attempt + 1
-                continue
-            if backend is not None:
-                backend.close()
-            log_summary(ZERO_COUNTS, time.monotonic() - started,
-                        f"{signal.Signals(signum).name} received", EXIT_OK)
-            return None
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 # --------------------------------------------------------------------------- jobq-ctl

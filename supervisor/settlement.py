@@ -82,6 +82,16 @@ class Settlement:
                 return False
         return True
 
+    def streak_may_end(self, active: list[RunningTask]) -> bool:
+        """Settling the failed tasks whose shell exited may reach --max-consecutive-failures
+        (main thread): then the worker starts nothing before they are settled."""
+        limit = self.s.max_consecutive_failures
+        if not limit:
+            return False
+        failing = sum(1 for rt in active if rt.exited_at is not None
+                      and (rt.proc.returncode != 0 or rt.term_reason is not None))
+        return failing > 0 and self.consecutive_failures + failing >= limit
+
     def prune(self) -> None:
         """Forget the keepers that are done settling (main thread)."""
         # A keeper whose lease deadline passed will not settle (and may be stuck in a hung

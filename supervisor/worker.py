@@ -109,8 +109,7 @@ class Worker:
     # ------------------------------------------------------------------------------ run
     def run(self) -> int:
         self.signals.install()
-        done = False  # the run ended as a stop (not by an exception): it gets a summary
-        life = self.lifecycle
+        life, done = self.lifecycle, False  # done: a stop, not an exception; summary due
         try:
             set_child_subreaper()
             self.lifeline = self.launcher.lifeline = Lifeline(self.token)
@@ -128,7 +127,7 @@ class Worker:
             self.notifier.stopping()
             self.metrics.set_running(0)
             self.metrics.write()
-            life, c = self.lifecycle, self.settlement.counts
+            c = self.settlement.counts
             batch_end = life.stop_reason in ("queue empty", "idle timeout")
             if batch_end and c["failed"] + c["dead_lettered"]:
                 life.exit_code = EXIT_TASKS_FAILED
@@ -137,9 +136,7 @@ class Worker:
         finally:
             self._teardown()
             self.signals.restore()
-            # After the teardown: its leftover cleanup and the last task output it flushes
-            # come before the summary, the last line of every run.
-            if done:
+            if done:  # after the teardown's cleanup and output: the summary is the last line
                 self.reporter.summary(self.clock() - life.started_at, life.stop_reason,
                                       life.exit_code)
 
@@ -281,21 +278,11 @@ class Worker:
         """Tasks whose shell has not exited: an exited one no longer takes a slot."""
         return sum(1 for rt in self.active if rt.exited_at is None)
 
-    def _failure_pending(self) -> bool:
-        """Settling the failed tasks whose shell exited may reach --max-consecutive-failures:
-        then nothing starts before they are settled (main thread)."""
-        limit = self.s.max_consecutive_failures
-        if not limit:
-            return False
-        failing = sum(1 for rt in self.active if rt.exited_at is not None
-                      and (rt.proc.returncode != 0 or rt.term_reason is not None))
-        return failing > 0 and self.settlement.consecutive_failures + failing >= limit
-
     def _receive(self, now: float) -> None:
         self.next_ready_expiry = self.launcher.expire_ready(now)
         free = self.s.num_workers - self._running() - len(self.launcher.starting)
-        if free <= 0 or self._failure_pending():
-            return
+        if free <= 0 or self.settlement.streak_may_end(self.active):
+            return  # a failure streak may stop the worker: start nothing before it is known
         free -= self.launcher.take_ready(free)  # leases received ahead go first
         if free <= 0:
             return
