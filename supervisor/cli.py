@@ -190,6 +190,11 @@ def worker_main(argv: list[str] | None = None) -> int:
         guard = TaskGuard.from_settings(settings)
     except SecurityConfigError as exc:
         return _fail_usage("jobq-supervisor", str(exc))
+    from .startup import make_task_log_dir, open_with_retry
+
+    problem = make_task_log_dir(settings)
+    if problem:
+        return _fail_usage("jobq-supervisor", problem)
     setup_logging(settings.log_level, settings.log_format)
     if settings.lock_file:
         from .lockfile import AlreadyRunning, acquire
@@ -204,9 +209,11 @@ def worker_main(argv: list[str] | None = None) -> int:
             return _fail_usage("jobq-supervisor",
                                f"--lock-file: cannot open {settings.lock_file}: {exc.strerror}")
     try:
-        backend = _open_with_retry(settings)
+        backend = open_with_retry(settings)
     except BackendConfigError as exc:
         return _fail_usage("jobq-supervisor", str(exc))
+    if backend is None:  # stopped by a signal while the backend was unreachable
+        return EXIT_OK
     from .metrics import MetricsUnavailable
 
     try:
@@ -229,28 +236,6 @@ def worker_main(argv: list[str] | None = None) -> int:
         return EXIT_UNEXPECTED
     finally:
         backend.close()
-
-
-def _open_with_retry(settings: Settings) -> Any:
-    """Open the backend; a transient outage is retried with backoff, one log line per try.
-
-    Runs before the signal handlers exist, so SIGTERM simply ends the process here."""
-    import threading
-
-    from .backends import open_backend
-    from .backends.base import BackendError
-
-    log = logging.getLogger("jobq")
-    delay, attempt = 1.0, 1
-    pause = threading.Event()
-    while True:
-        try:
-            return open_backend(settings)
-        except BackendError as exc:
-            log.warning("backend not reachable (attempt %d): %s; retrying in %.0fs",
-                        attempt, exc, delay)
-        pause.wait(delay)
-        delay, attempt = min(delay * 2, 30.0), attempt + 1
 
 
 # --------------------------------------------------------------------------- jobq-ctl

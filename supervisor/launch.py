@@ -142,6 +142,14 @@ class Launcher:
             self.settlement.settle(keeper, Release(count_attempt=False), "requeued")
             self.settlement.awaiting_return[task_id] = (keeper, 0.0, "released")
 
+    def cancel_starting(self) -> None:
+        """The worker stops: spawns submitted and not yet forked never start (main thread).
+
+        Each comes back through ``spawned`` unforked, and its lease goes back to the queue,
+        attempt not counted."""
+        for job in self.starting:
+            job.cancelled = True
+
     def _hold_max(self) -> float:
         # Well before the lease's first renewal would be due: a held lease has no thread.
         return min(HOLD_MAX, self.s.lock / 8)
@@ -206,6 +214,12 @@ class Launcher:
         max_attempts = job.context.max_attempts
         task_id = task.id
         proc = job.proc
+        if proc is None and job.error is None:  # cancelled before its fork
+            log.info("not started (the worker is stopping): back to the queue, attempt not "
+                     "counted", extra={"task_id": task_id, "attempt": lease.attempt})
+            self.settlement.settle(keeper, Release(count_attempt=False), "requeued")
+            self.settlement.awaiting_return[task_id] = (keeper, 0.0, "released")
+            return None
         if proc is None:
             exc = job.error
             assert exc is not None

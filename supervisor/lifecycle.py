@@ -131,18 +131,21 @@ class Lifecycle:
         self.watchdog.wake()
         return False
 
-    def begin_stop(self, reason: str, exit_code: int, active: list[RunningTask]) -> None:
+    def begin_stop(self, reason: str, exit_code: int, active: list[RunningTask],
+                   level: int = logging.WARNING) -> None:
         """Stop receiving; SIGTERM every task; requeue them as they exit (main thread).
 
-        Also from DRAINING: a stop signal while draining still requeues what runs."""
+        Also from DRAINING: a stop signal while draining still requeues what runs.  ``level``:
+        a stop the operator asked for by option (idle timeout, time limit) is no warning."""
         if self.state is State.STOPPING:
             return
         self.state = State.STOPPING
         self.stop_reason = reason
         self.exit_code = exit_code
         self.notifier.stopping()
-        log.warning("stopping (%s): %d running task(s) get SIGTERM and go back to the queue",
-                    reason, len(active))
+        # A task whose shell already exited is being settled, not stopped.
+        log.log(level, "stopping (%s): %d running task(s) get SIGTERM and go back to the queue",
+                reason, sum(1 for rt in active if rt.exited_at is None))
         for rt in active:
             rt.stop_reason = rt.stop_reason or "preempted"
         self.watchdog.wake()
@@ -150,10 +153,10 @@ class Lifecycle:
     def check_limits(self, now: float, idle_since: float, active: list[RunningTask]) -> None:
         """Stop at ``--time-limit`` or after ``--idle-timeout`` without tasks (main thread)."""
         if self.s.time_limit is not None and now >= self.started_at + self.s.time_limit:
-            self.begin_stop("worker time limit reached", EXIT_OK, active)
+            self.begin_stop("worker time limit reached", EXIT_OK, active, logging.INFO)
         elif (self.s.idle_timeout is not None and not active
               and now - idle_since >= self.s.idle_timeout):
-            self.begin_stop("idle timeout", EXIT_OK, active)
+            self.begin_stop("idle timeout", EXIT_OK, active, logging.INFO)
 
     def failure_streak(self, failures: int, active: list[RunningTask]) -> None:
         """``failures`` tasks failed in a row, reaching the limit (main thread)."""

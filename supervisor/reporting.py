@@ -83,15 +83,23 @@ class Reporter:
             self.next_metrics = now + self.s.metrics_interval
 
     def summary(self, duration: float, stop_reason: str, exit_code: int) -> None:
-        """The one line logged at exit (main thread)."""
-        c = self.counts
-        # The same fields as keys: --log-format json readers need not parse the message.
-        fields: dict[str, object] = {
-            k: c[k] for k in ("succeeded", "failed", "dead_lettered", "retried", "requeued",
-                              "lock_lost")}
-        fields.update(duration_s=round(duration, 1), stop=stop_reason or "done",
-                      exit_status=exit_code)
-        log.info("summary: succeeded=%d failed=%d dead_lettered=%d retried=%d requeued=%d "
-                 "lock_lost=%d duration=%.1fs stop=%r exit=%d", c["succeeded"], c["failed"],
-                 c["dead_lettered"], c["retried"], c["requeued"], c["lock_lost"],
-                 duration, stop_reason or "done", exit_code, extra=fields)
+        """The one line logged at exit, the last one of the run (main thread)."""
+        log_summary(self.counts, duration, stop_reason, exit_code)
+
+
+ZERO_COUNTS = {"succeeded": 0, "failed": 0, "retried": 0, "requeued": 0, "lock_lost": 0,
+               "dead_lettered": 0}
+
+
+def log_summary(c: dict[str, int], duration: float, stop_reason: str, exit_code: int) -> None:
+    """The summary line; also for a run stopped before its worker existed (main thread)."""
+    # The same fields as keys: --log-format json readers need not parse the message.
+    fields: dict[str, object] = {
+        k: c[k] for k in ("succeeded", "failed", "dead_lettered", "retried", "requeued",
+                          "lock_lost")}
+    fields.update(duration_s=round(duration, 1), stop=stop_reason or "done",
+                  exit_status=exit_code)
+    log.info("summary: succeeded=%d failed=%d dead_lettered=%d retried=%d requeued=%d "
+             "lock_lost=%d duration=%.1fs stop=%r exit=%d", c["succeeded"], c["failed"],
+             c["dead_lettered"], c["retried"], c["requeued"], c["lock_lost"],
+             duration, stop_reason or "done", exit_code, extra=fields)

@@ -82,6 +82,16 @@ class Settlement:
                 return False
         return True
 
+    def streak_may_end(self, active: list[RunningTask]) -> bool:
+        """Settling the failed tasks whose shell exited may reach --max-consecutive-failures
+        (main thread): then the worker starts nothing before they are settled."""
+        limit = self.s.max_consecutive_failures
+        if not limit:
+            return False
+        failing = sum(1 for rt in active if rt.exited_at is not None
+                      and (rt.proc.returncode != 0 or rt.term_reason is not None))
+        return failing > 0 and self.consecutive_failures + failing >= limit
+
     def prune(self) -> None:
         """Forget the keepers that are done settling (main thread)."""
         # A keeper whose lease deadline passed will not settle (and may be stuck in a hung
@@ -133,10 +143,14 @@ class Settlement:
         tail = rt.proc.output.text() if rt.proc.output is not None else ""
         keeper = rt.keeper
         status = describe_exit(rc)
-        extra = {"task_id": rt.task_id, "exit_status": rc, "duration": round(duration, 3)}
+        max_attempts = attempts_allowed(rt.task, self.s)
+        # Every "finished" line names the attempt: a retried task's lines tell its runs apart.
+        of = f"attempt {rt.attempt} of {max_attempts}"
+        extra = {"task_id": rt.task_id, "exit_status": rc, "duration": round(duration, 3),
+                 "attempt": rt.attempt}
         if rt.lock_loss_handled or keeper.lost():
-            log.error("finished after lock loss (%s, %.1fs); not settled: the message comes "
-                      "back through the broker", status, duration, extra=extra)
+            log.error("finished after lock loss (%s, %.1fs, %s); not settled: the message "
+                      "comes back through the broker", status, duration, of, extra=extra)
             self.settle(keeper, None, "lock lost")
             self.counts["lock_lost"] += 1
             self.metrics.lock_lost()
@@ -154,7 +168,8 @@ class Settlement:
             self.metrics.task_requeued()
             return
         if rc == 0 and rt.term_reason is None:
-            log_fast(log, logging.INFO, "finished: %s in %.1fs", status, duration, extra=extra)
+            log_fast(log, logging.INFO, "finished: %s in %.1fs (%s)", status, duration, of,
+                     extra=extra)
             self.settle(keeper, Complete(), "completed")
             self.counts["succeeded"] += 1
             self.metrics.task_succeeded()
@@ -165,9 +180,8 @@ class Settlement:
         else:
             reason = status if rt.term_reason else self.guard.annotate_failure(
                 status, rc, tail, rt.proc.marker)
-        log.warning("finished: %s in %.1fs", reason, duration, extra=extra)
-        self.failed(keeper, rt.task_id, rt.attempt, attempts_allowed(rt.task, self.s), reason,
-                    tail, rc)
+        log.warning("finished: %s in %.1fs (%s)", reason, duration, of, extra=extra)
+        self.failed(keeper, rt.task_id, rt.attempt, max_attempts, reason, tail, rc)
 
     def failed(self, keeper: LeaseKeeper, task_id: str, attempt: int, max_attempts: int,
                reason: str, tail: str, rc: int | None) -> None:

@@ -47,6 +47,9 @@ class SpawnJob(Generic[C]):
     after_spawn: Callable[[SpawnJob[C]], None] | None = None
     proc: TaskProcess | None = None
     error: OSError | ValueError | None = None
+    # Set by the main thread when the worker stops: a job not yet forked is handed back
+    # unforked (neither ``proc`` nor ``error``); one already forking runs its course.
+    cancelled: bool = False
     done: Flag = field(default_factory=Flag)
 
 
@@ -80,6 +83,10 @@ class Spawner(Generic[C]):
             job = self._jobs.get()
             if job is None:
                 return
+            if job.cancelled:
+                job.done.set()
+                self._on_done(job)
+                continue
             try:
                 job.proc = TaskProcess.spawn(job.cmd, job.env, job.cwd, job.marker, **job.options)
             except (OSError, ValueError) as exc:  # ValueError: a string the OS cannot take

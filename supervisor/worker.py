@@ -109,6 +109,7 @@ class Worker:
     # ------------------------------------------------------------------------------ run
     def run(self) -> int:
         self.signals.install()
+        life, done = self.lifecycle, False  # done: a stop, not an exception; summary due
         try:
             set_child_subreaper()
             self.lifeline = self.launcher.lifeline = Lifeline(
@@ -127,16 +128,18 @@ class Worker:
             self.notifier.stopping()
             self.metrics.set_running(0)
             self.metrics.write()
-            life, c = self.lifecycle, self.settlement.counts
+            c = self.settlement.counts
             batch_end = life.stop_reason in ("queue empty", "idle timeout")
             if batch_end and c["failed"] + c["dead_lettered"]:
                 life.exit_code = EXIT_TASKS_FAILED
-            self.reporter.summary(self.clock() - life.started_at, life.stop_reason,
-                                  life.exit_code)
+            done = True
             return life.exit_code
         finally:
             self._teardown()
             self.signals.restore()
+            if done:  # after the teardown's cleanup and output: the summary is the last line
+                self.reporter.summary(self.clock() - life.started_at, life.stop_reason,
+                                      life.exit_code)
 
     def _helper_pids(self) -> set[int]:
         return {self.lifeline.pid} if self.lifeline is not None else set()
@@ -226,8 +229,9 @@ class Worker:
             # A slot is free once its shell exited: the next task starts before this turn
             # spends time settling the last one.
             self._receive(now)
-        elif self.launcher.ready:  # stopping, draining or preempted: none of them starts
+        else:  # stopping, draining or preempted: none of them starts
             self.launcher.release_ready()
+            self.launcher.cancel_starting()
         self._settle_exited(now)
         self.settlement.prune()
         if self.watchdog.cleaned_count != self.cleaned_seen:  # scan only when it changed
@@ -278,8 +282,8 @@ class Worker:
     def _receive(self, now: float) -> None:
         self.next_ready_expiry = self.launcher.expire_ready(now)
         free = self.s.num_workers - self._running() - len(self.launcher.starting)
-        if free <= 0:
-            return
+        if free <= 0 or self.settlement.streak_may_end(self.active):
+            return  # a failure streak may stop the worker: start nothing before it is known
         free -= self.launcher.take_ready(free)  # leases received ahead go first
         if free <= 0:
             return

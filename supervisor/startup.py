@@ -1,0 +1,69 @@
+"""What runs before the worker's main loop: the task log directory, and the backend opened
+with retry while it is unreachable (a stop signal meanwhile is a stop like any other).
+
+Main thread only, called by ``cli.worker_main``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import time
+
+from .backends import open_backend
+from .backends.base import Backend, BackendError
+from .preemption import STOP_SIGNALS
+from .reporting import ZERO_COUNTS, log_summary
+from .settings import EXIT_OK, Settings
+
+
+def make_task_log_dir(settings: Settings) -> str | None:
+    """Create ``--task-log-dir`` if missing; the one-line error if it cannot be (main thread).
+
+    Now, not per task: a task's log file is opened on a spawner thread, where a missing
+    directory was only a WARNING per task and no file ever written."""
+    if not settings.task_log_dir:
+        return None
+    try:
+        os.makedirs(settings.task_log_dir, exist_ok=True)
+    except OSError as exc:
+        return f"--task-log-dir: cannot create {settings.task_log_dir}: {exc.strerror or exc}"
+    return None
+
+
+def open_with_retry(settings: Settings) -> Backend | None:
+    """Open the backend; a transient outage is retried with backoff, one log line per try.
+
+    SIGTERM/SIGINT meanwhile are a stop like any other: the summary line, then None (exit 0).
+    The handlers only enqueue the signal; the worker installs its own afterwards."""
+    log = logging.getLogger("jobq")
+    started = time.monotonic()
+    delay, attempt = 1.0, 1
+    stops: queue.SimpleQueue[int] = queue.SimpleQueue()
+    previous = {sig: signal.signal(sig, lambda signum, _frame: stops.put_nowait(signum))
+                for sig in STOP_SIGNALS}
+    try:
+        while True:
+            try:
+                backend = open_backend(settings)
+            except BackendError as exc:
+                log.warning("backend not reachable (attempt %d): %s; retrying in %.0fs",
+                            attempt, exc, delay)
+                backend = None
+            if backend is not None and stops.empty():
+                return backend
+            try:
+                signum = stops.get(timeout=0 if backend is not None else delay)
+            except queue.Empty:
+                delay, attempt = min(delay * 2, 30.0), attempt + 1
+                continue
+            if backend is not None:
+                backend.close()
+            log_summary(ZERO_COUNTS, time.monotonic() - started,
+                        f"{signal.Signals(signum).name} received", EXIT_OK)
+            return None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,46 @@
+"""A spawn submitted before the worker stopped, not yet forked, never starts: its lease goes
+back to the queue, attempt not counted (issue 14, bug 1)."""
+
+from __future__ import annotations
+
+import queue
+
+import pytest
+from supervisor_fakes import FakeLease
+from test_settlement import Harness, settled
+
+from supervisor.launch import Launcher
+from supervisor.metrics import Metrics
+from supervisor.output import OutputPump
+from supervisor.security import TaskGuard
+from supervisor.spawner import SpawnJob
+from supervisor.task import Task
+from supervisor.watchdog import Watchdog
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_cancelled_spawn_releases_its_lease_uncounted(tmp_path) -> None:
+    h = Harness()
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    launcher = Launcher(h.settlement.s, TaskGuard(), h.settlement,
+                        Metrics(None, backend="fake", queue="q"),
+                        Watchdog(kill_timeout=10.0, lock_lost_behavior="sigkill",
+                                 clock=h.clock),
+                        OutputPump(), events, "tok", h.clock)
+    ran = tmp_path / "ran"
+    lease = FakeLease(task=Task(cmd=f"touch {ran}", id="t1"))
+    launcher.dispatch(lease, h.clock.now)  # submitted; the spawner threads not yet running
+    [job] = launcher.starting
+    launcher.cancel_starting()  # the worker stops
+    launcher.start()
+    try:
+        back = events.get(timeout=10)
+        assert isinstance(back, SpawnJob) and back is job
+        assert launcher.spawned(job) is None
+    finally:
+        launcher.stop()
+    assert not launcher.starting and job.proc is None and not ran.exists()
+    assert settled(job.context.keeper) == [("release", False, 0.0)]
+    assert h.settlement.counts == h.counts()
+    assert h.settlement.awaiting_return["t1"][1:] == (0.0, "released")
