@@ -17,6 +17,7 @@ import configargparse
 from . import __version__
 from .settings import (
     BACKENDS,
+    CONTROL_MODES,
     EXIT_OK,
     EXIT_UNEXPECTED,
     EXIT_USAGE,
@@ -54,6 +55,17 @@ def _add_backend_options(p: Any, suppress: bool = False) -> None:
     p.add_argument("--namespace",
                    help="Service Bus namespace NAME.servicebus.windows.net, with "
                         "DefaultAzureCredential", **kw)
+    p.add_argument("--control", choices=CONTROL_MODES,
+                   help="fleet control store (workers, cancels, pause, drain): auto = the "
+                        "queue's SQLite file, or Table Storage in the Storage Queue's account "
+                        "or at --control-account-url / JOBQ_CONTROL_CONNECTION_STRING; off",
+                   **kw)
+    p.add_argument("--control-account-url",
+                   help="Storage account (table or queue URL) for the control store, with "
+                        "DefaultAzureCredential (Service Bus has no account of its own)", **kw)
+    p.add_argument("--control-connection-string",
+                   help="Storage connection string for the control store (secret: prefer env "
+                        "JOBQ_CONTROL_CONNECTION_STRING)", **kw)
 
 
 def worker_parser() -> _Parser:
@@ -114,6 +126,10 @@ def worker_parser() -> _Parser:
                    help="write Prometheus metrics to PATH (node_exporter textfile collector)")
     p.add_argument("--metrics-interval", type=_duration,
                    help="seconds between metrics file writes")
+    p.add_argument("--heartbeat-interval", type=_duration,
+                   help="seconds between updates of this worker's record in the control store")
+    p.add_argument("--control-interval", type=_duration,
+                   help="seconds between reads of cancels, pause flags and commands")
     p.add_argument("--scheduled-events", choices=SCHEDULED_EVENTS_MODES,
                    help="poll Azure Scheduled Events for Preempt/Terminate (auto: on Azure VMs "
                         "unless JOBQ_DISABLE_SCHEDULED_EVENTS=1)")

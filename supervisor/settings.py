@@ -23,6 +23,7 @@ LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SCHEDULED_EVENTS_MODES = ("auto", "on", "off")
 TASK_LIMITS = ("auto", "systemd", "rlimit")  # how task limits are applied (limits.py)
+CONTROL_MODES = ("auto", "off")  # the fleet control store (control/open.py)
 # The Instance Metadata Service's Scheduled Events endpoint (preemption.py polls it).
 SCHEDULED_EVENTS_URL = "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
 
@@ -105,11 +106,18 @@ class Settings:
     task_max_procs: int | None = None
     task_limits: str = "auto"  # one of TASK_LIMITS
     config_file: str | None = None  # the --config file, for the world-readable warning
+    # fleet control (control/open.py; the control thread)
+    control: str = "auto"  # one of CONTROL_MODES
+    control_account_url: str | None = None
+    control_connection_string: str | None = None
+    heartbeat_interval: float = 15.0
+    control_interval: float = 5.0
 
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in fields(self)}
-        if shown.get("connection_string"):
-            shown["connection_string"] = "<redacted>"
+        for secret in ("connection_string", "control_connection_string"):
+            if shown.get(secret):
+                shown[secret] = "<redacted>"
         return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
     # -- derived values -------------------------------------------------------------------
@@ -201,6 +209,14 @@ class Settings:
             raise bad("scheduled-events-interval", "must be positive")
         if self.metrics_interval <= 0:
             raise bad("metrics-interval", "must be positive")
+        if self.control not in CONTROL_MODES:
+            raise bad("control", f"must be one of {', '.join(CONTROL_MODES)}")
+        if self.control_account_url and self.control_connection_string:
+            raise bad("control-account-url", "give --control-account-url or "
+                      "--control-connection-string, not both")
+        for name in ("heartbeat_interval", "control_interval"):
+            if getattr(self, name) <= 0:
+                raise bad(name.replace("_", "-"), "must be positive")
         if self.task_limits not in TASK_LIMITS:
             raise bad("task-limits", "must be auto, systemd or rlimit")
         if self.log_format not in LOG_FORMATS:
