@@ -139,7 +139,7 @@ class Launcher:
             log.debug("received ahead, not started: back to the queue",
                       extra={"task_id": task_id})
             keeper = self._keeper(lease, task_id, t_sent)
-            self.settlement.settle(keeper, Release(count_attempt=False), "requeued")
+            self.settlement.settle(keeper, Release(count_attempt=False), "returned unstarted")
             self.settlement.awaiting_return[task_id] = (keeper, 0.0, "released")
 
     def cancel_starting(self) -> None:
@@ -217,7 +217,7 @@ class Launcher:
         if proc is None and job.error is None:  # cancelled before its fork
             log.info("not started (the worker is stopping): back to the queue, attempt not "
                      "counted", extra={"task_id": task_id, "attempt": lease.attempt})
-            self.settlement.settle(keeper, Release(count_attempt=False), "requeued")
+            self.settlement.settle(keeper, Release(count_attempt=False), "returned unstarted")
             self.settlement.awaiting_return[task_id] = (keeper, 0.0, "released")
             return None
         if proc is None:

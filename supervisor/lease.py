@@ -30,6 +30,10 @@ log = logging.getLogger("jobq.lease")
 
 MAX_CALL_TIMEOUT = 30.0  # even a long lease's renewal call gives up after this
 RETRY_AFTER_FAILURE = 2.0  # a failed renewal is retried this soon (or at renew_interval)
+# A failed settlement is retried after 1 s, then twice as long each time up to this (and
+# never past the lease deadline): an outage of the queue service must not turn every finished
+# task into a call a second.
+SETTLE_RETRY_MAX = 30.0
 
 
 # -- settlement steps: what to do to a lease once its task is over (any thread builds one; the
@@ -93,8 +97,12 @@ class LeaseKeeper:
     def __init__(self, lease: Lease, task_id: str, *, t_sent: float, granted: float,
                  renew_interval: float, clock: Callable[[], float] = time.monotonic,
                  on_lost: Callable[[], None] | None = None,
-                 on_renewal: Callable[[float, bool], None] | None = None) -> None:
+                 on_renewal: Callable[[float, bool], None] | None = None,
+                 sleep: Callable[[float], None] | None = None) -> None:
+        """``sleep``: how a settlement retry waits (tests pass their fake clock's advance);
+        by default the keeper's own wake-up queue, so that ``finish`` still wakes it."""
         self.lease = lease
+        self._retry_sleep: Callable[[float], None] = sleep or self._sleep
         self.task_id = task_id
         self.clock = clock
         self.renew_interval = renew_interval
@@ -109,6 +117,7 @@ class LeaseKeeper:
         self.done = Flag()
         self.finished_at: float | None = None  # clock() when the settlement call returned
         self.settle_result = ""  # what happened at the end, for logs and tests
+        self.requested = ""  # the settlement asked for (its description)
         self._on_lost = on_lost
         self._on_renewal = on_renewal
         self.call_started: float | None = None  # a renewal call is in flight since then
@@ -141,7 +150,7 @@ class LeaseKeeper:
         directly instead).  A keeper with nothing to settle that never started is done here,
         without a thread."""
         self._step = step
-        self.settle_result = description
+        self.settle_result = self.requested = description
         self._finish_requested = True
         if not self.started and step is None:
             self.started = True  # nothing to renew or settle: no thread at all
@@ -242,6 +251,7 @@ class LeaseKeeper:
         step = self._step
         if step is None:
             return
+        wait = 1.0
         while True:
             if self.lost():
                 self.settle_result = "not settled: lease lost"
@@ -251,10 +261,11 @@ class LeaseKeeper:
             exc = self._attempt(step)
             if exc is None:
                 return
-            log.warning("settlement failed, retrying: %s", exc,
+            log.warning("settlement failed, retrying in %.0fs: %s", wait, exc,
                         exc_info=not isinstance(exc, BackendError),
                         extra={"task_id": self.task_id})
-            self._sleep(min(1.0, max(0.0, self.deadline - self.clock())))
+            self._retry_sleep(min(wait, max(0.0, self.deadline - self.clock())))
+            wait = min(wait * 2, SETTLE_RETRY_MAX)
 
     def _attempt(self, step: SettleStep) -> Exception | None:
         """One settlement call: None when it is over (done, or refused: the lease is lost),

@@ -28,6 +28,11 @@ from .watchdog import RunningTask
 log = logging.getLogger("jobq.worker")
 
 
+# What a settlement's description counted, undone when the broker refuses it.
+_COUNT_OF = {"completed": "succeeded", "retry": "retried", "failed": "failed",
+             "dead-lettered": "dead_lettered", "requeued": "requeued"}
+
+
 def attempts_allowed(task: Task | None, settings: Settings) -> int:
     """The message's own max_attempts, else the worker's (any thread)."""
     return (task.max_attempts if task is not None else None) or settings.max_attempts
@@ -53,6 +58,7 @@ class Settlement:
         self.metrics = metrics
         self.on_failure_streak = on_failure_streak
         self.settling: list[LeaseKeeper] = []  # settlement running on the keeper thread
+        self.overdue: list[LeaseKeeper] = []  # past their deadline, not yet done
         # SQLite's: a short task's lease is settled on this thread when the write is instant
         self.quick_settle = backend.quick_settle
         # task id -> (its keeper, delay, "released" | "lost"): what this worker gave back (or
@@ -95,8 +101,32 @@ class Settlement:
     def prune(self) -> None:
         """Forget the keepers that are done settling (main thread)."""
         # A keeper whose lease deadline passed will not settle (and may be stuck in a hung
-        # call): its message comes back through the broker, so nobody waits for it.
-        self.settling = [k for k in self.settling if not k.done.is_set() and not k.lost()]
+        # call): its message comes back through the broker, so nobody waits for it -- but
+        # how it ended is still counted once it is done (``_count_refused``).
+        still = []
+        for k in self.settling:
+            if k.done.is_set():
+                self._count_refused(k)
+            elif k.lost():
+                self.overdue.append(k)
+            else:
+                still.append(k)
+        self.settling = still
+        if self.overdue:
+            for k in [k for k in self.overdue if k.done.is_set()]:
+                self.overdue.remove(k)
+                self._count_refused(k)
+
+    def _count_refused(self, keeper: LeaseKeeper) -> None:
+        """A settlement the broker refused (or the deadline overtook) did not happen: the
+        message comes back, so the run counts as a lost lease, not as what was decided."""
+        if not keeper.settle_result.startswith("not settled"):
+            return
+        decided = _COUNT_OF.get(keeper.requested)
+        if decided is not None and self.counts[decided] > 0:
+            self.counts[decided] -= 1
+        self.counts["lock_lost"] += 1
+        self.metrics.lock_lost()
 
     # ------------------------------------------------------------------- outcomes
     def settle(self, keeper: LeaseKeeper, step: SettleStep | None, description: str) -> None:
@@ -105,6 +135,9 @@ class Settlement:
         if self.quick_settle and not keeper.started:
             with self.backend.quick_writes():
                 if keeper.settle_here():
+                    if keeper.settle_result.startswith("not settled"):
+                        self.overdue.append(keeper)  # counted at the next prune: the
+                        # caller counts what it decided after this returns
                     return
         keeper.start()  # no-op if it runs already (or was done without a thread)
         self.settling.append(keeper)

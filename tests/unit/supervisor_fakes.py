@@ -72,6 +72,7 @@ class FakeLease:
         self.message_id = "msg-1"
         self.lock_duration = 2700.0
         self.calls: list[tuple[Any, ...]] = []
+        self.refuse: Exception | None = None  # raised by every settlement call when set
         self._lock = threading.Lock()  # the keeper may settle on its own thread
 
     def renew(self, timeout: float) -> float:  # pragma: no cover - never driven here
@@ -80,6 +81,8 @@ class FakeLease:
     def complete(self) -> None:
         with self._lock:
             self.calls.append(("complete",))
+        if self.refuse is not None:
+            raise self.refuse
 
     def release(self, count_attempt: bool, delay: float = 0.0) -> None:
         with self._lock:

@@ -12,6 +12,7 @@ import pytest
 from supervisor.backends.base import BackendError, LeaseLost
 from supervisor.lease import (
     RETRY_AFTER_FAILURE,
+    SETTLE_RETRY_MAX,
     Complete,
     DeadLetter,
     LeaseKeeper,
@@ -113,7 +114,7 @@ def on_lost() -> Lost:
 @pytest.fixture
 def keeper(lease: FakeLease, clock: FakeClock, on_lost: Lost) -> LeaseKeeper:
     return LeaseKeeper(lease, "task-1", t_sent=T0, granted=LOCK, renew_interval=INTERVAL,
-                       clock=clock, on_lost=on_lost)
+                       clock=clock, on_lost=on_lost, sleep=clock.advance)
 
 
 # --------------------------------------------------------------------------- renewals
@@ -303,9 +304,24 @@ def test_settle_gives_up_when_the_deadline_passes_while_retrying(keeper, lease, 
 
     keeper.finish(Complete(), "completed")
     keeper.settle()
-    # T0, +10, +20, +30, +40, +50 are before the deadline at T0+54; T0+60 is not
-    assert len(attempts) == 6
+    # each call takes 10 s; the waits between them double from 1 s and never pass the
+    # deadline at T0+54: calls at T0, +11, +23, +37; then the wait ends at the deadline
+    assert attempts == [T0, T0 + 11, T0 + 23, T0 + 37]
+    assert clock.now == T0 + 54
     assert keeper.settle_result.startswith("not settled")
+
+
+def test_settle_retries_back_off_up_to_a_cap(lease, clock, on_lost) -> None:
+    """A long outage: waits double from 1 s up to SETTLE_RETRY_MAX, not a call a second."""
+    keeper = LeaseKeeper(lease, "task-1", t_sent=T0, granted=3600.0, renew_interval=600.0,
+                         clock=clock, on_lost=on_lost, sleep=clock.advance)
+    lease.settle_errors = [BackendError("down")] * 9
+    keeper.finish(Complete(), "completed")
+    keeper.settle()
+    gaps = [b - a for a, b in zip(lease.settle_calls, lease.settle_calls[1:])]
+    assert gaps == [1, 2, 4, 8, 16, SETTLE_RETRY_MAX, SETTLE_RETRY_MAX, SETTLE_RETRY_MAX,
+                    SETTLE_RETRY_MAX]
+    assert lease.settled == ["complete"]
 
 
 def test_settle_lease_lost_is_not_retried(keeper, lease, on_lost) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from supervisor_fakes import FakeClock, FakeLease, FakeOutput, make_task
 
-from supervisor.backends.base import BackendBase
+from supervisor.backends.base import BackendBase, LeaseLost
 from supervisor.lease import LeaseKeeper
 from supervisor.limits import TaskLimits
 from supervisor.metrics import Metrics
@@ -85,6 +85,21 @@ def test_success_completes_the_message() -> None:
     assert h.conclude(0) == [("complete",)]
     assert h.settlement.counts == h.counts(succeeded=1)
     assert h.settlement.awaiting_return == {}
+
+
+def test_a_refused_settlement_counts_as_a_lost_lease_not_a_success() -> None:
+    """The broker refused the completion (its queue was deleted, the lock ran out): the
+    message comes back, so the summary says lock_lost, not succeeded."""
+    h = Harness()
+    rt = h.finished(0)
+    rt.keeper.lease.refuse = LeaseLost("404 QueueNotFound")
+    h.settlement.conclude(rt, h.clock.now, stopping=False)
+    assert settled(rt.keeper) == [("complete",)]
+    assert h.settlement.counts == h.counts(succeeded=1)  # decided; not yet known refused
+    h.settlement.prune()
+    assert h.settlement.counts == h.counts(lock_lost=1)
+    h.settlement.prune()  # counted once
+    assert h.settlement.counts == h.counts(lock_lost=1)
 
 
 # --------------------------------------------------------------------------- retry
