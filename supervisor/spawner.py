@@ -1,8 +1,9 @@
-"""Spawner: a few threads that fork tasks, so that one slow fork does not hold up the loop.
+"""Spawner: a few threads that start task shells, so that one slow start does not hold up
+the loop.
 
-Forking a shell costs ~1.5-2 ms on these machines, and fork_exec releases the GIL: two
-spawner threads start tasks almost twice as fast as the main thread alone (measured 450 vs
-666 spawns/s).  The main thread still decides everything: it submits a prepared job and, when
+Starting a shell (shell.py: glibc's posix_spawn through ctypes, which lets go of the GIL
+while the child execs) takes a millisecond or more on these machines: two spawner threads
+start tasks faster than the main thread alone (measured 457 vs 560 tasks/s end to end).  The main thread still decides everything: it submits a prepared job and, when
 the job comes back on its event queue, registers the process (lease, lifeline, watchdog); the
 job's ``after_spawn`` (the launcher's) logs the start and hands the output pipe to the pump on
 the spawner thread, off the main loop.  Reaping stays on the main thread; it skips orphan
