@@ -255,105 +255,15 @@ def worker_main(argv: list[str] | None = None) -> int:
 
 
 # --------------------------------------------------------------------------- jobq-ctl
+# The jobq-ctl command line lives in ctl_cli.py (it imports this module's option groups).
 def ctl_parser() -> _Parser:
-    p = _Parser(
-        prog="jobq-ctl",
-        description="Push tasks and inspect or repair a queue.",
-        auto_env_var_prefix="JOBQ_",
-        config_file_parser_class=configargparse.DefaultConfigFileParser,
-        args_for_setting_config_path=["--config"],
-        config_arg_help_message="the worker's INI config file, backend and queue are read "
-                                "(env: JOBQ_CONFIG)",
-        ignore_unknown_config_file_keys=True,
-    )
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    _add_backend_options(p)
-    # also here, so JOBQ_SIGNING_KEY_FILE and a shared worker INI apply (sub-parsers read
-    # neither); push signs with the first key, so list the newest first
-    p.add_argument("--signing-key-file", action="append", metavar="PATH",
-                   help="push: sign tasks with this key (env/INI: comma-separated list)")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", help="one of:")
-    sub.required = True
+    from .ctl_cli import ctl_parser as build
 
-    def cmd(name: str, help_text: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_text, description=help_text, epilog=None)
-        _add_backend_options(sp, suppress=True)
-        return sp
-
-    push = cmd("push", "push tasks; prints one task id per line")
-    push.add_argument("-c", "--command", dest="commands", action="append", default=[],
-                      help="shell command (repeatable)")
-    push.add_argument("--file", help="one command per line ('-' = stdin)")
-    push.add_argument("--max-attempts", dest="task_max_attempts", type=int, default=None,
-                      help="attempts for these tasks (default: the worker's --max-attempts)")
-    push.add_argument("--env", action="append", default=[], metavar="K=V",
-                      help="environment variable for the tasks (repeatable; not the JOBQ_ "
-                           "variables the worker sets)")
-    push.add_argument("--cwd", default=None,
-                      help="working directory of the tasks (default: the worker's)")
-    push.add_argument("--signing-key-file", action="append", default=argparse.SUPPRESS,
-                      metavar="PATH", help="sign the tasks with this key (the first one given)")
-    cmd("size", "number of pending tasks")
-    st = cmd("status", "counts per state and the running tasks")
-    st.add_argument("--json", action="store_true", help="print JSON")
-    pk = cmd("peek", "show the next pending tasks")
-    pk.add_argument("-n", type=int, default=10, help="how many tasks to show")
-    pk.add_argument("--json", action="store_true", help="print JSON")
-    fl = cmd("failed", "list failed (dead-lettered) tasks")
-    fl.add_argument("--json", action="store_true", help="print JSON")
-    rq = cmd("requeue", "move failed tasks back to pending")
-    rq.add_argument("ids", nargs="*", help="ids of failed tasks (as push and failed print them)")
-    rq.add_argument("--all-failed", action="store_true", help="requeue every failed task")
-    cl = cmd("clear", "delete pending tasks (or, with --failed, failed ones)")
-    cl.add_argument("--failed", action="store_true", help="delete failed tasks instead")
-    return p
-
-
-def _check_config_keys(path: str | None) -> None:
-    """jobq-ctl reads the worker's INI, so it ignores the worker's keys it has no use for, but
-    a key the worker does not know either is the worker's one-line exit 2."""
-    if not path:
-        return
-    known = {o[2:] for a in worker_parser()._actions for o in a.option_strings}
-    with open(path, encoding="utf-8") as fh:
-        keys = configargparse.DefaultConfigFileParser().parse(fh)
-    unknown = [k for k in keys if k not in known]
-    if unknown:
-        raise UsageError(f"--config: unknown key {unknown[0]!r} in {path}")
+    return build()
 
 
 def ctl_main(argv: list[str] | None = None) -> int:
-    """Entry point of ``jobq-ctl`` (main thread)."""
-    from .backends import open_backend
-    from .backends.base import BackendConfigError, BackendError
-    from .ctl import READ_ONLY_COMMANDS, run_command
+    """Entry point of ``jobq-ctl`` (main thread); see ctl_cli.py."""
+    from .ctl_cli import ctl_main as main
 
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        ns = _parse(ctl_parser(), argv)
-        _check_config_keys(ns.config_file)
-        ns.worker_id = "jobq-ctl"
-        settings = Settings.from_namespace(ns)
-    except (UsageError, SettingsError) as exc:
-        return _fail_usage("jobq-ctl", str(exc))
-    logging.basicConfig(level=logging.WARNING, format="jobq-ctl: %(message)s")
-    try:
-        backend = open_backend(settings, for_ctl=True,
-                               create=ns.command not in READ_ONLY_COMMANDS)
-    except BackendConfigError as exc:
-        return _fail_usage("jobq-ctl", str(exc))
-    except BackendError as exc:
-        print(f"jobq-ctl: error: {exc}", file=sys.stderr)
-        return EXIT_UNEXPECTED
-    try:
-        return run_command(ns, backend)
-    except UsageError as exc:
-        return _fail_usage("jobq-ctl", str(exc))
-    except BackendConfigError as exc:
-        return _fail_usage("jobq-ctl", str(exc))
-    except BackendError as exc:
-        print(f"jobq-ctl: error: {exc}", file=sys.stderr)
-        return EXIT_UNEXPECTED
-    finally:
-        backend.close()
-
+    return main(argv)

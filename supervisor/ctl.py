@@ -1,22 +1,26 @@
-"""``jobq-ctl`` sub-commands, on top of any Backend (main thread)."""
+"""``jobq-ctl`` queue sub-commands on top of any Backend, and the dispatcher of every
+sub-command (the fleet ones are in ctl_fleet.py).  Main thread."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend
-from .security import SecurityConfigError, load_key, sign_task, split_paths
+from .security import SecurityConfigError, SigningKey, load_key, sign_task, split_paths
 from .task import Task, TaskFormatError
 from .usage import UsageError
+
+if TYPE_CHECKING:
+    from .control.base import ControlStore
 
 # set by the worker for every task (launch.py); a task's env cannot override them
 WORKER_SET = ("JOBQ_TASK_ID", "JOBQ_QUEUE_NAME", "JOBQ_ATTEMPT")
 # Sub-commands that only look: they open the backend with create=False, so a mistyped queue
 # or path is "does not exist" (exit 1) instead of a new, empty queue and "0".
-READ_ONLY_COMMANDS = frozenset({"size", "peek", "status", "failed"})
+READ_ONLY_COMMANDS = frozenset({"size", "peek", "status", "failed", "workers"})
 
 
 def dumps(obj: Any) -> str:
@@ -64,6 +68,16 @@ def _read_commands(path: str) -> list[str]:
             .startswith("#")]
 
 
+def first_key(ns: Any) -> SigningKey | None:
+    """The key jobq-ctl signs with: the first --signing-key-file (list the newest first; a
+    worker accepts every key it is given), or None."""
+    key_paths = split_paths(getattr(ns, "signing_key_file", None))
+    try:
+        return load_key(key_paths[0]) if key_paths else None
+    except SecurityConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_push(ns: Any, backend: Backend) -> int:
     commands = list(ns.commands)
     if ns.file:
@@ -77,12 +91,7 @@ def cmd_push(ns: Any, backend: Backend) -> int:
     if ns.task_max_attempts is not None and ns.task_max_attempts < 1:
         raise UsageError("--max-attempts: must be at least 1")
     env = _env_pairs(ns.env)
-    key_paths = split_paths(getattr(ns, "signing_key_file", None))
-    try:
-        # the newest key comes first (the worker accepts every key it is given)
-        key = load_key(key_paths[0]) if key_paths else None
-    except SecurityConfigError as exc:
-        raise UsageError(str(exc)) from None
+    key = first_key(ns)
     try:
         tasks = [Task(cmd=c, env=env, cwd=ns.cwd, max_attempts=ns.task_max_attempts)
                  for c in commands]
@@ -95,24 +104,6 @@ def cmd_push(ns: Any, backend: Backend) -> int:
         raise UsageError(f"push: {exc}") from None
     for task_id in backend.push(tasks):
         print(task_id)
-    return 0
-
-
-def cmd_status(ns: Any, backend: Backend) -> int:
-    st = backend.status()
-    if ns.json:
-        running = [{k: iso_or_none(v) if k in TIME_KEYS else v for k, v in r.items()}
-                   for r in st.running]
-        print(dumps({"counts": st.counts, "running": running, "note": st.note}))
-        return 0
-    print("  ".join(f"{k}={v}" for k, v in st.counts.items()))
-    if st.note:
-        print(f"note: {st.note}")
-    if st.running:
-        print(f"{'TASK':34} {'WORKER':30} {'ATTEMPT':>7}  {'SINCE':20}  LOCKED UNTIL")
-        for r in st.running:
-            print(f"{r['id']:34} {str(r.get('worker') or '-'):30} {r.get('attempt', 0):>7}  "
-                  f"{iso(r.get('locked_at')):20}  {iso(r.get('locked_until'))}")
     return 0
 
 
@@ -168,12 +159,18 @@ def cmd_clear(ns: Any, backend: Backend) -> int:
     return 0
 
 
-def run_command(ns: Any, backend: Backend) -> int:
-    """Run the parsed sub-command ``ns.command`` on ``backend``; its exit status."""
+def run_command(ns: Any, backend: Backend | None, store: ControlStore | None = None) -> int:
+    """Run the parsed sub-command ``ns.command``; its exit status.  ``backend`` is None for
+    the fleet commands that need none (ctl_fleet.needs_backend), ``store`` for the queue
+    commands and when no control store is configured."""
+    from . import ctl_fleet
+
+    if ns.command in ctl_fleet.HANDLERS:
+        return ctl_fleet.HANDLERS[ns.command](ns, backend, store)
+    assert backend is not None
     handlers = {
         "push": cmd_push,
         "size": lambda ns, b: print(b.size()) or 0,
-        "status": cmd_status,
         "peek": cmd_peek,
         "failed": cmd_failed,
         "requeue": cmd_requeue,

@@ -224,6 +224,16 @@ class StorageQueueBackend(BackendBase):
             out.append(parse_or_body(message_text(message.content)))
         return out
 
+    def oldest_pending_age(self, now: float) -> float | None:
+        """Seconds since the first visible message was inserted (one peek; jobq-ctl status),
+        or None when none is visible.  Messages hidden for a retry or held by a worker are
+        not seen, so this is the age of the oldest task waiting for a worker now."""
+        messages = self._call("peek", lambda: self._main.peek_messages(max_messages=1))
+        for message in messages:
+            if message.inserted_on is not None:
+                return max(0.0, now - message.inserted_on.timestamp())
+        return None
+
     def status(self) -> QueueStatus:
         """``queued``, not ``pending``: the service's count includes the messages workers
         hold invisible (running) and those hidden for a retry delay (backing off)."""

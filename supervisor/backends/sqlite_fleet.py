@@ -1,0 +1,53 @@
+"""What ``jobq-ctl`` needs of a SQLite queue for fleet control, beside SqliteBackend (whose
+module is at its size limit): the state of given task ids, taking pending tasks off the queue
+on a cancel, and the age of the oldest pending task.  Main thread of jobq-ctl.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .sqlite import SqliteBackend
+
+_CHUNK = 500  # ids per statement, well below SQLite's 32,766 host parameters
+
+
+def _chunks(ids: Sequence[str]) -> list[Sequence[str]]:
+    return [ids[i:i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
+
+
+def task_states(backend: SqliteBackend, ids: Sequence[str]) -> dict[str, str]:
+    """id -> status (pending, running, succeeded, failed) of those ids that are in the queue."""
+    found: dict[str, str] = {}
+    for part in _chunks(ids):
+        for task_id, status in backend._query(
+                f"SELECT id, status FROM jobs WHERE queue=? AND id IN "
+                f"({','.join('?' * len(part))})", (backend.queue, *part)):
+            found[task_id] = status
+    return found
+
+
+def cancel_pending(backend: SqliteBackend, ids: Sequence[str], reason: str,
+                   now: float) -> set[str]:
+    """Mark those of ``ids`` that are still pending as failed with ``reason`` (which starts
+    with "cancelled"), in one transaction per chunk; the ids it took.  A task a worker
+    claimed meanwhile is not touched: its worker sees the cancel record at claim time.
+    ``requeue`` brings a cancelled task back like any failed one."""
+    taken: set[str] = set()
+    for part in _chunks(ids):
+        with backend._tx() as conn:
+            rows = conn.execute(
+                f"UPDATE jobs SET status='failed', reason=?, updated_at=?, locked_by=NULL, "
+                f"locked_at=NULL, locked_until=NULL WHERE queue=? AND status='pending' AND id "
+                f"IN ({','.join('?' * len(part))}) RETURNING id",
+                (reason, now, backend.queue, *part)).fetchall()
+        taken.update(task_id for (task_id,) in rows)
+    return taken
+
+
+def oldest_pending_age(backend: SqliteBackend, now: float) -> float | None:
+    """Seconds since the oldest pending task was pushed (the lowest seq: one index step), or
+    None when nothing is pending."""
+    rows = backend._query("SELECT created_at FROM jobs WHERE queue=? AND status='pending' "
+                          "ORDER BY seq LIMIT 1", (backend.queue,))
+    return max(0.0, now - rows[0][0]) if rows else None

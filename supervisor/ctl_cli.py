@@ -1,0 +1,160 @@
+"""The ``jobq-ctl`` command line: its parser and entry point (main thread).
+
+The queue commands (push, size, peek, failed, requeue, clear) run on a Backend (ctl.py); the
+fleet commands (workers, cancel, pause, resume, drain, stop; status) also on the control store
+(ctl_fleet.py, docs/architecture.rst "The fleet layer").  Errors are one line: exit 2 for a
+usage or configuration error, 1 for a queue or store that cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+import configargparse
+
+from . import __version__
+from .cli import _add_backend_options, _fail_usage, worker_parser
+from .control.base import CANCEL_TTL
+from .settings import EXIT_UNEXPECTED, Settings, SettingsError
+from .usage import UsageError, _duration, _parse, _Parser
+
+
+def ctl_parser() -> _Parser:
+    p = _Parser(
+        prog="jobq-ctl",
+        description="Push tasks, inspect or repair a queue, and control its workers.",
+        auto_env_var_prefix="JOBQ_",
+        config_file_parser_class=configargparse.DefaultConfigFileParser,
+        args_for_setting_config_path=["--config"],
+        config_arg_help_message="the worker's INI config file, backend and queue are read "
+                                "(env: JOBQ_CONFIG)",
+        ignore_unknown_config_file_keys=True,
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    _add_backend_options(p)
+    # also here, so JOBQ_SIGNING_KEY_FILE and a shared worker INI apply (sub-parsers read
+    # neither); push and the control commands sign with the first key: list the newest first
+    p.add_argument("--signing-key-file", action="append", metavar="PATH",
+                   help="push: sign tasks; cancel/pause/resume/drain/stop: sign the control "
+                        "records, with this key (env/INI: comma-separated list)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", help="one of:")
+    sub.required = True
+
+    def cmd(name: str, help_text: str, signs: bool = False) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_text, description=help_text, epilog=None)
+        _add_backend_options(sp, suppress=True)
+        if signs:
+            sp.add_argument("--signing-key-file", action="append", default=argparse.SUPPRESS,
+                            metavar="PATH", help="sign with this key (the first one given)")
+        return sp
+
+    push = cmd("push", "push tasks; prints one task id per line", signs=True)
+    push.add_argument("-c", "--command", dest="commands", action="append", default=[],
+                      help="shell command (repeatable)")
+    push.add_argument("--file", help="one command per line ('-' = stdin)")
+    push.add_argument("--max-attempts", dest="task_max_attempts", type=int, default=None,
+                      help="attempts for these tasks (default: the worker's --max-attempts)")
+    push.add_argument("--env", action="append", default=[], metavar="K=V",
+                      help="environment variable for the tasks (repeatable; not the JOBQ_ "
+                           "variables the worker sets)")
+    push.add_argument("--cwd", default=None,
+                      help="working directory of the tasks (default: the worker's)")
+    cmd("size", "number of pending tasks")
+    st = cmd("status", "counts per state, the running tasks, the oldest pending task's age "
+                       "and whether the queue is paused")
+    st.add_argument("--json", action="store_true", help="print JSON")
+    pk = cmd("peek", "show the next pending tasks")
+    pk.add_argument("-n", type=int, default=10, help="how many tasks to show")
+    pk.add_argument("--json", action="store_true", help="print JSON")
+    fl = cmd("failed", "list failed (dead-lettered) tasks")
+    fl.add_argument("--json", action="store_true", help="print JSON")
+    rq = cmd("requeue", "move failed tasks back to pending")
+    rq.add_argument("ids", nargs="*", help="ids of failed tasks (as push and failed print them)")
+    rq.add_argument("--all-failed", action="store_true", help="requeue every failed task")
+    cl = cmd("clear", "delete pending tasks (or, with --failed, failed ones)")
+    cl.add_argument("--failed", action="store_true", help="delete failed tasks instead")
+    _add_fleet_commands(cmd)
+    return p
+
+
+def _add_fleet_commands(cmd: Any) -> None:
+    wk = cmd("workers", "the queue's live workers and the tasks each runs")
+    wk.add_argument("--json", action="store_true", help="print JSON")
+    wk.add_argument("--all", action="store_true",
+                    help="also list lost workers (no heartbeat for 3 intervals)")
+    cn = cmd("cancel", "cancel tasks: a pending one never runs, a running one is stopped",
+             signs=True)
+    cn.add_argument("ids", nargs="+", metavar="ID", help="task ids (as push prints them)")
+    cn.add_argument("--reason", default="", help="why (shown with the cancelled task)")
+    how = cn.add_mutually_exclusive_group()
+    how.add_argument("--grace", type=_duration, default=30.0, metavar="DURATION",
+                     help="SIGTERM, then SIGKILL after this long (default 30s)")
+    how.add_argument("--now", action="store_true", help="SIGKILL at once (--grace 0)")
+    cn.add_argument("--cancel-ttl", type=_duration, default=CANCEL_TTL, metavar="DURATION",
+                    help="how long the cancel is kept for a task not seen yet (Azure has no "
+                         "index of task ids; default and most 7d)")
+    cmd("pause", "no worker of the queue starts a new task; running ones go on", signs=True)
+    cmd("resume", "workers of the queue start tasks again", signs=True)
+    dr = cmd("drain", "the worker takes no new task, finishes its tasks and exits 0",
+             signs=True)
+    dr.add_argument("workers", nargs="+", metavar="WORKER", help="worker ids (jobq-ctl workers)")
+    sp = cmd("stop", "the worker stops its tasks (requeued, no attempt lost) and exits 0",
+             signs=True)
+    sp.add_argument("workers", nargs="+", metavar="WORKER", help="worker ids (jobq-ctl workers)")
+
+
+def _check_config_keys(path: str | None) -> None:
+    """jobq-ctl reads the worker's INI, so it ignores the worker's keys it has no use for, but
+    a key the worker does not know either is the worker's one-line exit 2."""
+    if not path:
+        return
+    known = {o[2:] for a in worker_parser()._actions for o in a.option_strings}
+    with open(path, encoding="utf-8") as fh:
+        keys = configargparse.DefaultConfigFileParser().parse(fh)
+    unknown = [k for k in keys if k not in known]
+    if unknown:
+        raise UsageError(f"--config: unknown key {unknown[0]!r} in {path}")
+
+
+def _error(text: str) -> int:
+    print(f"jobq-ctl: error: {text}", file=sys.stderr)
+    return EXIT_UNEXPECTED
+
+
+def ctl_main(argv: list[str] | None = None) -> int:
+    """Entry point of ``jobq-ctl`` (main thread)."""
+    from .backends import open_backend
+    from .backends.base import Backend, BackendConfigError, BackendError
+    from .control.base import ControlConfigError, ControlStore, ControlStoreError
+    from .ctl import READ_ONLY_COMMANDS, run_command
+    from .ctl_fleet import FLEET_COMMANDS, needs_backend, open_store
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        ns = _parse(ctl_parser(), argv)
+        _check_config_keys(ns.config_file)
+        ns.worker_id = "jobq-ctl"
+        settings = Settings.from_namespace(ns)
+    except (UsageError, SettingsError) as exc:
+        return _fail_usage("jobq-ctl", str(exc))
+    logging.basicConfig(level=logging.WARNING, format="jobq-ctl: %(message)s")
+    backend: Backend | None = None
+    store: ControlStore | None = None
+    try:
+        if needs_backend(ns.command, settings):
+            backend = open_backend(settings, for_ctl=True,
+                                   create=ns.command not in READ_ONLY_COMMANDS)
+        if ns.command in FLEET_COMMANDS or ns.command == "status":
+            store = open_store(ns.command, settings)
+        return run_command(ns, backend, store)
+    except (UsageError, BackendConfigError, ControlConfigError) as exc:
+        return _fail_usage("jobq-ctl", str(exc))
+    except (BackendError, ControlStoreError) as exc:
+        return _error(str(exc))
+    finally:
+        for thing in (store, backend):
+            if thing is not None:
+                thing.close()

@@ -1,0 +1,106 @@
+"""Issue 15, the jobq-ctl side on Azure Table Storage (Azurite's table service): the fleet
+commands need no queue backend there (Service Bus here, never contacted), only the control
+store named by --control-connection-string.  Each test uses a queue name of its own in the
+shared ``jobqcontrol`` table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from supervisor.control.azure_table import AzureTableControlStore
+from supervisor.control.records import TaskInfo, WorkerRecord
+from tests.conftest import command
+from tests.control.conftest import free_port, table_connection_string
+
+pytestmark = pytest.mark.azure
+
+
+def ctl(conn: str | None, queue: str, *args: str,
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBQ_")}
+    if conn is not None:
+        env["JOBQ_CONTROL_CONNECTION_STRING"] = conn
+    return subprocess.run([*command("jobq-ctl"), "--backend", "servicebus", "--namespace",
+                           "nowhere.servicebus.windows.net", "--queue", queue, *args],
+                          env=env, text=True, capture_output=True, timeout=timeout)
+
+
+def one_error_line(res: subprocess.CompletedProcess[str], code: int) -> str:
+    assert res.returncode == code, (res.returncode, res.stdout, res.stderr)
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jobq-ctl: error: "), res.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def azure(azurite_table):
+    conn = table_connection_string(azurite_table)
+    store = AzureTableControlStore(connection_string=conn)
+    yield conn, "q" + uuid.uuid4().hex[:12], store
+    store.close()
+
+
+def record(queue: str, wid: str, now: float, beat_age: float = 0.0) -> WorkerRecord:
+    task = TaskInfo(id="t-9", attempt=1, pid=77, started=now - 5, lease_expires=now + 300,
+                    cmd="python train.py")
+    return WorkerRecord(id=wid, queue=queue, host="vm1", pid=11, version="0.15.0",
+                        state="running", slots_used=1, slots_total=2, started=now - 60,
+                        heartbeat=now - beat_age, interval=15.0, tasks=(task,))
+
+
+def test_workers_cancel_pause_drain_on_table_storage(azure):
+    conn, queue, store = azure
+    now = time.time()
+    store.put_worker(record(queue, "vm1:11:ab", now))
+    store.put_worker(record(queue, "vm2:12:cd", now, beat_age=60))
+    res = ctl(conn, queue, "workers", "--json")
+    assert res.returncode == 0, res.stderr
+    (w,) = json.loads(res.stdout)
+    assert (w["id"], w["state"], w["slots"]) == ("vm1:11:ab", "running",
+                                                 {"used": 1, "total": 2})
+    assert w["tasks"][0]["id"] == "t-9" and w["tasks"][0]["lease_expires"].endswith("Z")
+    lost = json.loads(ctl(conn, queue, "workers", "--json", "--all").stdout)
+    assert {x["id"]: x["state"] for x in lost}["vm2:12:cd"] == "lost"
+
+    # no index of task ids on Azure: any id is recorded, for the workers to meet
+    res = ctl(conn, queue, "cancel", "any-id", "--reason", "oops", "--cancel-ttl", "2d")
+    assert res.returncode == 0, res.stderr
+    assert "cancel recorded" in res.stdout
+    cancel = store.get_cancel(queue, "any-id")
+    assert cancel is not None and cancel.reason == "oops" and cancel.grace == 30.0
+
+    assert ctl(conn, queue, "pause").returncode == 0
+    assert "PAUSED" in ctl(conn, queue, "workers").stdout
+    assert ctl(conn, queue, "drain", "vm1:11:ab").returncode == 0
+    snap = store.poll(queue, "vm1:11:ab")
+    assert snap.flag is not None and snap.flag.paused
+    assert [c.action for c in snap.commands] == ["drain"]
+    assert [c.task_id for c in snap.cancels] == ["any-id"]
+    assert "vm2:12:cd" in one_error_line(ctl(conn, queue, "stop", "vm2:12:cd"), 1)
+    assert ctl(conn, queue, "resume").returncode == 0
+    flag = store.poll(queue, "x").flag
+    assert flag is not None and not flag.paused
+
+
+def test_an_unreachable_table_service_is_exit_1_within_10_s(azure):
+    _, queue, _ = azure
+    dead = table_connection_string(free_port())  # nothing listens there
+    for args in (["workers"], ["pause"], ["cancel", "t"]):
+        t0 = time.monotonic()
+        res = ctl(dead, queue, *args, timeout=30)
+        assert time.monotonic() - t0 < 10
+        assert "Traceback" not in res.stderr
+        one_error_line(res, 1)
+
+
+def test_service_bus_without_a_control_store_is_exit_2_naming_the_option(azure):
+    _, queue, _ = azure
+    for args in (["workers"], ["cancel", "t"], ["pause"], ["drain", "w"]):
+        line = one_error_line(ctl(None, queue, *args), 2)
+        assert "--control-account-url" in line
