@@ -1,17 +1,17 @@
 """Spawner: a few threads that start task shells, so that one slow start does not hold up
 the loop.
 
-Starting a shell (shell.py: glibc's posix_spawn through ctypes, which lets go of the GIL
-while the child execs) takes a millisecond or more on these machines: two spawner threads
-start tasks faster than the main thread alone (measured 457 vs 560 tasks/s end to end).  The main thread still decides everything: it submits a prepared job and, when
-the job comes back on its event queue, registers the process (lease, lifeline, watchdog); the
-job's ``after_spawn`` (the launcher's) logs the start and hands the output pipe to the pump on
-the spawner thread, off the main loop.  Reaping stays on the main thread; it skips orphan
-reaping while a job is in flight, so a just-forked shell that already exited is never mistaken
-for an orphan.
+Starting a shell (shell.py: glibc's posix_spawn through ctypes, which lets go of the GIL while
+the child execs) takes a millisecond or more on these machines: two spawner threads start tasks
+faster than the main thread alone (measured 560 vs 457 tasks/s end to end). The main thread
+still decides everything: it submits a prepared job and, when the job comes back on its event
+queue, registers the process (lease, lifeline, watchdog); the job's ``after_spawn`` (the
+launcher's) logs the start and hands the output pipe to the pump on the spawner thread, off the
+main loop. Reaping stays on the main thread; it skips orphan reaping while a job is in flight,
+so a just-forked shell that already exited is never mistaken for an orphan.
 
-Like our other helper threads they block the supervisor's signals, so that SIGCHLD and
-SIGTERM reach the main thread at once; the task itself starts with no signal blocked
+Like our other helper threads they block the supervisor's signals, so that SIGCHLD and SIGTERM
+reach the main thread at once; the task itself starts with no signal blocked
 (``TaskProcess.spawn`` clears the mask it would inherit).
 """
 

@@ -25,40 +25,12 @@ from contextlib import contextmanager
 from ..task import Task, parse_or_body
 from .base import BackendBase, BackendConfigError, BackendError, FailedRecord, QueueStatus
 from .common import command_of
+from .sqlite_db import SCHEMA, connect, is_lock_error, is_readonly_error
 from .sqlite_lease import SqliteLease
 
 __all__ = ["SqliteBackend", "SqliteLease"]
 
 log = logging.getLogger("jobq.sqlite")
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    seq          INTEGER PRIMARY KEY AUTOINCREMENT,
-    id           TEXT    NOT NULL,
-    queue        TEXT    NOT NULL,
-    body         TEXT    NOT NULL,
-    status       TEXT    NOT NULL
-                 CHECK (status IN ('pending', 'running', 'succeeded', 'failed')),
-    attempt      INTEGER NOT NULL DEFAULT 0,
-    max_attempts INTEGER,
-    preemptions  INTEGER NOT NULL DEFAULT 0,
-    token        INTEGER NOT NULL DEFAULT 0,
-    locked_by    TEXT,
-    locked_at    REAL,
-    locked_until REAL,
-    visible_at   REAL    NOT NULL DEFAULT 0,
-    created_at   REAL    NOT NULL,
-    updated_at   REAL    NOT NULL,
-    reason       TEXT,
-    output_tail  TEXT,
-    exit_status  INTEGER,
-    UNIQUE (queue, id)
-);
--- Receive walks pending jobs in seq order and stops after LIMIT: ordered by (visible_at, seq)
--- (the first schema) it had to sort every pending job on each receive, O(queue depth).
-DROP INDEX IF EXISTS jobs_by_state;
-CREATE INDEX IF NOT EXISTS jobs_ready ON jobs (queue, status, seq, visible_at);
-"""
 
 RECEIVE_SQL = (
     "UPDATE jobs SET status='running', attempt=attempt+1, token=token+1, "
@@ -70,36 +42,6 @@ RECEIVE_SQL = (
 MAIN_BUSY_TIMEOUT = 0.5  # the main loop retries on its next turn rather than block
 QUICK_WAIT = 0.005  # the most a settlement tried on the main loop may wait for the database
 CTL_BUSY_TIMEOUT = 30.0
-
-
-def _connect(path: str, busy_timeout: float, setup: bool = True) -> sqlite3.Connection:
-    # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a write never has to
-    # upgrade a read lock (which SQLite answers with SQLITE_BUSY without waiting).
-    conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
-                           check_same_thread=False)
-    # Text that is not UTF-8 (another tool wrote the table, or a BLOB cast to TEXT) must not
-    # make a whole SELECT fail: one such body would stall every receive.  It reads with
-    # U+FFFD instead and the body is dead-lettered as poison (as on Storage Queue).
-    conn.text_factory = _decode_text
-    if setup:  # WAL is a property of the file: switching to it is a write
-        conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    return conn
-
-
-def _decode_text(data: bytes) -> str:
-    return data.decode("utf-8", "replace")
-
-
-def _is_readonly_error(exc: sqlite3.Error) -> bool:
-    # SQLITE_READONLY (8) and its extended codes: a read-only file, directory or mount
-    code = getattr(exc, "sqlite_errorcode", None)
-    return (code is not None and code & 0xFF == 8) or "readonly" in str(exc).lower()
-
-
-def _is_lock_error(exc: sqlite3.Error) -> bool:
-    text = str(exc).lower()
-    return "locked" in text or "busy" in text
 
 
 class SqliteBackend(BackendBase):
@@ -140,7 +82,7 @@ class SqliteBackend(BackendBase):
         if not os.path.isdir(parent):
             raise BackendConfigError(f"--sqlite-path: directory {parent} does not exist")
         try:
-            self._conn = _connect(path, busy_timeout, setup=create)
+            self._conn = connect(path, busy_timeout, setup=create)
             if create:
                 self._conn.executescript(SCHEMA)
                 self._check_writable()
@@ -148,14 +90,14 @@ class SqliteBackend(BackendBase):
                                         "AND name='jobs'").fetchone():
                 raise BackendError(f"SQLite database {path} holds no jobq queue (no jobs "
                                    f"table)")
-            self._lease_conn = _connect(path, busy_timeout, setup=create)
+            self._lease_conn = connect(path, busy_timeout, setup=create)
         except BaseException as exc:
             self.close()
             if not isinstance(exc, sqlite3.DatabaseError):
                 raise
-            if _is_lock_error(exc):
+            if is_lock_error(exc):
                 raise BackendError(f"SQLite database {path} is busy: {exc}") from None
-            if _is_readonly_error(exc):
+            if is_readonly_error(exc):
                 raise BackendConfigError(f"--sqlite-path: {path} cannot be written "
                                          f"({exc})") from None
             raise BackendConfigError(f"--sqlite-path: {path} is not a usable SQLite database "
@@ -177,7 +119,7 @@ class SqliteBackend(BackendBase):
             finally:
                 conn.execute("ROLLBACK")
         except sqlite3.OperationalError as exc:
-            if _is_readonly_error(exc):
+            if is_readonly_error(exc):
                 raise BackendConfigError(f"--sqlite-path: {self.path} cannot be written "
                                          f"({exc})") from None
             raise
