@@ -519,3 +519,22 @@ def test_quick_writes_do_not_wait_out_a_busy_database(db, a, raw) -> None:
     with a.quick_writes():
         lease.complete()
     assert row(raw, task.id)["status"] == "succeeded"
+
+
+def test_a_blob_body_is_read_as_text(tmp_path) -> None:
+    """A body stored as a BLOB (another tool pushed bytes) is received like text: a valid
+    task runs, bytes that are not UTF-8 make a poison message with the usual hint -- never a
+    receive that fails for every job behind it."""
+    b = SqliteBackend(str(tmp_path / "q.db"), "default", "w")
+    try:
+        with b._tx() as conn:
+            for job_id, body in (("ok", b'{"cmd": "true"}'), ("bad", b"7uy\xffU")):
+                conn.execute("INSERT INTO jobs (id, queue, body, status, created_at, "
+                             "updated_at) VALUES (?, 'default', ?, 'pending', 0, 0)",
+                             (job_id, body))
+        leases = {le.message_id: le for le in b.receive(2, 60.0)}
+        assert leases["ok"].task is not None and leases["ok"].task.cmd == "true"
+        assert leases["bad"].task is None
+        assert "not UTF-8" in (leases["bad"].format_error or "")
+    finally:
+        b.close()
