@@ -127,7 +127,7 @@ def _error(text: str) -> int:
 def ctl_main(argv: list[str] | None = None) -> int:
     """Entry point of ``jobq-ctl`` (main thread)."""
     from .backends import open_backend
-    from .backends.base import Backend, BackendConfigError, BackendError
+    from .backends.base import Backend, BackendConfigError, BackendError, QueueNotFound
     from .control.base import ControlConfigError, ControlStore, ControlStoreError
     from .ctl import READ_ONLY_COMMANDS, run_command
     from .ctl_fleet import FLEET_COMMANDS, needs_backend, open_store
@@ -150,6 +150,8 @@ def ctl_main(argv: list[str] | None = None) -> int:
         if ns.command in FLEET_COMMANDS or ns.command == "status":
             store = open_store(ns.command, settings)
         return run_command(ns, backend, store)
+    except QueueNotFound as exc:  # like a missing SQLite file or Storage Queue: exit 1
+        return _error(str(exc))
     except (UsageError, BackendConfigError, ControlConfigError) as exc:
         return _fail_usage("jobq-ctl", str(exc))
     except (BackendError, ControlStoreError) as exc:

@@ -32,6 +32,12 @@ class BackendConfigError(Exception):
     """The backend cannot work with this configuration (exit status 2)."""
 
 
+class QueueNotFound(BackendConfigError):
+    """The queue does not exist and this backend does not create queues (Service Bus): for
+    a worker a configuration error (exit 2); for a read-only ``jobq-ctl`` command, like a
+    missing SQLite file or Storage Queue, "does not exist" with exit status 1."""
+
+
 @dataclass
 class FailedRecord:
     """A task that ended in the failed state / dead-letter queue (for ``jobq-ctl failed``)."""

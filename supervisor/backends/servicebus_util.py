@@ -24,7 +24,7 @@ from azure.servicebus.exceptions import (
 )
 
 from .azure_common import Scrubber, detail
-from .base import BackendConfigError, BackendError, FailedRecord, LeaseLost
+from .base import BackendConfigError, BackendError, FailedRecord, LeaseLost, QueueNotFound
 from .common import parse_body
 
 __all__ = ["SDK_ERRORS", "translate"]
@@ -56,8 +56,7 @@ def translate(exc: BaseException, what: str, scrub: Scrubber, lease: bool = Fals
                         ClientAuthenticationError)):
         return BackendConfigError(f"{what}: not authorized: {summary}")
     if isinstance(exc, MessagingEntityNotFoundError):
-        return BackendConfigError(f"{what}: the queue does not exist in this namespace: "
-                                  f"{summary}")
+        return QueueNotFound(f"{what}: the queue does not exist in this namespace: {summary}")
     if isinstance(exc, _TRANSIENT):
         return BackendError(f"{what}: network error or timeout: {summary}")
     return BackendError(f"{what}: failed: {summary}")

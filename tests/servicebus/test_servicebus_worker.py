@@ -227,3 +227,21 @@ def test_task_ignoring_sigterm_is_killed_after_kill_timeout_and_requeued(sb_env)
     (again,) = sb_env.broker.messages("work")
     assert again.application_properties.get("jobq_prior_attempts") == 0
     assert not again.locked
+
+
+def test_read_only_ctl_command_on_a_missing_queue_is_exit_1(capsys) -> None:
+    """Service Bus creates no queue: a mistyped one is "does not exist", exit 1, one line --
+    as on SQLite and Storage Queue (issue 14) -- not a configuration error."""
+    from supervisor.cli import ctl_main
+    from tests.servicebus.broker import ServiceBusTestBroker
+    from tests.servicebus.conftest import SECRET_KEY
+
+    with ServiceBusTestBroker(auto_create_queues=False) as broker:
+        broker.create_queue("known")
+        conn = (f"Endpoint=sb://127.0.0.1:{broker.port};SharedAccessKeyName=test;"
+                f"SharedAccessKey={SECRET_KEY};UseDevelopmentEmulator=true")
+        rc = ctl_main(["--backend", "servicebus", "--connection-string", conn,
+                       "--queue", "missing", "peek"])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert len(err.strip().splitlines()) == 1 and "does not exist" in err, err
