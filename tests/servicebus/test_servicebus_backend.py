@@ -13,7 +13,7 @@ import pytest
 from azure.servicebus import exceptions as sbx
 
 from supervisor.backends.azure_common import Scrubber
-from supervisor.backends.base import BackendConfigError, BackendError, LeaseLost
+from supervisor.backends.base import BackendConfigError, BackendError, LeaseLost, QueueNotFound
 from supervisor.backends.servicebus import ServiceBusBackend
 from supervisor.backends.servicebus_util import LockCheck, translate
 from supervisor.task import Task
@@ -51,7 +51,7 @@ def backend(sb_broker):
     (TimeoutError(), False, BackendError),
     (sbx.ServiceBusAuthenticationError(message="bad key"), False, BackendConfigError),
     (sbx.ServiceBusAuthorizationError(message="no Listen claim"), True, BackendConfigError),
-    (sbx.MessagingEntityNotFoundError(message="no queue"), False, BackendConfigError),
+    (sbx.MessagingEntityNotFoundError(message="no queue"), False, QueueNotFound),
 ])
 def test_error_mapping(exc, lease, expected):
     error = translate(exc, "op", Scrubber(None, None), lease=lease)
