@@ -32,7 +32,8 @@ from .metrics import Metrics
 from .notify import Notifier
 from .output import OutputPump
 from .preemption import SignalQueue
-from .process import exited_child, reap_orphans, set_child_subreaper
+from .process import set_child_subreaper
+from .reaping import Reaper
 from .reporting import Reporter
 from .security import TaskGuard
 from .settings import EXIT_TASKS_FAILED, Settings
@@ -44,8 +45,6 @@ log = logging.getLogger("jobq.worker")
 
 OUTPUT_GRACE = 1.0  # after the shell exits, wait this long at most for the output to close
 EXTERNAL_SIGTERM_GRACE = 1.0  # a task killed by SIGTERM from outside: is a stop coming?
-ORPHAN_REAP_EVERY = 5.0
-ORPHAN_REAP_BUSY = 0.2
 LIFELINE_FLUSH_EVERY = 0.2
 CHANGE_PROBE_EVERY = 0.1
 BACKEND_RETRY_MAX = 10.0
@@ -81,7 +80,7 @@ class Worker:
         self.next_receive = clock()
         self.receive_backoff = 0.0
         self.last_empty_receive: float | None = None
-        self.next_orphan_reap = clock() + ORPHAN_REAP_EVERY
+        self.reaper = Reaper(self.watchdog, self._helper_pids, clock())
         self.metrics = Metrics(settings.metrics_file, backend=settings.backend,
                                queue=settings.queue)
         self.ready_sent = False
@@ -331,40 +330,11 @@ class Worker:
             rt.stop_reason = "preempted"
         self.watchdog.add(rt)
 
-    # ------------------------------------------------------------------------ reaping
+    # ------------------------------------------------------------------------ settling
     def _reap(self, now: float) -> None:
-        leftovers = False
-        shells: dict[int, RunningTask] | None = None
-        while (pid := exited_child()) is not None:
-            if shells is None:
-                shells = {rt.proc.pid: rt for rt in self.active if rt.exited_at is None}
-            shell = shells.pop(pid, None)
-            if shell is not None and shell.proc.poll() is not None:
-                exited = [shell]
-            else:  # not a running shell of ours (an orphan, a helper): look at every task
-                exited = [rt for rt in shells.values() if rt.proc.poll() is not None]
-            for rt in exited:
-                shells.pop(rt.proc.pid, None)
-                rt.exited_at = now
-                # Processes left in the group: the watchdog sees to them now.  Leftovers
-                # that left the group are found by its next regular check (within a
-                # second); waking it for every clean exit cost more than the check itself.
-                leftovers = leftovers or rt.proc.group_alive()
-                if self.state is State.RUNNING:
-                    self.next_receive = min(self.next_receive, now)
-            if exited != [shell]:
-                break  # that child is not ours to reap now: reap_orphans sees to orphans
-        # Orphans (leftovers of exited shells) are reaped soon while some are being cleaned
-        # up, else now and then; not on every exit, which would cost every task a /proc read.
-        busy = self.watchdog.cleanup_busy
-        if busy:
-            self.next_orphan_reap = min(self.next_orphan_reap, now + ORPHAN_REAP_BUSY)
-        if now >= self.next_orphan_reap and not self.launcher.starting:
-            registered = {rt.proc.pid for rt in self.active if rt.exited_at is None}
-            reap_orphans(registered | self._helper_pids())
-            self.next_orphan_reap = now + (ORPHAN_REAP_BUSY if busy else ORPHAN_REAP_EVERY)
-        if leftovers:
-            self.watchdog.wake()  # leftovers of exited shells
+        if (self.reaper.reap(now, self.active, bool(self.launcher.starting))
+                and self.state is State.RUNNING):
+            self.next_receive = min(self.next_receive, now)
 
     def _settle_exited(self, now: float) -> None:
         still = []
