@@ -6,12 +6,15 @@ running shell of ours (an orphan adopted as subreaper, a helper) is left to ``re
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from typing import Callable
 
 from .process import exited_child, reap_orphans
 from .watchdog import RunningTask, Watchdog
 
+OUTPUT_GRACE = 1.0  # after the shell exits, wait this long at most for the output to close
+EXTERNAL_SIGTERM_GRACE = 1.0  # a task killed by SIGTERM from outside: is a stop coming?
 ORPHAN_REAP_EVERY = 5.0
 ORPHAN_REAP_BUSY = 0.2
 
@@ -60,3 +63,17 @@ class Reaper:
         if leftovers:
             self.watchdog.wake()  # leftovers of exited shells
         return freed
+
+
+def ready_to_settle(rt: RunningTask, now: float, running: bool) -> bool:
+    """Whether an exited task may be settled now (main thread); ``running``: the worker is
+    in State.RUNNING."""
+    assert rt.exited_at is not None
+    output_done = rt.proc.output is None or rt.proc.output.closed.is_set()
+    if not output_done and now < rt.exited_at + OUTPUT_GRACE:
+        return False
+    rc = rt.proc.returncode
+    if (rc in (-signal.SIGTERM, 128 + signal.SIGTERM) and rt.term_reason is None
+            and running and now < rt.exited_at + EXTERNAL_SIGTERM_GRACE):
+        return False  # killed from outside (systemd control-group): a stop may follow
+    return True
