@@ -43,6 +43,10 @@ log = logging.getLogger("jobq.control")
 BACKOFF_MAX = 60.0
 LOG_EVERY = 60.0  # an outage is logged at most this often
 PURGE_EVERY = 3600.0
+# Every this often a poll starts over (cursor None: every live cancel) and the local cache is
+# replaced by its answer: a cancel deleted from the store (a task requeued after it) stops
+# applying here within a minute.  It costs no extra call, only a bigger answer.
+REFRESH_EVERY = 60.0
 FIRST_POLL_WAIT = 2.0  # the main loop waits this long at most for the first poll
 RESULTS_KEPT = 1000  # result records waiting for the store while it is down
 STOP_BUDGET = 5.0  # the final record deletion may take this long at exit
@@ -82,12 +86,14 @@ class ControlAgent:
         self.first_poll = threading.Event()
         self.store: Union[ControlStore, None] = None
         self._cursor: Union[str, None] = None
+        self._next_refresh = -math.inf
         self._seen_commands: set[str] = set()
         self._acted: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._results: list[ResultRecord] = []
         self._results_lock = threading.Lock()
         self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._stop = threading.Event()
+        self.beat_now = False  # the state changed: upsert the record without waiting
         self._clean_exit = False
         self._failures = 0
         self._backoff = 0.0
@@ -194,7 +200,8 @@ class ControlAgent:
                 if now >= next_poll:
                     self._poll()
                     next_poll = now + self.control_interval
-                if now >= next_beat:
+                if now >= next_beat or self.beat_now:
+                    self.beat_now = False
                     self._heartbeat()
                     next_beat = now + self.heartbeat_interval
                 if now >= next_purge:
@@ -257,6 +264,7 @@ class ControlAgent:
             except ControlStoreError:
                 self._acted.put(command)  # next time
                 raise
+            self.beat_now = True  # a drain or stop changed the worker's state
         with self._results_lock:
             pending = list(self._results)
         for record in pending:
@@ -266,11 +274,16 @@ class ControlAgent:
 
     def _poll(self) -> None:
         assert self.store is not None
-        snap = self.store.poll(self.queue, self.worker_id, self._cursor)
+        refresh = self.clock() >= self._next_refresh
+        snap = self.store.poll(self.queue, self.worker_id, None if refresh else self._cursor)
         self._cursor = snap.cursor
-        for cancel in self.gate.filter(list(snap.cancels)):
-            if cancel.queue == self.queue:
-                self.cancels[cancel.task_id] = cancel
+        live = {c.task_id: c for c in self.gate.filter(list(snap.cancels))
+                if c.queue == self.queue}
+        if refresh:  # in place: the launcher holds this very dict
+            for task_id in [t for t in self.cancels if t not in live]:
+                self.cancels.pop(task_id, None)
+            self._next_refresh = self.clock() + REFRESH_EVERY
+        self.cancels.update(live)
         paused = bool(snap.flag is not None and snap.flag.queue == self.queue
                       and self.gate.accepts(snap.flag) and snap.flag.paused)
         if paused != self.paused:
@@ -281,6 +294,7 @@ class ControlAgent:
                         "no new task starts here; running ones go on" if paused
                         else "taking tasks again")
             self.events.put(ControlRequest(paused=paused))
+            self.beat_now = True
         for command in self.gate.filter(list(snap.commands)):
             self._command(command)
         self._apply_cancels()

@@ -257,3 +257,26 @@ def test_the_thread_never_delays_stop_on_a_black_holed_store() -> None:
     assert not agent.wait_first_poll(0.2)
     agent.stop(clean=True)
     assert time.monotonic() - t0 < 7.0
+
+
+def test_a_cancel_deleted_from_the_store_leaves_the_cache_within_a_refresh(store,
+                                                                            tmp_path) -> None:
+    import sqlite3
+
+    from supervisor.control.agent import REFRESH_EVERY
+
+    clock = FakeClock(T0)
+    agent, _, _ = agent_for(store, clock)
+    store.put_cancel(cancel("gone"))
+    store.put_cancel(cancel("kept"))
+    agent._poll()
+    cache = agent.cancels
+    with sqlite3.connect(tmp_path / "q.db") as conn:  # as a requeue that clears it would
+        conn.execute("DELETE FROM control_records WHERE row LIKE 'cancel:gone'")
+    conn.close()
+    clock.now += REFRESH_EVERY - 1
+    agent._poll()
+    assert set(agent.cancels) == {"gone", "kept"}
+    clock.now += 1
+    agent._poll()
+    assert set(agent.cancels) == {"kept"} and agent.cancels is cache
