@@ -98,7 +98,7 @@ class Settlement:
         limit = self.s.max_consecutive_failures
         if not limit:
             return False
-        failing = sum(1 for rt in active if rt.exited_at is not None
+        failing = sum(1 for rt in active if rt.exited_at is not None and not rt.cancel_handled
                       and (rt.proc.returncode != 0 or rt.term_reason is not None))
         return failing > 0 and self.consecutive_failures + failing >= limit
 

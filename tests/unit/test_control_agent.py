@@ -280,3 +280,12 @@ def test_a_cancel_deleted_from_the_store_leaves_the_cache_within_a_refresh(store
     clock.now += 1
     agent._poll()
     assert set(agent.cancels) == {"kept"} and agent.cancels is cache
+
+
+def test_a_cancelled_task_waiting_for_settlement_is_no_failure_streak() -> None:
+    h = Harness(max_consecutive_failures=1)
+    rt = h.finished(-15, cancel=cancel(), cancel_handled=True, term_reason="cancelled")
+    rt.exited_at = h.clock.now
+    assert not h.settlement.streak_may_end([rt])
+    rt.cancel_handled = False  # the same exit without a cancel is a failure
+    assert h.settlement.streak_may_end([rt])
