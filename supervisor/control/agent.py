@@ -98,6 +98,7 @@ class ControlAgent:
         self._failures = 0
         self._backoff = 0.0
         self._last_logged = -math.inf
+        self._outage_logged = False
         self._once = OnceLog()
         self._thread: Union[threading.Thread, None] = None
 
@@ -208,7 +209,9 @@ class ControlAgent:
                     self._purge()
                     next_purge = now + PURGE_EVERY
                 self._recovered()
-            except ControlStoreError as exc:
+            except Exception as exc:  # ControlStoreError; or a bug: the thread must live on
+                if not isinstance(exc, ControlStoreError):
+                    log.exception("control thread: unexpected error")
                 self._failed("call", exc)
                 next_poll = max(next_poll, self.clock() + self._backoff)
                 next_beat = max(next_beat, next_poll)
@@ -241,16 +244,19 @@ class ControlAgent:
         now = self.clock()
         if now - self._last_logged >= LOG_EVERY:
             self._last_logged = now
+            self._outage_logged = True
             log.warning("control store unavailable (%s failed, %d failure(s) so far; retrying "
                         "in %.0fs; tasks, leases and settlements are not affected): %s",
                         what, self._failures, self._backoff, exc)
 
     def _recovered(self) -> None:
-        if self._failures:
+        # Only an outage that was logged gets its recovery line: a flapping store stays at
+        # one warning a minute, and no recovery line without one.
+        if self._failures and self._outage_logged:
             log.info("control store reachable again after %d failed call(s)", self._failures)
         self._failures = 0
         self._backoff = 0.0
-        self._last_logged = -math.inf
+        self._outage_logged = False
 
     def _flush(self) -> None:
         assert self.store is not None

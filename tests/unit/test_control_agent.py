@@ -289,3 +289,18 @@ def test_a_cancelled_task_waiting_for_settlement_is_no_failure_streak() -> None:
     assert not h.settlement.streak_may_end([rt])
     rt.cancel_handled = False  # the same exit without a cancel is a failure
     assert h.settlement.streak_may_end([rt])
+
+
+def test_a_flapping_store_still_logs_once_a_minute(caplog) -> None:
+    clock = FakeClock(T0)
+    store = FailingStore()
+    agent, _, _ = agent_for(store, clock)
+    with caplog.at_level(logging.INFO, "jobq.control"):
+        for _ in range(30):  # down for one call, up for the next, every 2 s for a minute
+            agent._failed("call", ControlStoreError("reset"))
+            clock.now += 1
+            agent._recovered()
+            clock.now += 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("unavailable" in m for m in messages) == 1
+    assert sum("again" in m for m in messages) == 1
