@@ -15,7 +15,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from .backends.base import Lease
 from .events import WAKE, Event
@@ -27,7 +27,7 @@ from .output import OutputPump, TaskOutput
 from .process import task_environment
 from .security import TaskGuard
 from .settings import Settings
-from .settlement import Settlement, attempts_allowed
+from .settlement import Settlement, attempts_allowed, cancel_reason
 from .spawner import Spawner, SpawnJob
 from .task import Task
 from .watchdog import RunningTask, Watchdog
@@ -85,6 +85,8 @@ class Launcher:
         self.ready: collections.deque[tuple[Lease, float]] = collections.deque()
         self.recent_duration: float | None = None  # moving average of tasks' run times
         self.can_hold = settlement.backend.receive_ahead
+        # task id -> Cancel, kept by the control thread (control/agent.py); read only here
+        self.cancels: dict[str, Any] = {}
 
     def start(self) -> None:
         self.spawner.start()
@@ -168,6 +170,11 @@ class Launcher:
         keeper = self._keeper(lease, task_id, t_sent)
         max_attempts = attempts_allowed(task, self.s)
         if self.settlement.reject(lease, keeper, task_id, max_attempts):
+            return
+        if self.cancels and (cancel := self.cancels.get(task_id)) is not None:
+            # cancelled before it was received: it never runs (a dict lookup, no store call)
+            self.settlement.cancelled(keeper, task_id, lease.attempt,
+                                      f"{cancel_reason(cancel)} (before it started)", "", None)
             return
         assert task is not None
         # One INFO line per start, not two: log records are a good part of a short task's

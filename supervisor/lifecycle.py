@@ -1,4 +1,5 @@
-"""The worker's state and what moves it: stop signals, SIGUSR1 drain, Azure Scheduled Events,
+"""The worker's state and what moves it: stop signals, SIGUSR1 drain (or a drain/stop command
+from the control thread), Azure Scheduled Events,
 ``--time-limit``, ``--idle-timeout`` and ``--max-consecutive-failures``.
 
 Main thread only.  A transition never signals a task itself: it sets a request on each running
@@ -91,12 +92,25 @@ class Lifecycle:
                 for rt in active:
                     rt.kill_reason = f"second {name}"
                 self.watchdog.wake()
-        elif signum == signal.SIGUSR1 and self.state is State.RUNNING:
+        elif signum == signal.SIGUSR1:
+            self.drain("drained (SIGUSR1)", "SIGUSR1", active)
+
+    def drain(self, reason: str, by: str, active: list[RunningTask]) -> None:
+        """No new tasks; running ones finish; then exit 0 (main thread).  From SIGUSR1 or a
+        drain command (control thread, via the main loop's queue)."""
+        if self.state is State.RUNNING:
             self.state = State.DRAINING
-            self.stop_reason = "drained (SIGUSR1)"
+            self.stop_reason = reason
             self.notifier.stopping()
-            log.warning("SIGUSR1: draining -- no new tasks; %d running task(s) may finish",
+            log.warning("%s: draining -- no new tasks; %d running task(s) may finish", by,
                         len(active))
+
+    def on_command(self, action: str, who: str, active: list[RunningTask]) -> None:
+        """A drain or stop command for this worker, from the control thread (main thread)."""
+        if action == "drain":
+            self.drain(f"drained by {who} (jobq-ctl drain)", "drain command", active)
+        else:
+            self.begin_stop(f"stopped by {who} (jobq-ctl stop)", EXIT_OK, active)
 
     def on_scheduled_event(self, event: PreemptEvent | None,
                            active: list[RunningTask]) -> bool:

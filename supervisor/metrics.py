@@ -70,6 +70,8 @@ class Metrics:
                                  "Tasks put back on the queue by a stop or preemption.")
         self._lock_lost = counter("jobq_tasks_lock_lost_total",
                                   "Tasks whose lease was lost while they ran.")
+        self._cancelled = counter("jobq_tasks_cancelled_total",
+                                  "Tasks cancelled by an operator (jobq-ctl cancel).")
         self._renewals = counter("jobq_lease_renewals_total", "Successful lease renewals.")
         self._renewal_failures = counter("jobq_lease_renewal_failures_total",
                                          "Failed lease renewal calls.")
@@ -116,6 +118,10 @@ class Metrics:
     def task_requeued(self) -> None:
         if self.path is not None:
             self._requeued.inc()
+
+    def task_cancelled(self) -> None:
+        if self.path is not None:
+            self._cancelled.inc()
 
     def lock_lost(self) -> None:
         if self.path is not None:

@@ -88,7 +88,7 @@ class Reporter:
 
 
 ZERO_COUNTS = {"succeeded": 0, "failed": 0, "retried": 0, "requeued": 0, "lock_lost": 0,
-               "dead_lettered": 0}
+               "dead_lettered": 0, "cancelled": 0}
 
 
 def log_summary(c: dict[str, int], duration: float, stop_reason: str, exit_code: int) -> None:
@@ -96,10 +96,11 @@ def log_summary(c: dict[str, int], duration: float, stop_reason: str, exit_code:
     # The same fields as keys: --log-format json readers need not parse the message.
     fields: dict[str, object] = {
         k: c[k] for k in ("succeeded", "failed", "dead_lettered", "retried", "requeued",
-                          "lock_lost")}
+                          "lock_lost", "cancelled")}
     fields.update(duration_s=round(duration, 1), stop=stop_reason or "done",
                   exit_status=exit_code)
     log.info("summary: succeeded=%d failed=%d dead_lettered=%d retried=%d requeued=%d "
-             "lock_lost=%d duration=%.1fs stop=%r exit=%d", c["succeeded"], c["failed"],
-             c["dead_lettered"], c["retried"], c["requeued"], c["lock_lost"],
+             "lock_lost=%d cancelled=%d duration=%.1fs stop=%r exit=%d", c["succeeded"],
+             c["failed"], c["dead_lettered"], c["retried"], c["requeued"], c["lock_lost"],
+             c["cancelled"],
              duration, stop_reason or "done", exit_code, extra=fields)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from typing import Callable
+from datetime import datetime, timezone
+from typing import Any, Callable
 
 from .backends.base import Backend, Lease
 from .lease import Complete, DeadLetter, LeaseKeeper, Release, SettleStep
@@ -38,6 +39,12 @@ def attempts_allowed(task: Task | None, settings: Settings) -> int:
     return (task.max_attempts if task is not None else None) or settings.max_attempts
 
 
+def cancel_reason(cancel: Any) -> str:
+    """The failed-state reason of a cancelled task: who, when and why (any thread)."""
+    when = datetime.fromtimestamp(cancel.when, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"cancelled by {cancel.who} at {when}: {cancel.reason or 'no reason given'}"
+
+
 def retry_delay(settings: Settings, attempt: int) -> float:
     """Exponential backoff before a failed attempt is visible again (any thread)."""
     # The exponent is capped: 2**1100 does not fit a float.
@@ -48,7 +55,9 @@ class Settlement:
     """Outcomes of this worker's leases (main thread only).
 
     ``on_failure_streak(n)`` is called after the n-th failure in a row once n reaches
-    ``--max-consecutive-failures``; the worker decides whether to stop."""
+    ``--max-consecutive-failures``; the worker decides whether to stop.  ``on_cancelled``
+    (set by the worker when it has a control store) hears of each cancelled attempt as
+    (task id, attempt, reason, output tail, exit status); it must not block."""
 
     def __init__(self, settings: Settings, backend: Backend, guard: TaskGuard,
                  metrics: Metrics, on_failure_streak: Callable[[int], None]) -> None:
@@ -64,9 +73,10 @@ class Settlement:
         # task id -> (its keeper, delay, "released" | "lost"): what this worker gave back (or
         # lost) and when it is visible again -- see all_back_by
         self.awaiting_return: dict[str, tuple[LeaseKeeper, float, str]] = {}
+        self.on_cancelled: Callable[[str, int, str, str, int | None], None] | None = None
         self.consecutive_failures = 0
         self.counts = {"succeeded": 0, "failed": 0, "retried": 0, "requeued": 0,
-                       "lock_lost": 0, "dead_lettered": 0}
+                       "lock_lost": 0, "dead_lettered": 0, "cancelled": 0}
 
     # ------------------------------------------------------------------- bookkeeping
     def returned(self, task_id: str) -> None:
@@ -94,7 +104,7 @@ class Settlement:
         limit = self.s.max_consecutive_failures
         if not limit:
             return False
-        failing = sum(1 for rt in active if rt.exited_at is not None
+        failing = sum(1 for rt in active if rt.exited_at is not None and not rt.cancel_handled
                       and (rt.proc.returncode != 0 or rt.term_reason is not None))
         return failing > 0 and self.consecutive_failures + failing >= limit
 
@@ -191,6 +201,10 @@ class Settlement:
             self.awaiting_return[rt.task_id] = (
                 keeper, self.backend.lost_lease_return_delay + self.s.poll_interval, "lost")
             return
+        if rt.cancel_handled:  # carried out while it ran: whatever the exit, it is cancelled
+            self.cancelled(keeper, rt.task_id, rt.attempt,
+                           f"{cancel_reason(rt.cancel)} ({status}, {of})", tail, rc)
+            return
         preempted = rt.stop_reason is not None or (
             stopping and rc in (-signal.SIGTERM, 128 + signal.SIGTERM))
         if preempted:
@@ -215,6 +229,17 @@ class Settlement:
                 status, rc, tail, rt.proc.marker)
         log.warning("finished: %s in %.1fs (%s)", reason, duration, of, extra=extra)
         self.failed(keeper, rt.task_id, rt.attempt, max_attempts, reason, tail, rc)
+
+    def cancelled(self, keeper: LeaseKeeper, task_id: str, attempt: int, reason: str,
+                  tail: str, rc: int | None) -> None:
+        """A cancelled task (ran or not): to the failed state, never retried, counted as
+        neither success nor failure (main thread)."""
+        log.warning("%s: not retried", reason, extra={"task_id": task_id, "attempt": attempt})
+        self.settle(keeper, DeadLetter(reason, tail, rc), "cancelled")
+        self.counts["cancelled"] += 1
+        self.metrics.task_cancelled()
+        if self.on_cancelled is not None:
+            self.on_cancelled(task_id, attempt, reason, tail, rc)
 
     def failed(self, keeper: LeaseKeeper, task_id: str, attempt: int, max_attempts: int,
                reason: str, tail: str, rc: int | None) -> None:

@@ -1,8 +1,9 @@
 """The watchdog: the one thread that signals tasks.
 
 It acts on lock loss (the keeper's event, or its monotonic deadline passing -- a hung renewal
-never delays the kill), time limits, stop/kill requests from the main loop (preemption,
-shutdown), SIGTERM -> SIGKILL escalation, and leftovers of a task whose shell has exited.
+never delays the kill), cancels (set on the task by the control thread), time limits,
+stop/kill requests from the main loop (preemption, shutdown), SIGTERM -> SIGKILL escalation,
+and leftovers of a task whose shell has exited.
 It never talks to the backend, and reaches processes only through its ``Signaller``
 (process.py), which unit tests replace with a fake.  Escalation is explicit state, each
 transition made once: RUNNING -> TERMINATING(deadline = now + kill_timeout) -> KILLED.
@@ -54,11 +55,16 @@ class RunningTask:
     stop_kill_timeout: float | None = None  # escalate after this instead (Scheduled Events)
     kill_reason: str | None = None  # e.g. "second signal": SIGKILL now
     exited_at: float | None = None  # the shell was reaped
+    # request (control thread, set once): a control.records.Cancel -- SIGTERM to the tree,
+    # SIGKILL after its grace (0: at once); settled as "cancelled"
+    cancel: Any = None
     # state (watchdog)
     state: Escalation = Escalation.RUNNING
     term_reason: str | None = None
     term_deadline: float | None = None
     lock_loss_handled: bool = False
+    cancel_handled: bool = False  # the cancel was carried out while the shell ran
+    term_grace: float | None = None  # SIGTERM -> SIGKILL of a cancel (its own grace)
     cleanup_deadline: float | None = None
     clean: Flag = field(default_factory=Flag)
 
@@ -163,6 +169,8 @@ class Watchdog:
                 elif rt.state is Escalation.RUNNING:
                     self._terminating(rt, now, "lock lost")
                     term.append(rt)
+            if rt.cancel is not None and not rt.cancel_handled:
+                self._cancel(rt, now, term, kill)
             if rt.kill_reason and rt.state is not Escalation.KILLED and rt not in kill:
                 kill.append(rt)
             if rt.stop_reason and rt.state is Escalation.RUNNING:
@@ -200,6 +208,31 @@ class Watchdog:
             next_check = min(next_check, now + 0.1)
         return max(0.0, next_check - self.clock())
 
+    def _cancel(self, rt: RunningTask, now: float, term: list[RunningTask],
+                kill: list[RunningTask]) -> None:
+        """Carry out a cancel: SIGTERM now and SIGKILL after its grace, or SIGKILL now."""
+        rt.cancel_handled = True
+        grace = max(0.0, float(rt.cancel.grace))
+        if grace == 0:
+            if rt.state is not Escalation.KILLED and rt not in kill:
+                log.warning("cancelled: sending SIGKILL to the task's process tree",
+                            extra={"task_id": rt.task_id})
+                kill.append(rt)
+            rt.term_reason = rt.term_reason or "cancelled"
+        elif rt.state is Escalation.RUNNING:
+            log.warning("cancelled: sending SIGTERM to the task's process tree, SIGKILL in "
+                        "%gs", grace, extra={"task_id": rt.task_id})
+            self._terminating(rt, now, "cancelled")
+            rt.term_grace = grace
+            rt.term_deadline = now + grace
+            term.append(rt)
+        elif rt.state is Escalation.TERMINATING:  # already stopping: the sooner SIGKILL wins
+            deadline = now + grace
+            if rt.term_deadline is None or not self._escalates(rt) \
+                    or deadline < rt.term_deadline:
+                rt.term_deadline = deadline
+                rt.term_grace = grace
+
     def _terminating(self, rt: RunningTask, now: float, reason: str) -> None:
         rt.state = Escalation.TERMINATING
         rt.term_reason = rt.term_reason or reason
@@ -208,12 +241,16 @@ class Watchdog:
             rt.term_deadline = now + rt.stop_kill_timeout
 
     def _grace(self, rt: RunningTask) -> float:
+        if rt.term_grace is not None:
+            return rt.term_grace
         if rt.stop_kill_timeout is not None and rt.term_reason == rt.stop_reason:
             return rt.stop_kill_timeout
         return self.kill_timeout
 
     def _escalates(self, rt: RunningTask) -> bool:
-        """kill_timeout 0 never escalates; a preemption deadline always does."""
+        """kill_timeout 0 never escalates; a preemption deadline or a cancel always does."""
+        if rt.term_grace is not None:
+            return True
         if rt.stop_kill_timeout is not None and rt.term_reason == rt.stop_reason:
             return True
         return self.kill_timeout > 0

@@ -2,7 +2,8 @@
 
 Main thread only.  It installs the signal handlers first, then blocks on one SimpleQueue of
 ``events.Event``: signal numbers (from the handlers), spawn jobs back from the spawner,
-Scheduled Events changes, and plain wake-ups (a task's output closed), with a timeout no longer
+Scheduled Events changes, the control thread's pause flag and drain/stop commands
+(control/agent.py), and plain wake-ups (a task's output closed), with a timeout no longer
 than the next thing it has to do.  A lost lock is not on it: the keeper wakes the watchdog,
 which kills the task, and the main loop reaps it on the SIGCHLD.  It never signals a task
 itself: it sets a request on the task and wakes the watchdog.
@@ -18,12 +19,12 @@ import logging
 import math
 import queue
 import secrets
-import signal
 import time
 from typing import Callable
 
 from .backends.base import Backend, BackendConfigError, BackendError
-from .events import Event, ScheduledEventChanged
+from .control.agent import ControlAgent
+from .events import ControlRequest, Event, ScheduledEventChanged
 from .launch import Launcher, TaskStart
 from .lease import LeaseKeeper
 from .lifecycle import Lifecycle, State
@@ -32,7 +33,8 @@ from .metrics import Metrics
 from .notify import Notifier
 from .output import OutputPump
 from .preemption import SignalQueue
-from .process import exited_child, reap_orphans, set_child_subreaper
+from .process import set_child_subreaper
+from .reaping import Reaper, ready_to_settle
 from .reporting import Reporter
 from .security import TaskGuard
 from .settings import EXIT_TASKS_FAILED, Settings
@@ -42,10 +44,6 @@ from .watchdog import RunningTask, Watchdog
 
 log = logging.getLogger("jobq.worker")
 
-OUTPUT_GRACE = 1.0  # after the shell exits, wait this long at most for the output to close
-EXTERNAL_SIGTERM_GRACE = 1.0  # a task killed by SIGTERM from outside: is a stop coming?
-ORPHAN_REAP_EVERY = 5.0
-ORPHAN_REAP_BUSY = 0.2
 LIFELINE_FLUSH_EVERY = 0.2
 CHANGE_PROBE_EVERY = 0.1
 BACKEND_RETRY_MAX = 10.0
@@ -81,7 +79,7 @@ class Worker:
         self.next_receive = clock()
         self.receive_backoff = 0.0
         self.last_empty_receive: float | None = None
-        self.next_orphan_reap = clock() + ORPHAN_REAP_EVERY
+        self.reaper = Reaper(self.watchdog, self._helper_pids, clock())
         self.metrics = Metrics(settings.metrics_file, backend=settings.backend,
                                queue=settings.queue)
         self.ready_sent = False
@@ -92,6 +90,12 @@ class Worker:
                                  self.watchdog, self.output_pump, self.events, self.token, clock)
         self.reporter = Reporter(settings, self.notifier, self.metrics, self.settlement.counts,
                                  clock)
+        self.paused = False  # the queue's pause flag, as the control thread last saw it
+        self.agent = ControlAgent.for_worker(settings, self.events, self.watchdog.wake,
+                                             self._control_view, self.guard.keys)
+        if self.agent is not None:  # claim-time cancels: a dict lookup; results: queued
+            self.launcher.cancels, self.settlement.on_cancelled = (self.agent.cancels,
+                                                                   self.agent.cancelled)
 
     @property
     def state(self) -> State:
@@ -118,6 +122,9 @@ class Worker:
             self.output_pump.start()
             self.launcher.start()
             self.lifecycle.start_poller()
+            if self.agent is not None:
+                self.agent.start()
+                self.agent.wait_first_poll()  # live cancels and the pause flag, 2 s at most
             log.info("worker %s started: backend=%s queue=%s slots=%d lock=%gs renew=%gs",
                      self.s.worker_id, self.s.backend, self.s.queue, self.s.num_workers,
                      self.s.lock, self.s.renew_every)
@@ -135,7 +142,7 @@ class Worker:
             done = True
             return life.exit_code
         finally:
-            self._teardown()
+            self._teardown(clean=done)
             self.signals.restore()
             if done:  # after the teardown's cleanup and output: the summary is the last line
                 self.reporter.summary(self.clock() - life.started_at, life.stop_reason,
@@ -144,7 +151,12 @@ class Worker:
     def _helper_pids(self) -> set[int]:
         return {self.lifeline.pid} if self.lifeline is not None else set()
 
-    def _teardown(self) -> None:
+    def _control_view(self) -> tuple[str, tuple[RunningTask, ...], int]:
+        """State, a snapshot (copy) of the tasks, slots: the worker record (control thread)."""
+        state = self.state.value if self.state is not State.PREEMPTING else "stopping"
+        return state, tuple(self.active), self.s.num_workers
+
+    def _teardown(self, clean: bool) -> None:
         self.launcher.stop()
         self.launcher.release_ready()
         for job in list(self.launcher.starting):  # forked by now: register them so they are killed
@@ -166,6 +178,8 @@ class Worker:
         self.watchdog.stop()
         self.output_pump.stop()
         self.lifecycle.stop_poller()
+        if self.agent is not None:  # after the settlements: their results go out first
+            self.agent.stop(clean)
         if self.lifeline is not None:
             self.lifeline.close()
 
@@ -185,15 +199,26 @@ class Worker:
                 self.lifecycle.on_signal(item, self.active)
             elif isinstance(item, SpawnJob):
                 self._spawned(item)
+            elif isinstance(item, ControlRequest):
+                self._control(item)
             elif isinstance(item, ScheduledEventChanged):
                 if self.lifecycle.on_scheduled_event(item.event, self.active):
                     self.next_receive = self.clock()
             # a Wake only ends the wait: this turn looks at everything anyway
 
+    def _control(self, req: ControlRequest) -> None:
+        """Pause/resume, or a drain/stop command for this worker (main thread)."""
+        if req.paused is not None:
+            self.paused = req.paused
+            self.next_receive = self.clock()
+        if req.command is not None and self.agent is not None:
+            self.lifecycle.on_command(req.command.action, req.command.who, self.active)
+            self.agent.acted(req.command)
+
     def _next_wakeup(self) -> float:
         now = self.clock()
         t = now + self.s.poll_interval
-        if (self.state is State.RUNNING
+        if (self.state is State.RUNNING and not self.paused
                 and self._running() + len(self.launcher.starting) < self.s.num_workers):
             t = min(t, self.next_receive)
             if self.launcher.ready:
@@ -228,7 +253,10 @@ class Worker:
                 log.warning("backend maintenance failed: %s", exc)
             # A slot is free once its shell exited: the next task starts before this turn
             # spends time settling the last one.
-            self._receive(now)
+            if self.paused:  # running tasks go on; held leases go back uncounted
+                self.launcher.release_ready()
+            else:
+                self._receive(now)
         else:  # stopping, draining or preempted: none of them starts
             self.launcher.release_ready()
             self.launcher.cancel_starting()
@@ -331,45 +359,16 @@ class Worker:
             rt.stop_reason = "preempted"
         self.watchdog.add(rt)
 
-    # ------------------------------------------------------------------------ reaping
+    # ------------------------------------------------------------------------ settling
     def _reap(self, now: float) -> None:
-        leftovers = False
-        shells: dict[int, RunningTask] | None = None
-        while (pid := exited_child()) is not None:
-            if shells is None:
-                shells = {rt.proc.pid: rt for rt in self.active if rt.exited_at is None}
-            shell = shells.pop(pid, None)
-            if shell is not None and shell.proc.poll() is not None:
-                exited = [shell]
-            else:  # not a running shell of ours (an orphan, a helper): look at every task
-                exited = [rt for rt in shells.values() if rt.proc.poll() is not None]
-            for rt in exited:
-                shells.pop(rt.proc.pid, None)
-                rt.exited_at = now
-                # Processes left in the group: the watchdog sees to them now.  Leftovers
-                # that left the group are found by its next regular check (within a
-                # second); waking it for every clean exit cost more than the check itself.
-                leftovers = leftovers or rt.proc.group_alive()
-                if self.state is State.RUNNING:
-                    self.next_receive = min(self.next_receive, now)
-            if exited != [shell]:
-                break  # that child is not ours to reap now: reap_orphans sees to orphans
-        # Orphans (leftovers of exited shells) are reaped soon while some are being cleaned
-        # up, else now and then; not on every exit, which would cost every task a /proc read.
-        busy = self.watchdog.cleanup_busy
-        if busy:
-            self.next_orphan_reap = min(self.next_orphan_reap, now + ORPHAN_REAP_BUSY)
-        if now >= self.next_orphan_reap and not self.launcher.starting:
-            registered = {rt.proc.pid for rt in self.active if rt.exited_at is None}
-            reap_orphans(registered | self._helper_pids())
-            self.next_orphan_reap = now + (ORPHAN_REAP_BUSY if busy else ORPHAN_REAP_EVERY)
-        if leftovers:
-            self.watchdog.wake()  # leftovers of exited shells
+        if (self.reaper.reap(now, self.active, bool(self.launcher.starting))
+                and self.state is State.RUNNING):
+            self.next_receive = min(self.next_receive, now)
 
     def _settle_exited(self, now: float) -> None:
         still = []
         for rt in self.active:
-            if rt.exited_at is None or not self._ready_to_settle(rt, now):
+            if rt.exited_at is None or not ready_to_settle(rt, now, self.state is State.RUNNING):
                 still.append(rt)
                 continue
             self.settlement.conclude(rt, now, stopping=self.state is State.STOPPING)
@@ -380,18 +379,6 @@ class Worker:
                 self.cleaning.append(rt)
             self.idle_since = now
         self.active = still
-
-    def _ready_to_settle(self, rt: RunningTask, now: float) -> bool:
-        assert rt.exited_at is not None
-        output_done = rt.proc.output is None or rt.proc.output.closed.is_set()
-        if not output_done and now < rt.exited_at + OUTPUT_GRACE:
-            return False
-        rc = rt.proc.returncode
-        if (rc in (-signal.SIGTERM, 128 + signal.SIGTERM) and rt.term_reason is None
-                and self.state is State.RUNNING
-                and now < rt.exited_at + EXTERNAL_SIGTERM_GRACE):
-            return False  # killed from outside (systemd control-group): a stop may follow
-        return True
 
     def _forget(self, rt: RunningTask) -> None:
         self.watchdog.remove(rt)

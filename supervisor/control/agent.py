@@ -1,0 +1,368 @@
+"""The control thread: the one place where a worker talks to its control store.
+
+One per worker, on its own thread (``start``), with its own store opened on that thread (on
+Azure opening may do network calls).  Every control interval it polls (the queue's flag,
+cancels newer than its cursor, its own commands); every heartbeat interval it upserts the
+worker record; now and then it purges; on a clean exit it deletes the record.
+
+It never signals a process and never touches a lease.  A cancel for a running task becomes a
+request on its ``RunningTask`` (``cancel``) and a wake-up of the watchdog, exactly like a lock
+loss; a pause flag or a drain/stop command becomes a ``ControlRequest`` on the main loop's
+queue.  Cancels seen are kept in ``cancels`` (task id -> Cancel), which the launcher reads at
+claim time with a dict lookup: no store call on the main thread, ever.
+
+A store that is slow, down or black-holed only delays this thread: each failure backs off
+(doubling, up to BACKOFF_MAX), is logged at most once a minute, and the recovery once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Union
+
+from .. import __version__
+from ..events import ControlRequest, Event
+from ..security import SigningKey
+from ..threads import start_thread
+from .base import CANCEL_TTL, ControlConfigError, ControlStore, ControlStoreError, OnceLog
+from .records import CMD_CHARS, Cancel, Command, ResultRecord, TaskInfo, WorkerRecord
+from .signing import Gate
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+
+log = logging.getLogger("jobq.control")
+
+BACKOFF_MAX = 60.0
+LOG_EVERY = 60.0  # an outage is logged at most this often
+PURGE_EVERY = 3600.0
+# Every this often a poll starts over (cursor None: every live cancel) and the local cache is
+# replaced by its answer: a cancel deleted from the store (a task requeued after it) stops
+# applying here within a minute.  It costs no extra call, only a bigger answer.
+REFRESH_EVERY = 60.0
+FIRST_POLL_WAIT = 2.0  # the main loop waits this long at most for the first poll
+RESULTS_KEPT = 1000  # result records waiting for the store while it is down
+STOP_BUDGET = 5.0  # the final record deletion may take this long at exit
+
+
+class ControlAgent:
+    """The control thread and what it shares.  ``start``/``stop``/``wait_first_poll``/
+    ``acted``/``result`` are called from the main thread; ``paused`` and ``cancels`` are
+    written by the control thread only and read anywhere.
+
+    ``view`` returns (state, tasks, slots total) for the heartbeat: state is one of
+    records.WORKER_STATES, tasks a snapshot (a tuple) of the worker's running tasks, never
+    mutated here except for setting ``cancel`` once on a task."""
+
+    def __init__(self, *, queue_name: str, worker_id: str, opener: Callable[[], Any],
+                 events: queue.SimpleQueue[Event], wake_watchdog: Callable[[], None],
+                 view: Callable[[], tuple[str, Sequence[Any], int]],
+                 keys: Sequence[SigningKey] = (), heartbeat_interval: float = 15.0,
+                 control_interval: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.queue = queue_name
+        self.worker_id = worker_id
+        self.opener = opener
+        self.events = events
+        self.wake_watchdog = wake_watchdog
+        self.view = view
+        self.gate = Gate(keys)
+        self.heartbeat_interval = heartbeat_interval
+        self.control_interval = control_interval
+        self.clock = clock
+        self.wall = wall
+        self.started_wall = wall()
+        self.host = socket.gethostname()
+        self.paused = False
+        self.cancels: dict[str, Cancel] = {}
+        self.first_poll = threading.Event()
+        self.store: Union[ControlStore, None] = None
+        self._cursor: Union[str, None] = None
+        self._next_refresh = -math.inf
+        self._seen_commands: set[str] = set()
+        self._acted: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._results: list[ResultRecord] = []
+        self._results_lock = threading.Lock()
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self.beat_now = False  # the state changed: upsert the record without waiting
+        self._clean_exit = False
+        self._failures = 0
+        self._backoff = 0.0
+        self._last_logged = -math.inf
+        self._outage_logged = False
+        self._once = OnceLog()
+        self._thread: Union[threading.Thread, None] = None
+
+    @classmethod
+    def for_worker(cls, settings: Settings, events: queue.SimpleQueue[Event],
+                   wake_watchdog: Callable[[], None],
+                   view: Callable[[], tuple[str, Sequence[Any], int]],
+                   keys: Sequence[SigningKey]) -> Union[ControlAgent, None]:
+        """The worker's agent, or None with ``--control off`` (main thread).  Whether a store
+        exists is found out on the control thread, which opens it."""
+        if settings.control == "off":
+            return None
+        from .open import open_control_store
+
+        return cls(queue_name=settings.queue, worker_id=settings.worker_id,
+                   opener=lambda: open_control_store(settings, create=True), events=events,
+                   wake_watchdog=wake_watchdog, view=view, keys=keys,
+                   heartbeat_interval=settings.heartbeat_interval,
+                   control_interval=settings.control_interval)
+
+    # -- main thread ---------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = start_thread(self._run, "control")
+
+    def wait_first_poll(self, timeout: float = FIRST_POLL_WAIT) -> bool:
+        """Before the first receive: let the first poll bring the live cancels and the pause
+        flag, but never wait longer than ``timeout`` (main thread)."""
+        if self.first_poll.wait(timeout):
+            return True
+        log.warning("control store: no answer within %.0fs; starting without its cancels "
+                    "and pause flag (they apply from the first poll that succeeds)", timeout)
+        return False
+
+    def acted(self, command: Command) -> None:
+        """The main loop carried out ``command``: acknowledge it (main thread)."""
+        self._acted.put(command)
+        self._wake.put(None)
+
+    def result(self, record: ResultRecord) -> None:
+        """Write ``record`` (a cancelled attempt) from the control thread (main thread)."""
+        with self._results_lock:
+            self._results.append(record)
+            del self._results[:-RESULTS_KEPT]
+        self._wake.put(None)
+
+    def cancelled(self, task_id: str, attempt: int, reason: str, tail: str,
+                  rc: Union[int, None]) -> None:
+        """Settlement.on_cancelled: record the cancelled attempt (main thread)."""
+        self.result(ResultRecord(queue=self.queue, task_id=task_id, attempt=attempt,
+                                 outcome="cancelled", reason=reason, tail=tail[-4000:],
+                                 exit_status=rc, worker=self.worker_id, when=self.wall()))
+
+    def stop(self, clean: bool) -> None:
+        """End the thread; ``clean``: delete the worker record (a clean exit) (main thread).
+        Waits STOP_BUDGET at most: a black-holed store never holds up the exit."""
+        self._clean_exit = clean
+        self._stop.set()
+        self._wake.put(None)
+        if self._thread is not None:
+            self._thread.join(STOP_BUDGET)
+
+    # -- control thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            if self._open():
+                self._loop()
+        finally:
+            self.first_poll.set()
+            if self.store is not None:
+                try:
+                    self.store.close()
+                except ControlStoreError:
+                    pass
+
+    def _open(self) -> bool:
+        while not self._stop.is_set():
+            try:
+                self.store = self.opener()
+            except ControlConfigError as exc:
+                log.error("control store: %s; fleet control is off for this run", exc)
+                return False
+            except ControlStoreError as exc:
+                self._failed("open", exc)
+                self._sleep(self._backoff)
+                continue
+            if self.store is None:
+                return False
+            self._recovered()
+            return True
+        return False
+
+    def _loop(self) -> None:
+        now = self.clock()
+        next_poll = next_beat = now
+        next_purge = now + PURGE_EVERY / 2
+        while not self._stop.is_set():
+            try:
+                self._flush()
+                now = self.clock()
+                if now >= next_poll:
+                    self._poll()
+                    next_poll = now + self.control_interval
+                if now >= next_beat or self.beat_now:
+                    self.beat_now = False
+                    self._heartbeat()
+                    next_beat = now + self.heartbeat_interval
+                if now >= next_purge:
+                    self._purge()
+                    next_purge = now + PURGE_EVERY
+                self._recovered()
+            except Exception as exc:  # ControlStoreError; or a bug: the thread must live on
+                if not isinstance(exc, ControlStoreError):
+                    log.exception("control thread: unexpected error")
+                self._failed("call", exc)
+                next_poll = max(next_poll, self.clock() + self._backoff)
+                next_beat = max(next_beat, next_poll)
+            self._sleep(max(0.0, min(next_poll, next_beat, next_purge) - self.clock()))
+        self._finish()
+
+    def _finish(self) -> None:
+        """At exit: acknowledge what was acted on, write results, delete the record."""
+        assert self.store is not None
+        try:
+            self._flush()
+            if self._clean_exit:
+                self.store.delete_worker(self.queue, self.worker_id)
+            else:
+                self._heartbeat()
+        except ControlStoreError as exc:
+            log.warning("control store: could not update the worker record at exit: %s", exc)
+
+    def _sleep(self, seconds: float) -> None:
+        try:
+            self._wake.get(timeout=seconds)
+            while True:
+                self._wake.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        self._failures += 1
+        self._backoff = min(max(1.0, self._backoff * 2), BACKOFF_MAX)
+        now = self.clock()
+        if now - self._last_logged >= LOG_EVERY:
+            self._last_logged = now
+            self._outage_logged = True
+            log.warning("control store unavailable (%s failed, %d failure(s) so far; retrying "
+                        "in %.0fs; tasks, leases and settlements are not affected): %s",
+                        what, self._failures, self._backoff, exc)
+
+    def _recovered(self) -> None:
+        # Only an outage that was logged gets its recovery line: a flapping store stays at
+        # one warning a minute, and no recovery line without one.
+        if self._failures and self._outage_logged:
+            log.info("control store reachable again after %d failed call(s)", self._failures)
+        self._failures = 0
+        self._backoff = 0.0
+        self._outage_logged = False
+
+    def _flush(self) -> None:
+        assert self.store is not None
+        while True:
+            try:
+                command = self._acted.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                self.store.ack_command(command)
+            except ControlStoreError:
+                self._acted.put(command)  # next time
+                raise
+            self.beat_now = True  # a drain or stop changed the worker's state
+        with self._results_lock:
+            pending = list(self._results)
+        for record in pending:
+            self.store.put_result(record)
+            with self._results_lock:
+                self._results.remove(record)
+
+    def _poll(self) -> None:
+        assert self.store is not None
+        refresh = self.clock() >= self._next_refresh
+        snap = self.store.poll(self.queue, self.worker_id, None if refresh else self._cursor)
+        self._cursor = snap.cursor
+        live = {c.task_id: c for c in self.gate.filter(list(snap.cancels))
+                if c.queue == self.queue}
+        if refresh:  # in place: the launcher holds this very dict
+            for task_id in [t for t in self.cancels if t not in live]:
+                self.cancels.pop(task_id, None)
+            self._next_refresh = self.clock() + REFRESH_EVERY
+        self.cancels.update(live)
+        paused = bool(snap.flag is not None and snap.flag.queue == self.queue
+                      and self.gate.accepts(snap.flag) and snap.flag.paused)
+        if paused != self.paused:
+            self.paused = paused
+            who = snap.flag.who if snap.flag is not None else "?"
+            log.warning("queue %s %s by %s: %s", self.queue,
+                        "paused" if paused else "resumed", who,
+                        "no new task starts here; running ones go on" if paused
+                        else "taking tasks again")
+            self.events.put(ControlRequest(paused=paused))
+            self.beat_now = True
+        for command in self.gate.filter(list(snap.commands)):
+            self._command(command)
+        self._apply_cancels()
+        self.first_poll.set()
+
+    def _command(self, command: Command) -> None:
+        if command.worker != self.worker_id or command.seq in self._seen_commands:
+            return
+        self._seen_commands.add(command.seq)
+        if command.when < self.started_wall:
+            log.info("control: ignoring %s command %s from %s: older than this worker",
+                     command.action, command.seq, command.who)
+            self._acted.put(command)
+            return
+        log.warning("control: %s command from %s", command.action, command.who)
+        self.events.put(ControlRequest(command=command))
+
+    def _apply_cancels(self) -> None:
+        """Set a cancel request on each running task that has one (control thread)."""
+        if not self.cancels:
+            return
+        woke = False
+        for rt in self.view()[1]:
+            cancel = self.cancels.get(rt.task_id)
+            if cancel is not None and rt.cancel is None and rt.exited_at is None:
+                rt.cancel = cancel
+                log.warning("cancelled by %s: %s (grace %gs)", cancel.who,
+                            cancel.reason or "no reason given", cancel.grace,
+                            extra={"task_id": rt.task_id})
+                woke = True
+        if woke:
+            self.wake_watchdog()
+
+    def _heartbeat(self) -> None:
+        assert self.store is not None
+        self.store.put_worker(self.record())
+
+    def record(self) -> WorkerRecord:
+        """The worker record as of now (control thread)."""
+        state, tasks, slots = self.view()
+        mono, wall = self.clock(), self.wall()
+        infos = []
+        for rt in tasks:
+            if rt.exited_at is not None:
+                continue
+            cmd = rt.task.cmd if rt.task is not None else ""
+            infos.append(TaskInfo(id=rt.task_id, attempt=rt.attempt, pid=rt.proc.pid,
+                                  started=wall - (mono - rt.started),
+                                  lease_expires=wall + rt.keeper.expires - mono,
+                                  cmd=cmd[:CMD_CHARS]))
+        if state == "running" and self.paused:
+            state = "paused"
+        return WorkerRecord(id=self.worker_id, queue=self.queue, host=self.host,
+                            pid=os.getpid(), version=__version__, state=state,
+                            slots_used=len(infos), slots_total=slots,
+                            started=self.started_wall, heartbeat=wall,
+                            interval=self.heartbeat_interval, tasks=tuple(infos))
+
+    def _purge(self) -> None:
+        assert self.store is not None
+        self.store.purge(self.wall())
+        cutoff = self.wall() - CANCEL_TTL
+        for task_id, cancel in list(self.cancels.items()):
+            if cancel.when < cutoff:
+                self.cancels.pop(task_id, None)

@@ -1,0 +1,58 @@
+"""Issue 15 on a Storage Queue worker (Azurite's queue service) whose control store is Azure
+Table Storage (Azurite's table service): worker record, cancel of a running task and of a
+task before any worker received it."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from supervisor.control import Cancel
+from supervisor.control.azure_table import AzureTableControlStore
+from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
+from tests.conftest import wait_for
+from tests.control.conftest import azurite_table, table_connection_string  # noqa: F401
+
+pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
+
+FAST = ("--control-interval", "1", "--heartbeat-interval", "1", "--poll-interval", "0.2")
+
+
+@pytest.fixture
+def table(azurite_table):  # noqa: F811
+    store = AzureTableControlStore(connection_string=table_connection_string(azurite_table))
+    yield store, {"JOBQ_CONTROL_CONNECTION_STRING": table_connection_string(azurite_table)}
+    store.close()
+
+
+def test_cancel_on_storage_queue_running_and_before_receive(sq, table):  # noqa: F811
+    store, control_env = table
+    marker, ready, ran = (sq.tmp / n for n in ("term", "ready", "ran"))
+    (running_id,) = sq.ctl("push", "-c", f"trap 'date +%s.%N > {marker}; exit 0' TERM; "
+                           f"echo tail-line; touch {ready}; while true; do sleep 0.1; done"
+                           ).stdout.split()
+    (early_id,) = sq.ctl("push", "-c", f"touch {ran}").stdout.split()
+    store.put_cancel(Cancel(queue=sq.queue, task_id=early_id, reason="never", who="ops",
+                            when=time.time(), grace=30.0))
+    sup = sq.supervisor("--worker-id", "w-sq", *FAST, env=control_env)
+    wait_for(ready.exists, 30, what="task running")
+    wait_for(lambda: [t.id for w in store.workers(sq.queue) for t in w.tasks] == [running_id],
+             15, what="worker record with the running task")
+    t0 = time.time()
+    store.put_cancel(Cancel(queue=sq.queue, task_id=running_id, reason="stop it", who="ops",
+                            when=t0, grace=30.0))
+    wait_for(marker.exists, 10, what="SIGTERM marker")
+    assert float(marker.read_text()) - t0 < 1.0 + 2.0
+    wait_for(lambda: len(sq.failed_records()) == 2, 30, what="both in the failed queue")
+    records = {r["id"]: r for r in sq.failed_records()}
+    assert records[running_id]["reason"].startswith("cancelled by ops")
+    assert "tail-line" in records[running_id]["output_tail"]
+    assert records[early_id]["reason"].startswith("cancelled by ops")
+    assert not ran.exists(), "a task cancelled before it was received never runs"
+    wait_for(lambda: len(store.results(sq.queue, "cancelled")) == 2, 15, what="results")
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 0
+    assert sq.count() == 0, "a cancelled task is not retried"
+    assert not store.workers(sq.queue), "the record is deleted on a clean exit"

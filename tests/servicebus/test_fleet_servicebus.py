@@ -1,0 +1,51 @@
+"""Issue 15 on a Service Bus worker (the project's AMQP test broker) with its control store in
+Azure Table Storage (Azurite's table service, given by JOBQ_CONTROL_CONNECTION_STRING): cancel
+of a running task and of one before any worker received it."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from supervisor.control import Cancel
+from supervisor.control.azure_table import AzureTableControlStore
+from tests.conftest import wait_for
+from tests.control.conftest import azurite_table, table_connection_string  # noqa: F401
+
+pytestmark = [pytest.mark.servicebus, pytest.mark.timeout(120)]
+
+FAST = ("--control-interval", "1", "--heartbeat-interval", "1")
+
+
+def test_cancel_on_servicebus_running_and_before_receive(sb_env, azurite_table):  # noqa: F811
+    conn = table_connection_string(azurite_table)
+    store = AzureTableControlStore(connection_string=conn)
+    try:
+        q = sb_env.queue
+        marker, ready, ran = (sb_env.tmp / n for n in ("term", "ready", "ran"))
+        (running_id,) = sb_env.push(f"trap 'date +%s.%N > {marker}; exit 0' TERM; echo tail; "
+                                    f"touch {ready}; while true; do sleep 0.1; done")
+        (early_id,) = sb_env.push(f"touch {ran}")
+        store.put_cancel(Cancel(queue=q, task_id=early_id, reason="never", who="ops",
+                                when=time.time(), grace=30.0))
+        sup = sb_env.supervisor("--worker-id", "w-sb", *FAST,
+                                env={"JOBQ_CONTROL_CONNECTION_STRING": conn})
+        wait_for(ready.exists, 30, what="task running")
+        t0 = time.time()
+        store.put_cancel(Cancel(queue=q, task_id=running_id, reason="stop it", who="ops",
+                                when=t0, grace=30.0))
+        wait_for(marker.exists, 10, what="SIGTERM marker")
+        assert float(marker.read_text()) - t0 < 1.0 + 2.0
+        wait_for(lambda: len(sb_env.failed_json()) == 2, 30, what="both dead-lettered")
+        records = {r["id"]: r for r in sb_env.failed_json()}
+        assert records[running_id]["reason"].startswith("cancelled by ops")
+        assert records[early_id]["reason"].startswith("cancelled by ops")
+        assert not ran.exists(), "a task cancelled before it was received never runs"
+        sup.signal(signal.SIGTERM)
+        assert sup.wait(30) == 0
+        assert sb_env.ctl("size").stdout.strip() == "0", "a cancelled task is not retried"
+        assert not store.workers(q), "the record is deleted on a clean exit"
+    finally:
+        store.close()
