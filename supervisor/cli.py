@@ -12,8 +12,6 @@ import logging
 import sys
 from typing import Any
 
-import configargparse
-
 from . import __version__
 from .settings import (
     BACKENDS,
@@ -30,7 +28,7 @@ from .settings import (
     Settings,
     SettingsError,
 )
-from .usage import UsageError, _duration, _parse, _Parser, _positive_int, _size
+from .usage import UsageError, _duration, _parse, _Parser, _positive_int, _size, jobq_parser
 
 __all__ = ["UsageError", "ctl_main", "parse_worker_settings", "worker_main", "worker_parser"]
 
@@ -69,15 +67,9 @@ def _add_backend_options(p: Any, suppress: bool = False) -> None:
 
 
 def worker_parser() -> _Parser:
-    p = _Parser(
-        prog="jobq-supervisor",
-        description="Run shell tasks from a queue under renewed leases.",
-        auto_env_var_prefix="JOBQ_",
-        config_file_parser_class=configargparse.DefaultConfigFileParser,
-        args_for_setting_config_path=["-c", "--config"],
-        config_arg_help_message="INI config file (env: JOBQ_CONFIG); keys are the long option "
-                                "names",
-    )
+    p = jobq_parser("jobq-supervisor", "Run shell tasks from a queue under renewed leases.",
+                    ["-c", "--config"],
+                    "INI config file (env: JOBQ_CONFIG); keys are the long option names")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _add_backend_options(p)
     p.add_argument("-n", "--num-workers", type=int, help="tasks run at once")

@@ -19,20 +19,13 @@ from . import __version__
 from .cli import _add_backend_options, _fail_usage, worker_parser
 from .control.base import CANCEL_TTL
 from .settings import EXIT_UNEXPECTED, Settings, SettingsError
-from .usage import UsageError, _duration, _parse, _Parser
+from .usage import UsageError, _duration, _parse, _Parser, jobq_parser
 
 
 def ctl_parser() -> _Parser:
-    p = _Parser(
-        prog="jobq-ctl",
-        description="Push tasks, inspect or repair a queue, and control its workers.",
-        auto_env_var_prefix="JOBQ_",
-        config_file_parser_class=configargparse.DefaultConfigFileParser,
-        args_for_setting_config_path=["--config"],
-        config_arg_help_message="the worker's INI config file, backend and queue are read "
-                                "(env: JOBQ_CONFIG)",
-        ignore_unknown_config_file_keys=True,
-    )
+    p = jobq_parser("jobq-ctl", "Push tasks, inspect or repair a queue, and control its workers.",
+                    ["--config"], "the worker's INI config file, backend and queue are read "
+                    "(env: JOBQ_CONFIG)", ignore_unknown_config_file_keys=True)
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _add_backend_options(p)
     # also here, so JOBQ_SIGNING_KEY_FILE and a shared worker INI apply (sub-parsers read

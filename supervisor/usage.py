@@ -109,3 +109,13 @@ def _parse(parser: _Parser, argv: list[str]) -> argparse.Namespace:
         raise UsageError("--config: the config file is not UTF-8 text") from None
     except OSError as exc:
         raise UsageError(f"--config: cannot read {exc.filename}: {exc.strerror}") from None
+
+
+def jobq_parser(prog: str, description: str, config_flags: list[str], config_help: str,
+                **extra: Any) -> _Parser:
+    """A parser whose options are also ``JOBQ_<NAME>`` variables and INI keys (both
+    commands; main thread)."""
+    return _Parser(prog=prog, description=description, auto_env_var_prefix="JOBQ_",
+                   config_file_parser_class=configargparse.DefaultConfigFileParser,
+                   args_for_setting_config_path=config_flags,
+                   config_arg_help_message=config_help, **extra)

@@ -10,6 +10,9 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 
+AZURE = ("storage-queue", "servicebus")
+
+
 def open_backend(settings: Settings, for_ctl: bool = False, create: bool = True) -> Backend:
     """Construct the configured backend (main thread).  Raises BackendConfigError/BackendError.
 
@@ -28,33 +31,25 @@ def open_backend(settings: Settings, for_ctl: bool = False, create: bool = True)
             busy_timeout=CTL_BUSY_TIMEOUT if for_ctl else MAIN_BUSY_TIMEOUT,
             create=create,
         )
+    # An option of the other Azure backend is a mistake worth one clear line.
+    for option, only_for in (("namespace", "servicebus"), ("account_url", "storage-queue")):
+        if settings.backend in AZURE and settings.backend != only_for \
+                and getattr(settings, option):
+            raise BackendConfigError(f"--{option.replace('_', '-')}: only for --backend "
+                                     f"{only_for}")
+    conn, worker = settings.connection_string, settings.worker_id
     if settings.backend == "storage-queue":
         from .storage_queue import StorageQueueBackend
 
-        if settings.namespace:
-            raise BackendConfigError("--namespace: only for --backend servicebus")
-        return StorageQueueBackend(
-            settings.queue,
-            connection_string=settings.connection_string,
-            account_url=settings.account_url,
-            worker_id=settings.worker_id,
-            # The main thread receives: a hung call must not hold up signal handling long.
-            connect_timeout=3.0,
-            read_timeout=5.0,
-            create=create,
-        )
+        # The main thread receives: a hung call must not hold up signal handling long.
+        return StorageQueueBackend(settings.queue, connection_string=conn, worker_id=worker,
+                                   account_url=settings.account_url, connect_timeout=3.0,
+                                   read_timeout=5.0, create=create)
     if settings.backend == "servicebus":
         from .servicebus import ServiceBusBackend
 
-        if settings.account_url:
-            raise BackendConfigError("--account-url: only for --backend storage-queue")
-        return ServiceBusBackend(
-            settings.queue,
-            connection_string=settings.connection_string,
-            namespace=settings.namespace,
-            worker_id=settings.worker_id,
-            lock_duration=settings.lock,
-            receivers=0 if for_ctl else settings.num_workers,
-            receive_wait=min(1.0, settings.poll_interval),
-        )
+        return ServiceBusBackend(settings.queue, connection_string=conn, worker_id=worker,
+                                 namespace=settings.namespace, lock_duration=settings.lock,
+                                 receivers=0 if for_ctl else settings.num_workers,
+                                 receive_wait=min(1.0, settings.poll_interval))
     raise BackendConfigError(f"--backend: {settings.backend} is not available yet")

@@ -8,15 +8,13 @@ everything in memory, runs from an empty temporary directory and is killed by it
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.azurite import azurite_service, free_port  # noqa: F401 (re-exported)
 
 REPO = Path(__file__).resolve().parents[2]
 # The emulator's well-known development account (public, documented by Microsoft).
@@ -37,20 +35,6 @@ class Azurite:
                 f"QueueEndpoint=http://127.0.0.1:{self.port}/{ACCOUNT}")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _accepts(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False
-
-
 def _azurite_bin() -> str | None:
     env = os.environ.get("AZURITE_QUEUE_BIN")
     if env:
@@ -68,34 +52,8 @@ def azurite(tmp_path_factory):
         pytest.skip("Azurite not installed: set AZURITE_QUEUE_BIN or run "
                     "`npm install azurite@3.35.0` in <repo>/.azurite (scripts/test does)")
     cwd = tmp_path_factory.mktemp("azurite")  # empty: Azurite writes its debug/state files here
-    port = free_port()
-    log = open(cwd / "azurite.log", "wb")
-    proc = subprocess.Popen(
-        [binary, "--queueHost", "127.0.0.1", "--queuePort", str(port), "--inMemoryPersistence",
-         "--skipApiVersionCheck", "--disableTelemetry", "--silent"],
-        cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        start_new_session=True,  # its own group: node's children die with it
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not _accepts(port):
-            if proc.poll() is not None:
-                raise RuntimeError(f"Azurite exited with {proc.returncode}; see {cwd}/azurite.log")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"Azurite did not listen on {port} within 30 s")
-            time.sleep(0.1)
-        yield Azurite(port=port, pid=proc.pid)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)  # group id == pid (new session)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
-        log.close()
+    with azurite_service(binary, "queue", cwd) as (port, pid):
+        yield Azurite(port=port, pid=pid)
 
 
 @pytest.fixture

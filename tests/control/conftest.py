@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import sqlite3
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,6 +22,7 @@ import pytest
 from supervisor.backends.sqlite import SqliteBackend
 from supervisor.control.base import ControlStore
 from supervisor.control.sqlite import SqliteControlStore
+from tests.azurite import azurite_service, free_port  # noqa: F401 (re-exported)
 
 REPO = Path(__file__).resolve().parents[2]
 # The emulator's well-known development account (public, documented by Microsoft).
@@ -34,20 +31,6 @@ ACCOUNT_KEY = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 )
 QUEUE = "jobs"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _accepts(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False
 
 
 def table_connection_string(port: int) -> str:
@@ -76,33 +59,8 @@ def azurite_table(tmp_path_factory) -> Iterator[int]:
             pytest.fail("Azurite is not installed; scripts/test installs it")
         pytest.skip("azurite-table not found: set AZURITE_TABLE_BIN or AZURITE_QUEUE_BIN")
     cwd = tmp_path_factory.mktemp("azurite-table")
-    port = free_port()
-    log = open(cwd / "azurite.log", "wb")
-    proc = subprocess.Popen(
-        [binary, "--tableHost", "127.0.0.1", "--tablePort", str(port), "--inMemoryPersistence",
-         "--skipApiVersionCheck", "--disableTelemetry", "--silent"],
-        cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        start_new_session=True)
-    try:
-        deadline = time.monotonic() + 30
-        while not _accepts(port):
-            if proc.poll() is not None:
-                raise RuntimeError(f"azurite-table exited with {proc.returncode}; see {cwd}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"azurite-table did not listen on {port} within 30 s")
-            time.sleep(0.1)
+    with azurite_service(binary, "table", cwd) as (port, _pid):
         yield port
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
-        log.close()
 
 
 @dataclass
