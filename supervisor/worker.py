@@ -47,6 +47,7 @@ log = logging.getLogger("jobq.worker")
 LIFELINE_FLUSH_EVERY = 0.2
 CHANGE_PROBE_EVERY = 0.1
 BACKEND_RETRY_MAX = 10.0
+RECEIVE_FAILURE_LOG_EVERY = 60.0  # s between two "receive failed" lines of one outage
 
 
 class Worker:
@@ -78,6 +79,8 @@ class Worker:
         self.idle_since = clock()
         self.next_receive = clock()
         self.receive_backoff = 0.0
+        self.receive_failures = 0
+        self.receive_failure_logged = -math.inf
         self.last_empty_receive: float | None = None
         self.reaper = Reaper(self.watchdog, self._helper_pids, clock())
         self.metrics = Metrics(settings.metrics_file, backend=settings.backend,
@@ -329,10 +332,19 @@ class Worker:
             # Queue SDK has raised RuntimeError from a race in its model cache): retried too
             self.metrics.backend_error("receive")
             self.receive_backoff = min(max(1.0, self.receive_backoff * 2), BACKEND_RETRY_MAX)
-            log.warning("receive failed (retrying in %.0fs): %s", self.receive_backoff, exc,
-                        exc_info=not isinstance(exc, BackendError))
+            self.receive_failures += 1
+            # An outage (a database gone read-only, a queue service down) is one line a
+            # minute, not one per retry.
+            if now >= self.receive_failure_logged + RECEIVE_FAILURE_LOG_EVERY:
+                self.receive_failure_logged = now
+                log.warning("receive failed (%d time(s) in a row; retrying in %.0fs): %s",
+                            self.receive_failures, self.receive_backoff, exc,
+                            exc_info=not isinstance(exc, BackendError))
             self.next_receive = self.clock() + self.receive_backoff
             return
+        if self.receive_failures:
+            log.info("receive works again after %d failure(s)", self.receive_failures)
+            self.receive_failures, self.receive_failure_logged = 0, -math.inf
         self.receive_backoff = 0.0
         self.metrics.receive_ok()
         if not self.ready_sent:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 
 import pytest
 
+from supervisor.backends.base import BackendError
 from supervisor.backends.sqlite import SqliteBackend
 from supervisor.lease import LeaseKeeper
 from supervisor.settings import Settings
@@ -109,4 +111,36 @@ def test_an_unexpected_receive_error_backs_off_instead_of_ending_the_worker(tmp_
     worker._receive(clock.now)
     assert Buggy.calls == 1
     assert worker.receive_backoff == 1.0 and worker.next_receive == clock.now + 1.0
+    backend.close()
+
+
+def test_a_receive_outage_is_logged_once_a_minute_not_per_retry(tmp_path, caplog):
+    """A database that became read-only (or a queue service that is down) is retried with
+    back-off and logged rate-limited, then once when it works again (issue 14 bug 3)."""
+    class Failing(SqliteBackend):
+        fail = True
+
+        def receive(self, max_messages, lock_duration):
+            if Failing.fail:
+                raise BackendError("attempt to write a readonly database")
+            return []
+
+    clock = Clock()
+    backend = Failing(str(tmp_path / "q.db"), "default", "w")
+    worker = Worker(Settings(sqlite_path=str(tmp_path / "q.db"), worker_id="w"), backend,
+                    clock=clock)
+    start = clock.now
+    with caplog.at_level(logging.INFO, logger="jobq.worker"):
+        while clock.now < start + 600:  # ten minutes of an outage, retried as scheduled
+            worker.next_receive = clock.now
+            worker._receive(clock.now)
+            clock.now += worker.receive_backoff
+        Failing.fail = False
+        worker.next_receive = clock.now
+        worker._receive(clock.now)
+    failed = [r for r in caplog.records if r.getMessage().startswith("receive failed")]
+    assert worker.receive_backoff == 0.0
+    assert 10 <= len(failed) <= 11, [r.getMessage() for r in failed]  # not ~60
+    assert "in a row" in failed[-1].getMessage()
+    assert any("receive works again after" in r.getMessage() for r in caplog.records)
     backend.close()
