@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend
+from .control.base import ControlStoreError
 from .security import SecurityConfigError, SigningKey, load_key, sign_task, split_paths
 from .task import Task, TaskFormatError
 from .usage import UsageError
@@ -139,11 +140,13 @@ def cmd_failed(ns: Any, backend: Backend) -> int:
     return 0
 
 
-def cmd_requeue(ns: Any, backend: Backend) -> int:
+def cmd_requeue(ns: Any, backend: Backend, store: ControlStore | None = None) -> int:
     if ns.all_failed == bool(ns.ids):
         raise UsageError("requeue: give task ids or --all-failed (not both)")
+    ids = [r.id for r in backend.failed()] if ns.all_failed else list(ns.ids)
     n = backend.requeue(None if ns.all_failed else ns.ids)
     print(f"requeued {n}")
+    _forget_cancels(ns.queue, ids, store)
     missing = 0 if ns.all_failed else len(set(ns.ids)) - n
     if missing > 0:
         # exit 1, so that a typo in an id is not taken for success
@@ -151,6 +154,21 @@ def cmd_requeue(ns: Any, backend: Backend) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _forget_cancels(queue: str, ids: list[str], store: ControlStore | None) -> None:
+    """A requeued task that had been cancelled must run again: its cancel record would make
+    the next worker cancel it at claim time.  Workers drop a deleted cancel from their cache
+    within a minute (control/agent.py)."""
+    if store is None or not ids:
+        return
+    try:
+        cancelled = {c.task_id for c in store.cancels(queue)} & set(ids)
+        for task_id in sorted(cancelled):
+            store.delete_cancel(queue, task_id)
+    except ControlStoreError as exc:
+        print(f"jobq-ctl: warning: the cancels of the requeued tasks stay recorded ({exc}); "
+              "a worker may cancel them again", file=sys.stderr)
 
 
 def cmd_clear(ns: Any, backend: Backend) -> int:
@@ -173,7 +191,8 @@ def run_command(ns: Any, backend: Backend | None, store: ControlStore | None = N
         "size": lambda ns, b: print(b.size()) or 0,
         "peek": cmd_peek,
         "failed": cmd_failed,
-        "requeue": cmd_requeue,
         "clear": cmd_clear,
     }
+    if ns.command == "requeue":
+        return cmd_requeue(ns, backend, store)
     return handlers[ns.command](ns, backend)

@@ -140,7 +140,7 @@ def ctl_main(argv: list[str] | None = None) -> int:
         if needs_backend(ns.command, settings):
             backend = open_backend(settings, for_ctl=True,
                                    create=ns.command not in READ_ONLY_COMMANDS)
-        if ns.command in FLEET_COMMANDS or ns.command == "status":
+        if ns.command in FLEET_COMMANDS or ns.command in ("status", "requeue"):
             store = open_store(ns.command, settings)
         return run_command(ns, backend, store)
     except QueueNotFound as exc:  # like a missing SQLite file or Storage Queue: exit 1

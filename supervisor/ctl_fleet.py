@@ -54,15 +54,17 @@ def _no_store(command: str, settings: Any) -> str:
 
 def open_store(command: str, settings: Any) -> ControlStore | None:
     """The control store for ``command``.  A fleet command without one is a UsageError;
-    status goes on without one (its control part then shows as unknown)."""
+    status and requeue go on without one (status then shows its control part as unknown;
+    requeue cannot clear the cancels of what it brings back, and says so)."""
+    optional = command in ("status", "requeue")
     try:
         store = open_control_store(settings, create=command not in READ_ONLY_COMMANDS)
     except ControlStoreError as exc:
-        if command != "status":
+        if not optional:
             raise
         print(f"jobq-ctl: warning: {exc}", file=sys.stderr)
         return None
-    if store is None and command != "status":
+    if store is None and not optional:
         raise UsageError(_no_store(command, settings))
     return store
 

@@ -269,6 +269,9 @@ class AzureTableControlStore:
         records = self._records(found, "cancel")
         return records[0] if records else None
 
+    def delete_cancel(self, queue: str, task_id: str) -> None:
+        self._delete("delete cancel", queue_partition(queue), cancel_key(task_id))
+
     def ack_command(self, command: Command) -> None:
         self._delete("delete command", queue_partition(command.queue), command_key(command))
 

@@ -178,6 +178,9 @@ class SqliteControlStore:
             return record  # type: ignore[return-value]
         return None
 
+    def delete_cancel(self, queue: str, task_id: str) -> None:
+        self._delete(base.queue_partition(queue), base.cancel_key(task_id))
+
     def ack_command(self, command: records.Command) -> None:
         self._delete(base.queue_partition(command.queue), base.command_key(command))
 

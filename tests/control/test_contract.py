@@ -107,6 +107,18 @@ def test_cancel_point_lookup_and_ttl(kit: Kit) -> None:
     assert s.get_cancel("other", "t1") is not None
 
 
+def test_delete_cancel_forgets_one_task_in_one_queue(kit: Kit) -> None:
+    s = kit.store
+    s.put_cancel(cancel("t1"))
+    s.put_cancel(cancel("t2"))
+    s.put_cancel(cancel("t1", queue="other"))
+    s.delete_cancel(QUEUE, "t1")
+    s.delete_cancel(QUEUE, "never-cancelled")  # absent: no error
+    assert s.get_cancel(QUEUE, "t1") is None
+    assert [c.task_id for c in s.cancels(QUEUE)] == ["t2"]
+    assert s.get_cancel("other", "t1") is not None
+
+
 def test_cancel_lookup_costs_one_call(kit: Kit) -> None:
     kit.store.put_cancel(cancel("t1"))
     kit.calls.clear()

@@ -134,6 +134,21 @@ def test_cancel_pending_task_never_runs_and_is_listed_failed_as_cancelled(queue)
         (ids[0], f"cancelled by {WHO}")]
     assert "wrong input" in failed[0]["reason"]
     assert ctl(db, "requeue", ids[0]).returncode == 0  # requeue brings it back
+    # ... for good: its cancel is forgotten, or the next worker would cancel it at claim time
+    assert store.get_cancel(QUEUE, ids[0]) is None
+    assert [lease.task.id for lease in backend.receive(10, 60)] == [ids[0]]  # type: ignore[attr-defined]
+
+
+def test_requeue_all_failed_forgets_only_the_cancels_of_what_it_requeued(queue):
+    db, backend, store = queue
+    first, second = push(backend, "echo one", "echo two")
+    assert ctl(db, "cancel", first).returncode == 0  # pending: failed as cancelled at once
+    [lease] = backend.receive(1, 60)  # the second runs
+    assert ctl(db, "cancel", second).returncode == 0  # running: recorded for its worker
+    assert ctl(db, "requeue", "--all-failed").returncode == 0
+    assert store.get_cancel(QUEUE, first) is None
+    assert store.get_cancel(QUEUE, second) is not None  # still to be acted on
+    lease.complete()
 
 
 def test_cancel_running_task_is_recorded_for_its_worker_with_the_grace(queue):
