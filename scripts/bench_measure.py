@@ -52,6 +52,25 @@ while True:
     signal.pause()
 '''
 
+# A jobq-supervisor whose SQLite control store appends "<monotonic time> <method>" to the file
+# named by its first argument for every call (control_calls).  CLOCK_MONOTONIC is the same
+# clock in every process, so the bench can compare the times with its own.
+COUNTING_WORKER = r'''
+import sys, time
+from supervisor.cli import worker_main
+from supervisor.control.sqlite import SqliteControlStore
+out = open(sys.argv.pop(1), "a", buffering=1)
+def counted(name, method):
+    def call(*args, **kwargs):
+        out.write(f"{time.monotonic()} {name}\n")
+        return method(*args, **kwargs)
+    return call
+for name, method in list(vars(SqliteControlStore).items()):
+    if callable(method) and not name.startswith("_") and name != "close":
+        setattr(SqliteControlStore, name, counted(name, method))
+sys.exit(worker_main())
+'''
+
 
 def fresh_sqlite(db: Path, tasks: list[Task]) -> list[str]:
     """A new queue file at ``db`` holding ``tasks``; their ids."""
@@ -144,11 +163,11 @@ def raw_azurite_rate(conn_str: str, queue: str, n: int, threads: int = 4) -> flo
 
 
 # --------------------------------------------------------------------------- measurements
-def sqlite_throughput(tmp: Path, n: int) -> float:
+def sqlite_throughput(tmp: Path, n: int, extra: tuple[str, ...] = ()) -> float:
     db = tmp / "tp.db"
     fresh_sqlite(db, [Task(cmd="true") for _ in range(n)])
     with supervisor(["--sqlite-path", str(db), "-n", "4", "--exit-when-empty",
-                     "--log-format", "json", "--poll-interval", "0.05"], tmp,
+                     "--log-format", "json", "--poll-interval", "0.05", *extra], tmp,
                     log="tp.log") as proc:
         expect_exit(proc, 600, tmp / "tp.log")
     return n / run_span(tmp / "tp.log")
@@ -202,13 +221,15 @@ def dispatch_latency(tmp: Path, samples: int, run: int) -> list[float]:
             backend.close()
 
 
-def overhead(tmp: Path, tasks: int, window: float, windows: int) -> tuple[list[float], float]:
+def overhead(tmp: Path, tasks: int, window: float, windows: int,
+             extra: tuple[str, ...] = ()) -> tuple[list[float], float]:
     """Supervisor CPU-s/s in each of `windows` windows, and RSS (MiB), while `tasks` sleep
     tasks run, measured in the steady state: every task started and, with the short lease,
-    every lease thread running (they start halfway to their first renewal)."""
+    every lease thread running (they start halfway to their first renewal).  ``extra``:
+    more supervisor options."""
     db = tmp / f"ov{tasks}.db"
     fresh_sqlite(db, [Task(cmd="sleep 600") for _ in range(tasks)])
-    args = ["--sqlite-path", str(db), "-n", str(tasks), "--kill-timeout", "5"]
+    args = ["--sqlite-path", str(db), "-n", str(tasks), "--kill-timeout", "5", *extra]
     if tasks >= 1000:
         # A short lease so that renewals happen in the window: 100 renewals/s.
         args += ["--lock-duration", "30", "--renew-interval", "10"]
@@ -233,6 +254,36 @@ def overhead(tmp: Path, tasks: int, window: float, windows: int) -> tuple[list[f
             cpus.append((sum(ps.cpu_times()[:2]) - c0) / window)
         rss = ps.memory_info().rss / 2**20
         return cpus, rss
+
+
+def control_calls(tmp: Path, window: float) -> list[tuple[float, str]]:
+    """The control store calls of one idle SQLite worker at its default intervals, as
+    (seconds into the window, method), over ``window`` seconds from its second heartbeat
+    (the steady state).  The worker is the real one, its store's methods wrapped to log each
+    call (COUNTING_WORKER): nothing in the supervisor is changed for the count."""
+    db, calls, script = tmp / "cc.db", tmp / "cc.calls", tmp / "cc.py"
+    for p in (db, calls):
+        if p.exists():
+            p.unlink()
+    script.write_text(COUNTING_WORKER)
+
+    def logged() -> list[tuple[float, str]]:
+        if not calls.exists():
+            return []
+        return [(float(t), name) for t, name in
+                (line.split() for line in calls.read_text().splitlines() if line.strip())]
+
+    def beats() -> list[float]:
+        return [t for t, name in logged() if name == "put_worker"]
+
+    with supervisor(["--sqlite-path", str(db)], tmp, log="cc.log",
+                    prog=[sys.executable, str(script), str(calls)]):
+        wait_until(lambda: len(beats()) >= 2, 120, 0.05,
+                   what="the idle worker's second heartbeat")
+        t0 = beats()[1]
+        time.sleep(max(0.0, t0 + window + 0.5 - time.monotonic()))
+        got = logged()
+    return [(t - t0, name) for t, name in got if t0 <= t < t0 + window]
 
 
 def sigterm_forwarding(tmp: Path, tasks: int) -> list[float]:

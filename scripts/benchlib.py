@@ -96,15 +96,16 @@ def stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
 
 @contextmanager
 def supervisor(args: list[str], cwd: Path, env: dict[str, str] | None = None,
-               log: str = "sup.log", stop_timeout: float = 60.0
-               ) -> Iterator[subprocess.Popen[bytes]]:
-    """A jobq-supervisor in its own session, output in ``cwd/log``; however the block ends,
-    it is stopped (``stop``) before the block is left."""
+               log: str = "sup.log", stop_timeout: float = 60.0,
+               prog: list[str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """A jobq-supervisor (or ``prog``: a command that runs one) in its own session, output in
+    ``cwd/log``; however the block ends, it is stopped (``stop``) before the block is left."""
     full = dict(os.environ)
     full.update(env or {})
     with open(cwd / log, "wb") as out:
-        proc = subprocess.Popen([str(BIN / "jobq-supervisor"), *args], cwd=cwd, env=full,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        cmd = [*(prog or [str(BIN / "jobq-supervisor")]), *args]
+        proc = subprocess.Popen(cmd, cwd=cwd, env=full, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         try:
             yield proc
         finally:
