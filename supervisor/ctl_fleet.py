@@ -171,8 +171,10 @@ def cmd_cancel(ns: Any, backend: Backend | None, store: ControlStore) -> int:
     # The record first: a worker that claims a pending task between the two writes below
     # finds the cancel at claim time.
     for task_id in live:
+        # the default ttl is left out: the same record (and signature) older workers read
         cancel = Cancel(queue=ns.queue, task_id=task_id, reason=ns.reason, who=by, when=now,
-                        grace=grace)
+                        grace=grace,
+                        ttl=None if ns.cancel_ttl == CANCEL_TTL else float(ns.cancel_ttl))
         store.put_cancel(sign(cancel, key) if key is not None else cancel)
     taken: set[str] = set()
     if states is not None and live:

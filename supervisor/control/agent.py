@@ -31,7 +31,7 @@ from .. import __version__
 from ..events import ControlRequest, Event
 from ..security import SigningKey
 from ..threads import start_thread
-from .base import CANCEL_TTL, ControlConfigError, ControlStore, ControlStoreError, OnceLog
+from .base import ControlConfigError, ControlStore, ControlStoreError, OnceLog
 from .records import CMD_CHARS, Cancel, Command, ResultRecord, TaskInfo, WorkerRecord
 from .signing import Gate
 
@@ -215,7 +215,9 @@ class ControlAgent:
                 self._failed("call", exc)
                 next_poll = max(next_poll, self.clock() + self._backoff)
                 next_beat = max(next_beat, next_poll)
-            self._sleep(max(0.0, min(next_poll, next_beat, next_purge) - self.clock()))
+            # ... or until the next cancel expires: the launcher reads the cache as it is
+            self._sleep(max(0.0, min(min(next_poll, next_beat, next_purge) - self.clock(),
+                                     self._expire() - self.wall())))
         self._finish()
 
     def _finish(self) -> None:
@@ -283,8 +285,9 @@ class ControlAgent:
         refresh = self.clock() >= self._next_refresh
         snap = self.store.poll(self.queue, self.worker_id, None if refresh else self._cursor)
         self._cursor = snap.cursor
+        wall = self.wall()
         live = {c.task_id: c for c in self.gate.filter(list(snap.cancels))
-                if c.queue == self.queue}
+                if c.queue == self.queue and c.expires() > wall}
         if refresh:  # in place: the launcher holds this very dict
             for task_id in [t for t in self.cancels if t not in live]:
                 self.cancels.pop(task_id, None)
@@ -320,6 +323,7 @@ class ControlAgent:
 
     def _apply_cancels(self) -> None:
         """Set a cancel request on each running task that has one (control thread)."""
+        self._expire()
         if not self.cancels:
             return
         woke = False
@@ -362,7 +366,16 @@ class ControlAgent:
     def _purge(self) -> None:
         assert self.store is not None
         self.store.purge(self.wall())
-        cutoff = self.wall() - CANCEL_TTL
+
+    def _expire(self) -> float:
+        """Drop the cancels past their ttl from the cache (so the launcher's claim-time lookup
+        no longer finds them); the epoch time of the next expiry, inf if none (control
+        thread)."""
+        now, soonest = self.wall(), math.inf
         for task_id, cancel in list(self.cancels.items()):
-            if cancel.when < cutoff:
+            expires = cancel.expires()
+            if expires <= now:
                 self.cancels.pop(task_id, None)
+            else:
+                soonest = min(soonest, expires)
+        return soonest

@@ -170,6 +170,8 @@ class AzureTableControlStore:
         entity: dict[str, Any] = {"PartitionKey": part, "RowKey": row, "kind": record.kind,
                                   "at": float(at)}
         pieces = chunks(text)
+        if isinstance(record, Cancel) and record.ttl is not None:
+            entity["expires"] = record.expires()  # so that purge's query finds it
         entity["n"] = len(pieces)
         entity.update({f"d{i}": piece for i, piece in enumerate(pieces)})
         # REPLACE, not MERGE: a shorter record must not keep the old record's extra chunks.
@@ -296,9 +298,11 @@ class AzureTableControlStore:
     def purge(self, now: float) -> PurgeCounts:
         """One query over the table plus one delete per expired record."""
         cut = purge_cutoffs(now)
-        query = " or ".join(f"( kind eq '{k}' and at lt @{k} )" for k in cut)
+        # A cancel with a ttl of its own carries ``expires``; without one, CANCEL_TTL.
+        query = " or ".join([*(f"( kind eq '{k}' and at lt @{k} )" for k in cut),
+                             "( kind eq 'cancel' and expires lt @now )"])
         counts = {k: 0 for k in cut}
-        for entity in self._query("purge", query, dict(cut),
+        for entity in self._query("purge", query, {**cut, "now": float(now)},
                                   select=["PartitionKey", "RowKey", "kind"]):
             self._delete("purge", entity["PartitionKey"], entity["RowKey"])
             counts[entity["kind"]] += 1

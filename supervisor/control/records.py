@@ -32,6 +32,7 @@ SHORT_CMD_CHARS = 60  # ... or of 60, when 200 would not let every task fit
 # makes room for ~2,400 tasks (~1,850 if every character of every command is non-ASCII).
 CHUNK = 15_000
 WORKER_DOC_BYTES = 960_000
+CANCEL_TTL = 7 * 86_400.0  # s a cancel applies when it names no ttl of its own
 
 Sig = dict[str, str]
 
@@ -79,7 +80,15 @@ class Cancel:
     when: float
     grace: float = 0.0  # seconds from SIGTERM to SIGKILL; 0 = kill now
     sig: Union[Sig, None] = None
+    # Seconds after ``when`` the cancel applies (jobq-ctl cancel --cancel-ttl); None (also
+    # every record written before the field existed): CANCEL_TTL.  Written only when set, so
+    # a default cancel is the same document -- and signature -- as before.
+    ttl: Union[float, None] = None
     kind = "cancel"
+
+    def expires(self) -> float:
+        """Epoch seconds after which readers ignore this cancel (any thread)."""
+        return self.when + (CANCEL_TTL if self.ttl is None else self.ttl)
 
 
 @dataclass(frozen=True)
@@ -132,7 +141,7 @@ def to_doc(record: Record) -> dict[str, Any]:
         value = getattr(record, f.name)
         if f.name == "tasks":
             value = [{t.name: getattr(task, t.name) for t in fields(task)} for task in value]
-        if f.name == "sig" and value is None:
+        if f.name in ("sig", "ttl") and value is None:
             continue
         doc[f.name] = value
     return doc
@@ -214,7 +223,7 @@ _STR = ("id", "queue", "host", "version", "state", "task_id", "reason", "who", "
 _INT = ("pid", "slots_used", "slots_total", "tasks_omitted", "attempt")
 _FLOAT = ("started", "heartbeat", "interval", "when", "grace")
 _OPT_INT = ("exit_status",)
-_OPT_FLOAT = ("lease_expires",)
+_OPT_FLOAT = ("lease_expires", "ttl")
 
 
 def _is_int(v: Any) -> bool:
@@ -271,6 +280,8 @@ def _validate(record: Record) -> None:
         raise RecordError(f"cmd: unknown action {record.action!r}")
     if isinstance(record, Cancel) and record.grace < 0:
         raise RecordError("cancel: negative grace")
+    if isinstance(record, Cancel) and record.ttl is not None and record.ttl <= 0:
+        raise RecordError("cancel: ttl not positive")
 
 
 def new_seq(now: float) -> str:

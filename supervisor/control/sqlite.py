@@ -207,10 +207,14 @@ class SqliteControlStore:
         """Delete records past their age (any process may; one short transaction)."""
         cut = base.purge_cutoffs(now)
         with self._tx("purge", write=True) as conn:
+            # A cancel goes at its own ttl (``at`` is its ``when``); one without a ttl, or
+            # whose document is not JSON (readers skip it anyway), at CANCEL_TTL.
             kinds = [k for (k,) in conn.execute(
                 "DELETE FROM control_records WHERE (kind='worker' AND at<?) OR "
-                "(kind='cancel' AND at<?) OR (kind='cmd' AND at<?) OR (kind='result' AND at<?) "
-                "RETURNING kind", (cut["worker"], cut["cancel"], cut["cmd"], cut["result"]))]
+                "(kind='cancel' AND (at<? OR at + CASE WHEN json_valid(doc) THEN "
+                "json_extract(doc, '$.ttl') END < ?)) OR (kind='cmd' AND at<?) OR "
+                "(kind='result' AND at<?) RETURNING kind",
+                (cut["worker"], cut["cancel"], now, cut["cmd"], cut["result"]))]
         return PurgeCounts(workers=kinds.count("worker"), cancels=kinds.count("cancel"),
                            commands=kinds.count("cmd"), results=kinds.count("result"))
 
