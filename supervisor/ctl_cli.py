@@ -87,8 +87,8 @@ def _add_fleet_commands(cmd: Any) -> None:
                      help="SIGTERM, then SIGKILL after this long (default 30s)")
     how.add_argument("--now", action="store_true", help="SIGKILL at once (--grace 0)")
     cn.add_argument("--cancel-ttl", type=_duration, default=CANCEL_TTL, metavar="DURATION",
-                    help="how long the cancel is kept for a task not seen yet (Azure has no "
-                         "index of task ids; default and most 7d)")
+                    help="how long the cancel applies, also to a task no worker has received "
+                         "yet (Azure has no index of task ids); default and at most 7d")
     cmd("pause", "no worker of the queue starts a new task; running ones go on", signs=True)
     cmd("resume", "workers of the queue start tasks again", signs=True)
     dr = cmd("drain", "the worker takes no new task, finishes its tasks and exits 0",

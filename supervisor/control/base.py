@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, Union
 
-from .records import Cancel, Command, QueueFlag, ResultRecord, WorkerRecord
+from .records import CANCEL_TTL, Cancel, Command, QueueFlag, ResultRecord, WorkerRecord
 
 log = logging.getLogger("jobq.control")
 
@@ -34,7 +34,6 @@ DAY = 86_400.0
 HEARTBEAT_INTERVAL = 15.0  # s between a worker's upserts of its record
 LOST_AFTER = 3  # heartbeat intervals without an upsert: shown as "lost"
 WORKER_PURGE_AGE = 86_400.0  # s: older worker records are deleted
-CANCEL_TTL = 7 * 86_400.0  # s a cancel is kept
 COMMAND_TTL = 86_400.0  # s an unconsumed command is kept (its worker is gone)
 RESULT_TTL = 7 * 86_400.0
 
