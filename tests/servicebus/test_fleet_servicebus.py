@@ -1,7 +1,7 @@
 """Issue 15 on a Service Bus worker (the project's AMQP test broker) with its control store in
 Azure Table Storage (Azurite's table service, given by JOBQ_CONTROL_CONNECTION_STRING): cancel
 of a running task, of one before any worker received it, and of one ignoring SIGTERM (killed at
-the grace)."""
+the grace); the autoscaling gauges sampled from the queue."""
 
 from __future__ import annotations
 
@@ -81,3 +81,25 @@ def test_cancel_of_a_task_ignoring_sigterm_on_servicebus_dies_at_the_grace(sb_en
         assert sup.log().count("started pid=") == 1
     finally:
         store.close()
+
+
+def test_autoscaling_gauges_on_servicebus(sb_env):
+    """Depth from the broker's count (locked messages included); no age series: Service Bus
+    cannot tell it without receiving."""
+    from tests.integration.test_autoscale_metrics import gauges
+
+    metrics, ready = sb_env.tmp / "jobq.prom", sb_env.tmp / "ready"
+    sb_env.push(f"touch {ready}; sleep 600", "sleep 600", "sleep 600")
+    sup = sb_env.supervisor("--metrics-file", str(metrics), "--metrics-interval", "0.2",
+                            "--control", "off")
+    wait_for(ready.exists, 30, what="task running")
+    wait_for(lambda: "jobq_queue_depth" in gauges(metrics)
+             and gauges(metrics).get("jobq_slots_busy") == 1, 30,
+             what=f"a queue sample\n{gauges(metrics)}")
+    g = gauges(metrics)
+    assert g["jobq_queue_depth"] == 3
+    assert "jobq_queue_oldest_pending_age_seconds" not in g
+    assert g["jobq_slots_total"] == 1
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 0
+    assert "cannot sample the queue" not in sup.log()
