@@ -80,6 +80,24 @@ class Metrics:
             [*names, "operation"], registry=self.registry)
         self._labels = labels
         self._running = gauge("jobq_tasks_running", "Tasks running now.")
+        # Autoscaling signals (docs/architecture.rst, "The fleet layer"): this worker's load
+        # from the main thread, the queue's from the sampler thread (sampler.py).
+        self._slots_busy = gauge("jobq_slots_busy", "Slots running a task now.")
+        self._slots_total = gauge("jobq_slots_total", "Slots of this worker (-n).")
+        self._in_flight = gauge("jobq_tasks_in_flight", "Tasks whose lease this worker holds "
+                                "(running, or exited and being settled).")
+        # The queue's gauges have no child until the first sample: before it (and on Service
+        # Bus for the age, which it cannot tell) the series is absent, not a misleading 0.
+        def family(name: str, doc: str) -> Any:
+            return prometheus_client.Gauge(name, doc, names, registry=self.registry)
+
+        self._depth = family("jobq_queue_depth", "Tasks in the queue (SQLite: pending; "
+                             "Azure: the service's count, with messages held by workers).")
+        self._sampled_at = family("jobq_queue_sampled_timestamp_seconds",
+                                  "Wall-clock time of the last successful queue sample.")
+        self._oldest = family(
+            "jobq_queue_oldest_pending_age_seconds", "Age of the oldest task waiting for a "
+            "worker (0 when none waits).")
         self._last_receive = gauge("jobq_last_successful_receive_timestamp_seconds",
                                    "Wall-clock time of the last receive call that succeeded.")
         self._rss = gauge("jobq_supervisor_resident_memory_bytes",
@@ -141,9 +159,27 @@ class Metrics:
         if self.path is not None:
             self._backend_errors.labels(operation=operation, **self._labels).inc()
 
-    def set_running(self, n: int) -> None:
+    def set_running(self, n: int, in_flight: int | None = None) -> None:
+        """``n`` tasks run (and fill as many slots); ``in_flight`` leases held (default n)."""
         if self.path is not None:
             self._running.set(n)
+            self._slots_busy.set(n)
+            self._in_flight.set(n if in_flight is None else in_flight)
+
+    def set_slots_total(self, n: int) -> None:
+        if self.path is not None:
+            self._slots_total.set(n)
+
+    def queue_sampled(self, depth: int, oldest_age: float | None, can_age: bool,
+                      wall: float) -> None:
+        """One successful queue sample (sampler thread).  ``can_age``: the backend can tell
+        the oldest pending age, and ``oldest_age`` None then means nothing waits."""
+        if self.path is None:
+            return
+        self._depth.labels(**self._labels).set(depth)
+        if can_age:
+            self._oldest.labels(**self._labels).set(oldest_age or 0.0)
+        self._sampled_at.labels(**self._labels).set(wall)
 
     def receive_ok(self) -> None:
         if self.path is not None:

@@ -13,6 +13,7 @@ from typing import Callable
 from .lease import LeaseKeeper
 from .metrics import Metrics
 from .notify import Notifier
+from .sampler import QueueSampler
 from .settings import Settings
 from .watchdog import RunningTask
 
@@ -40,6 +41,18 @@ class Reporter:
         self.last_status = ""
         self.next_status = clock()
         self.stalled_logged = False
+        metrics.set_slots_total(settings.num_workers)
+        self.sampler = QueueSampler.for_worker(settings, metrics)
+
+    def start(self) -> None:
+        """Start the queue sampler thread, with ``--metrics-file`` (main thread)."""
+        if self.sampler is not None:
+            self.sampler.start()
+
+    def stop(self) -> None:
+        """Stop the queue sampler thread (main thread)."""
+        if self.sampler is not None:
+            self.sampler.stop()
 
     def next_due(self) -> float:
         """When ``report`` has something to do next, inf if never (main thread)."""
@@ -78,7 +91,7 @@ class Reporter:
                 self.last_status = text
             self.next_status = now + STATUS_EVERY
         if self.metrics.enabled and now >= self.next_metrics:
-            self.metrics.set_running(len(active))
+            self.metrics.set_running(len(active), len(active) + len(settling))
             self.metrics.write()
             self.next_metrics = now + self.s.metrics_interval
 

@@ -125,6 +125,7 @@ class Worker:
             self.output_pump.start()
             self.launcher.start()
             self.lifecycle.start_poller()
+            self.reporter.start()  # the queue sampler, with --metrics-file
             if self.agent is not None:
                 self.agent.start()
                 self.agent.wait_first_poll()  # live cancels and the pause flag, 2 s at most
@@ -181,6 +182,7 @@ class Worker:
         self.watchdog.stop()
         self.output_pump.stop()
         self.lifecycle.stop_poller()
+        self.reporter.stop()
         if self.agent is not None:  # after the settlements: their results go out first
             self.agent.stop(clean)
         if self.lifeline is not None:

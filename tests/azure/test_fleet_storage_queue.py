@@ -1,6 +1,7 @@
 """Issue 15 on a Storage Queue worker (Azurite's queue service) whose control store is Azure
 Table Storage (Azurite's table service): worker record, cancel of a running task and of a
-task before any worker received it."""
+task before any worker received it, of a task ignoring SIGTERM (killed at the grace), and the
+autoscaling gauges sampled from the queue."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pytest
 from supervisor.control import Cancel
 from supervisor.control.azure_table import AzureTableControlStore
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
-from tests.conftest import wait_for
+from tests.conftest import marked_processes, wait_for
 from tests.control.conftest import azurite_table, table_connection_string  # noqa: F401
+from tests.integration.helpers import death_time
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 
@@ -56,3 +58,52 @@ def test_cancel_on_storage_queue_running_and_before_receive(sq, table):  # noqa:
     assert sup.wait(30) == 0
     assert sq.count() == 0, "a cancelled task is not retried"
     assert not store.workers(sq.queue), "the record is deleted on a clean exit"
+
+
+def test_cancel_of_a_task_ignoring_sigterm_on_storage_queue_dies_at_the_grace(sq, table):  # noqa: F811
+    store, control_env = table
+    ready = sq.tmp / "ready"
+    (task_id,) = sq.ctl("push", "-c", f"trap '' TERM; touch {ready}; sleep 600 & wait; "
+                        f"sleep 600").stdout.split()
+    sup = sq.supervisor("--worker-id", "w-sq-g", *FAST, env=control_env)
+    wait_for(ready.exists, 30, what="task running")
+    procs = [p for p in marked_processes() if p.pid != sup.pid]
+    assert procs
+    store.put_cancel(Cancel(queue=sq.queue, task_id=task_id, reason="grace", who="ops",
+                            when=time.time(), grace=2.0))
+    sup.wait_log("cancelled: sending SIGTERM", 10)
+    t_term = time.time()
+    dead = death_time(procs, 20)
+    assert dead is not None, "the task outlived its grace by far"
+    assert dead - t_term >= 2.0 - 0.3, "killed before the grace"
+    assert dead - t_term < 2.0 + 4.0
+    wait_for(lambda: len(sq.failed_records()) == 1, 30, what="the failed record")
+    assert sq.failed_records()[0]["reason"].startswith("cancelled by ops")
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 0
+    assert sq.count() == 0, "a cancelled task is not retried"
+    assert sup.log().count("started pid=") == 1
+
+
+def test_autoscaling_gauges_on_storage_queue(sq):  # noqa: F811
+    """The first sample is taken at once; later ones every 15 s at the least (not waited)."""
+    from tests.integration.test_autoscale_metrics import gauges
+
+    metrics = sq.tmp / "jobq.prom"
+    ready = sq.tmp / "ready"
+    sq.ctl("push", "-c", f"touch {ready}; sleep 600", "-c", "sleep 600", "-c", "sleep 600")
+    sup = sq.supervisor("--metrics-file", str(metrics), "--metrics-interval", "0.2",
+                        "--control", "off", "--poll-interval", "0.2")
+    wait_for(ready.exists, 30, what="task running")
+
+    def sampled() -> bool:
+        g = gauges(metrics)
+        return "jobq_queue_depth" in g and g.get("jobq_slots_busy") == 1
+
+    wait_for(sampled, 30, what=f"a queue sample\n{gauges(metrics)}")
+    g = gauges(metrics)
+    assert g["jobq_queue_depth"] == 3  # the service's count holds the running task's message
+    assert g["jobq_queue_oldest_pending_age_seconds"] >= 0  # present: one peek tells it
+    assert g["jobq_slots_total"] == 1 and g["jobq_tasks_in_flight"] == 1
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 0

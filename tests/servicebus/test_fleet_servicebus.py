@@ -1,6 +1,7 @@
 """Issue 15 on a Service Bus worker (the project's AMQP test broker) with its control store in
 Azure Table Storage (Azurite's table service, given by JOBQ_CONTROL_CONNECTION_STRING): cancel
-of a running task and of one before any worker received it."""
+of a running task, of one before any worker received it, and of one ignoring SIGTERM (killed at
+the grace); the autoscaling gauges sampled from the queue."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import pytest
 
 from supervisor.control import Cancel
 from supervisor.control.azure_table import AzureTableControlStore
-from tests.conftest import wait_for
+from tests.conftest import marked_processes, wait_for
 from tests.control.conftest import azurite_table, table_connection_string  # noqa: F401
+from tests.integration.helpers import death_time
 
 pytestmark = [pytest.mark.servicebus, pytest.mark.timeout(120)]
 
@@ -49,3 +51,55 @@ def test_cancel_on_servicebus_running_and_before_receive(sb_env, azurite_table):
         assert not store.workers(q), "the record is deleted on a clean exit"
     finally:
         store.close()
+
+
+def test_cancel_of_a_task_ignoring_sigterm_on_servicebus_dies_at_the_grace(sb_env,
+                                                                          azurite_table):  # noqa: F811
+    conn = table_connection_string(azurite_table)
+    store = AzureTableControlStore(connection_string=conn)
+    try:
+        q, ready = sb_env.queue, sb_env.tmp / "ready"
+        (task_id,) = sb_env.push(f"trap '' TERM; touch {ready}; sleep 600 & wait; sleep 600")
+        sup = sb_env.supervisor("--worker-id", "w-sb-g", *FAST,
+                                env={"JOBQ_CONTROL_CONNECTION_STRING": conn})
+        wait_for(ready.exists, 30, what="task running")
+        procs = [p for p in marked_processes() if p.pid != sup.pid]
+        assert procs
+        store.put_cancel(Cancel(queue=q, task_id=task_id, reason="grace", who="ops",
+                                when=time.time(), grace=2.0))
+        sup.wait_log("cancelled: sending SIGTERM", 10)
+        t_term = time.time()
+        dead = death_time(procs, 20)
+        assert dead is not None, "the task outlived its grace by far"
+        assert dead - t_term >= 2.0 - 0.3, "killed before the grace"
+        assert dead - t_term < 2.0 + 4.0
+        wait_for(lambda: len(sb_env.failed_json()) == 1, 30, what="dead-lettered")
+        assert sb_env.failed_json()[0]["reason"].startswith("cancelled by ops")
+        sup.signal(signal.SIGTERM)
+        assert sup.wait(30) == 0
+        assert sb_env.ctl("size").stdout.strip() == "0", "a cancelled task is not retried"
+        assert sup.log().count("started pid=") == 1
+    finally:
+        store.close()
+
+
+def test_autoscaling_gauges_on_servicebus(sb_env):
+    """Depth from the broker's count (locked messages included); no age series: Service Bus
+    cannot tell it without receiving."""
+    from tests.integration.test_autoscale_metrics import gauges
+
+    metrics, ready = sb_env.tmp / "jobq.prom", sb_env.tmp / "ready"
+    sb_env.push(f"touch {ready}; sleep 600", "sleep 600", "sleep 600")
+    sup = sb_env.supervisor("--metrics-file", str(metrics), "--metrics-interval", "0.2",
+                            "--control", "off")
+    wait_for(ready.exists, 30, what="task running")
+    wait_for(lambda: "jobq_queue_depth" in gauges(metrics)
+             and gauges(metrics).get("jobq_slots_busy") == 1, 30,
+             what=f"a queue sample\n{gauges(metrics)}")
+    g = gauges(metrics)
+    assert g["jobq_queue_depth"] == 3
+    assert "jobq_queue_oldest_pending_age_seconds" not in g
+    assert g["jobq_slots_total"] == 1
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 0
+    assert "cannot sample the queue" not in sup.log()

@@ -1,0 +1,128 @@
+"""The queue sampler thread: queue depth and the age of the oldest pending task as gauges of
+the metrics file, for autoscaling rules (KEDA, a VM scale set; README "Fleet operations").
+
+Both are backend calls, and a network call must never delay the data plane: they run on a
+thread of their own with a backend of their own, opened on that thread (``open_backend``
+with ``for_ctl=True, create=False``: no receivers, nothing created).  Only with
+``--metrics-file``; one sample every ``--metrics-interval``, on Azure every 15 s at the
+least (each sample is billed: 2 calls on Storage Queue, 1 on Service Bus).  The sampler only
+sets gauges (prometheus-client values are thread-safe); the main thread writes the file.
+
+A failing backend only delays this thread: it backs off (doubling, up to BACKOFF_MAX), logs
+at most once a minute and once when it recovers, and the gauges keep their last value, so a
+scaler does not scale in on a blip; ``jobq_queue_sampled_timestamp_seconds`` says how old
+they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import TYPE_CHECKING, Callable, Union
+
+from .backends import AZURE, open_backend
+from .backends.base import Backend, BackendConfigError, BackendError
+from .threads import start_thread
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
+    from .settings import Settings
+
+log = logging.getLogger("jobq.metrics")
+
+AZURE_MIN_INTERVAL = 15.0  # bounds the cost: 240 samples an hour per worker
+BACKOFF_MAX = 300.0
+LOG_EVERY = 60.0
+STOP_WAIT = 1.0  # a call in flight at exit is not waited for longer (daemon thread)
+
+
+def oldest_pending_age(backend: Backend, now: float) -> tuple[bool, Union[float, None]]:
+    """(whether the backend can tell, seconds since the oldest pending task was queued or
+    None when none is) (sampler thread).  SQLite: since its push; Storage Queue: the first
+    visible message (one peek); Service Bus cannot tell without receiving."""
+    if backend.name == "sqlite":
+        from .backends.sqlite import SqliteBackend
+        from .backends.sqlite_fleet import oldest_pending_age as sqlite_age
+
+        assert isinstance(backend, SqliteBackend)
+        return True, sqlite_age(backend, now)
+    probe = getattr(backend, "oldest_pending_age", None)
+    return (True, probe(now)) if probe is not None else (False, None)
+
+
+class QueueSampler:
+    """The sampler thread.  ``start``/``stop`` are called from the main thread; everything
+    else runs on the sampler thread."""
+
+    def __init__(self, opener: Callable[[], Backend], metrics: Metrics, interval: float,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.opener = opener
+        self.metrics = metrics
+        self.interval = interval
+        self.clock = clock
+        self.wall = wall
+        self.backend: Union[Backend, None] = None
+        self.failures = 0
+        self._last_logged = -math.inf
+        self._stop = threading.Event()
+        self._thread: Union[threading.Thread, None] = None
+
+    @classmethod
+    def for_worker(cls, settings: Settings, metrics: Metrics) -> Union[QueueSampler, None]:
+        """The worker's sampler, or None without ``--metrics-file`` (main thread)."""
+        if not metrics.enabled:
+            return None
+        interval = settings.metrics_interval
+        if settings.backend in AZURE:
+            interval = max(interval, AZURE_MIN_INTERVAL)
+        return cls(lambda: open_backend(settings, for_ctl=True, create=False), metrics,
+                   interval)
+
+    def start(self) -> None:
+        """Start the thread (main thread)."""
+        self._thread = start_thread(self._run, "queue-sampler")
+
+    def stop(self) -> None:
+        """Stop the thread; a backend call in flight is not waited for long (main thread)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(STOP_WAIT)
+
+    def _run(self) -> None:
+        delay = 0.0
+        while not self._stop.wait(delay):
+            delay = self.sample()
+        if self.backend is not None:
+            try:
+                self.backend.close()
+            except BackendError as exc:
+                log.debug("closing the sampler's backend: %s", exc)
+
+    def sample(self) -> float:
+        """One sample, opening the backend first if needed; seconds until the next one."""
+        try:
+            if self.backend is None:
+                self.backend = self.opener()
+            depth = self.backend.size()
+            can_age, age = oldest_pending_age(self.backend, self.wall())
+        except (BackendError, BackendConfigError) as exc:
+            return self._failed(str(exc))
+        except Exception as exc:  # an SDK surprise must not end the sampler
+            return self._failed(f"{type(exc).__name__}: {exc}")
+        self.metrics.queue_sampled(depth, age, can_age, self.wall())
+        if self.failures:
+            log.info("queue sampling works again after %d failure(s)", self.failures)
+            self.failures = 0
+        return self.interval
+
+    def _failed(self, why: str) -> float:
+        self.failures += 1
+        now = self.clock()
+        if now - self._last_logged >= LOG_EVERY:
+            self._last_logged = now
+            log.warning("cannot sample the queue for the metrics file (gauges keep their last "
+                        "value; next warning in %.0fs at the earliest): %s", LOG_EVERY, why)
+        return min(BACKOFF_MAX, self.interval * 2 ** min(self.failures, 10))

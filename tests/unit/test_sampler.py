@@ -1,0 +1,139 @@
+"""The queue sampler (sampler.py): gauges set from its own backend on its own thread, a
+failing backend backed off and logged at most once a minute, gauges kept; injected clock."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from supervisor.backends.base import BackendError
+from supervisor.metrics import Metrics
+from supervisor.sampler import AZURE_MIN_INTERVAL, BACKOFF_MAX, LOG_EVERY, QueueSampler
+from supervisor.settings import Settings
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class FakeBackend:
+    """A queue of ``depth`` tasks; ``age`` for backends that can tell it (Storage Queue)."""
+
+    name = "storage-queue"
+
+    def __init__(self) -> None:
+        self.depth = 7
+        self.age: float | None = 42.0
+        self.fail = False
+        self.threads: list[str] = []
+        self.closed = False
+
+    def size(self) -> int:
+        self.threads.append(threading.current_thread().name)
+        if self.fail:
+            raise BackendError("queue unreachable")
+        return self.depth
+
+    def oldest_pending_age(self, now: float) -> float | None:
+        return self.age
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class NoAge(FakeBackend):
+    name = "servicebus"
+    oldest_pending_age = None  # type: ignore[assignment]
+
+
+def read(path: Path) -> dict[str, float]:
+    return {s.name: s.value for f in text_string_to_metric_families(path.read_text())
+            for s in f.samples}
+
+
+@pytest.fixture
+def metrics(tmp_path: Path) -> Metrics:
+    return Metrics(str(tmp_path / "m.prom"), backend="storage-queue", queue="q")
+
+
+def make(metrics: Metrics, backend: FakeBackend, now: list[float]) -> QueueSampler:
+    return QueueSampler(lambda: backend, metrics, 5.0,  # type: ignore[arg-type,return-value]
+                        clock=lambda: now[0], wall=lambda: 1000.0)
+
+
+def test_no_queue_gauge_before_the_first_sample(metrics: Metrics, tmp_path: Path) -> None:
+    metrics.write()
+    g = read(tmp_path / "m.prom")
+    assert "jobq_queue_depth" not in g and "jobq_queue_oldest_pending_age_seconds" not in g
+
+
+def test_a_sample_sets_the_gauges(metrics: Metrics, tmp_path: Path) -> None:
+    backend = FakeBackend()
+    assert make(metrics, backend, [0.0]).sample() == 5.0
+    metrics.write()
+    g = read(tmp_path / "m.prom")
+    assert g["jobq_queue_depth"] == 7
+    assert g["jobq_queue_oldest_pending_age_seconds"] == 42.0
+    assert g["jobq_queue_sampled_timestamp_seconds"] == 1000.0
+    backend.age = None  # nothing waits: 0, not absent
+    make(metrics, backend, [0.0]).sample()
+    metrics.write()
+    assert read(tmp_path / "m.prom")["jobq_queue_oldest_pending_age_seconds"] == 0
+
+
+def test_a_backend_that_cannot_tell_the_age_has_no_age_series(metrics: Metrics,
+                                                              tmp_path: Path) -> None:
+    make(metrics, NoAge(), [0.0]).sample()
+    metrics.write()
+    g = read(tmp_path / "m.prom")
+    assert g["jobq_queue_depth"] == 7 and "jobq_queue_oldest_pending_age_seconds" not in g
+
+
+def test_failures_back_off_log_once_a_minute_and_keep_the_gauges(
+        metrics: Metrics, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "jobq.metrics")
+    backend, now = FakeBackend(), [0.0]
+    sampler = make(metrics, backend, now)
+    sampler.sample()
+    backend.fail, backend.depth = True, 99
+    delays = []
+    for _ in range(12):
+        delays.append(sampler.sample())
+        now[0] += delays[-1]
+    assert delays[:3] == [10.0, 20.0, 40.0] and delays[-1] == BACKOFF_MAX
+    warnings = [r for r in caplog.records if "cannot sample the queue" in r.getMessage()]
+    assert 1 < len(warnings) <= sum(delays) / LOG_EVERY + 1
+    metrics.write()
+    assert read(tmp_path / "m.prom")["jobq_queue_depth"] == 7  # the last good value
+    backend.fail = False
+    assert sampler.sample() == 5.0
+    assert any("works again after 12" in r.getMessage() for r in caplog.records)
+    metrics.write()
+    assert read(tmp_path / "m.prom")["jobq_queue_depth"] == 99
+
+
+def test_runs_on_its_own_thread_and_closes_its_backend(metrics: Metrics,
+                                                        tmp_path: Path) -> None:
+    backend = FakeBackend()
+    sampler = QueueSampler(lambda: backend, metrics, 0.01)  # type: ignore[arg-type,return-value]
+    sampler.start()
+    try:
+        wait_for(lambda: len(backend.threads) >= 3, 10, what="three samples")
+    finally:
+        sampler.stop()
+    assert len(backend.threads) >= 3 and set(backend.threads) == {"queue-sampler"}
+    assert backend.closed
+
+
+def test_for_worker_only_with_a_metrics_file_and_at_most_every_15s_on_azure(
+        metrics: Metrics) -> None:
+    assert QueueSampler.for_worker(Settings(), Metrics(None, backend="x", queue="q")) is None
+    sqlite = QueueSampler.for_worker(Settings(metrics_interval=1.0), metrics)
+    assert sqlite is not None and sqlite.interval == 1.0
+    azure = QueueSampler.for_worker(
+        Settings(backend="storage-queue", metrics_interval=1.0, connection_string="x"),
+        metrics)
+    assert azure is not None and azure.interval == AZURE_MIN_INTERVAL
