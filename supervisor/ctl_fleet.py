@@ -228,17 +228,6 @@ def _command(action: str) -> Callable[[Any, Backend | None, ControlStore], int]:
 
 
 # ------------------------------------------------------------------------------- status
-def oldest_pending_age(backend: Backend, now: float) -> float | None:
-    if backend.name == "sqlite":
-        from .backends.sqlite import SqliteBackend
-        from .backends.sqlite_fleet import oldest_pending_age as sqlite_age
-
-        assert isinstance(backend, SqliteBackend)
-        return sqlite_age(backend, now)
-    probe = getattr(backend, "oldest_pending_age", None)
-    return probe(now) if probe is not None else None
-
-
 def _running_from_records(records: list[WorkerRecord], now: float) -> list[dict[str, Any]]:
     return [{"id": t.id, "worker": r.id, "attempt": t.attempt, "pid": t.pid,
              "locked_at": t.started, "locked_until": t.lease_expires}
@@ -249,7 +238,7 @@ def cmd_status(ns: Any, backend: Backend | None, store: ControlStore | None) -> 
     assert backend is not None
     st = backend.status()
     now = clock()
-    age = oldest_pending_age(backend, now)
+    age = backend.oldest_pending_age(now) if backend.tells_age else None
     flag: QueueFlag | None = None
     running = st.running
     known = store is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partialmethod
 from typing import Any, Callable
 
 import psutil
@@ -60,18 +61,15 @@ class Metrics:
             return prometheus_client.Gauge(name, doc, names,
                                            registry=self.registry).labels(**labels)
 
-        self._started = counter("jobq_tasks_started_total", "Tasks spawned.")
-        self._succeeded = counter("jobq_tasks_succeeded_total", "Tasks that exited 0.")
-        self._failed = counter("jobq_tasks_failed_total",
-                               "Failed task attempts (retried or not).")
-        self._dead_lettered = counter("jobq_tasks_dead_lettered_total",
-                                      "Messages dead-lettered (attempts exhausted, poison).")
-        self._requeued = counter("jobq_tasks_requeued_total",
-                                 "Tasks put back on the queue by a stop or preemption.")
-        self._lock_lost = counter("jobq_tasks_lock_lost_total",
-                                  "Tasks whose lease was lost while they ran.")
-        self._cancelled = counter("jobq_tasks_cancelled_total",
-                                  "Tasks cancelled by an operator (jobq-ctl cancel).")
+        # The task events, by the name their method passes to ``_inc``.
+        self._events = {key: counter(f"jobq_tasks_{key}_total", doc) for key, doc in (
+            ("started", "Tasks spawned."),
+            ("succeeded", "Tasks that exited 0."),
+            ("failed", "Failed task attempts (retried or not)."),
+            ("dead_lettered", "Messages dead-lettered (attempts exhausted, poison)."),
+            ("requeued", "Tasks put back on the queue by a stop or preemption."),
+            ("lock_lost", "Tasks whose lease was lost while they ran."),
+            ("cancelled", "Tasks cancelled by an operator (jobq-ctl cancel)."))}
         self._renewals = counter("jobq_lease_renewals_total", "Successful lease renewals.")
         self._renewal_failures = counter("jobq_lease_renewal_failures_total",
                                          "Failed lease renewal calls.")
@@ -117,33 +115,18 @@ class Metrics:
         return self.path is not None
 
     # -- any thread ----------------------------------------------------------------------
-    def task_started(self) -> None:
+    def _inc(self, event: str) -> None:
         if self.path is not None:
-            self._started.inc()
+            self._events[event].inc()
 
-    def task_succeeded(self) -> None:
-        if self.path is not None:
-            self._succeeded.inc()
-
-    def task_failed(self) -> None:
-        if self.path is not None:
-            self._failed.inc()
-
-    def task_dead_lettered(self) -> None:
-        if self.path is not None:
-            self._dead_lettered.inc()
-
-    def task_requeued(self) -> None:
-        if self.path is not None:
-            self._requeued.inc()
-
-    def task_cancelled(self) -> None:
-        if self.path is not None:
-            self._cancelled.inc()
-
-    def lock_lost(self) -> None:
-        if self.path is not None:
-            self._lock_lost.inc()
+    # One event each (main thread or a keeper thread); a no-op without --metrics-file.
+    task_started = partialmethod(_inc, "started")
+    task_succeeded = partialmethod(_inc, "succeeded")
+    task_failed = partialmethod(_inc, "failed")
+    task_dead_lettered = partialmethod(_inc, "dead_lettered")
+    task_requeued = partialmethod(_inc, "requeued")
+    task_cancelled = partialmethod(_inc, "cancelled")
+    lock_lost = partialmethod(_inc, "lock_lost")
 
     def renewal(self, duration: float, ok: bool) -> None:
         """One renewal call that took ``duration`` seconds (lease keeper threads)."""

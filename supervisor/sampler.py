@@ -38,20 +38,6 @@ LOG_EVERY = 60.0
 STOP_WAIT = 1.0  # a call in flight at exit is not waited for longer (daemon thread)
 
 
-def oldest_pending_age(backend: Backend, now: float) -> tuple[bool, Union[float, None]]:
-    """(whether the backend can tell, seconds since the oldest pending task was queued or
-    None when none is) (sampler thread).  SQLite: since its push; Storage Queue: the first
-    visible message (one peek); Service Bus cannot tell without receiving."""
-    if backend.name == "sqlite":
-        from .backends.sqlite import SqliteBackend
-        from .backends.sqlite_fleet import oldest_pending_age as sqlite_age
-
-        assert isinstance(backend, SqliteBackend)
-        return True, sqlite_age(backend, now)
-    probe = getattr(backend, "oldest_pending_age", None)
-    return (True, probe(now)) if probe is not None else (False, None)
-
-
 class QueueSampler:
     """The sampler thread.  ``start``/``stop`` are called from the main thread; everything
     else runs on the sampler thread."""
@@ -59,11 +45,8 @@ class QueueSampler:
     def __init__(self, opener: Callable[[], Backend], metrics: Metrics, interval: float,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:
-        self.opener = opener
-        self.metrics = metrics
-        self.interval = interval
-        self.clock = clock
-        self.wall = wall
+        self.opener, self.metrics, self.interval = opener, metrics, interval
+        self.clock, self.wall = clock, wall  # monotonic for the schedule, wall for the ages
         self.backend: Union[Backend, None] = None
         self.failures = 0
         self._last_logged = -math.inf
@@ -107,7 +90,8 @@ class QueueSampler:
             if self.backend is None:
                 self.backend = self.opener()
             depth = self.backend.size()
-            can_age, age = oldest_pending_age(self.backend, self.wall())
+            can_age = self.backend.tells_age
+            age = self.backend.oldest_pending_age(self.wall()) if can_age else None
         except (BackendError, BackendConfigError) as exc:
             return self._failed(str(exc))
         except Exception as exc:  # an SDK surprise must not end the sampler

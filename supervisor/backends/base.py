@@ -110,7 +110,8 @@ class Backend(Protocol):
     """A queue.  Methods are called from the main thread unless a docstring says otherwise.
 
     The optional capabilities (``receive_ahead``, ``change_probe``/``changed``,
-    ``quick_settle``/``quick_writes``) are members like any other: every backend class
+    ``quick_settle``/``quick_writes``, ``tells_age``/``oldest_pending_age``) are members like
+    any other: every backend class
     inherits ``BackendBase``, whose defaults say "not supported", and the core asks the flag.
     """
 
@@ -127,6 +128,9 @@ class Backend(Protocol):
     # The main thread may settle a lease itself inside ``quick_writes()``.  Default False
     # (and ``quick_writes`` is never entered).
     quick_settle: bool
+    # ``oldest_pending_age(now)`` can tell how long the oldest pending task has waited
+    # (jobq-ctl status, the autoscaling gauge).  Default False (then it is never asked).
+    tells_age: bool
 
     def receive(self, max_messages: int, lock_duration: float) -> Sequence[Lease]: ...
 
@@ -162,6 +166,11 @@ class Backend(Protocol):
         (main thread; only entered when ``quick_settle``)."""
         ...
 
+    def oldest_pending_age(self, now: float) -> float | None:
+        """Seconds since the oldest pending task was queued (``now``: wall clock), None when
+        none is pending (any one thread at a time; only asked when ``tells_age``)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -172,6 +181,7 @@ class BackendBase:
     receive_ahead: bool = False
     change_probe: bool = False
     quick_settle: bool = False
+    tells_age: bool = False
 
     def changed(self) -> bool:
         """Without a probe the answer is always "maybe" (never asked: ``change_probe``)."""
@@ -180,3 +190,7 @@ class BackendBase:
     def quick_writes(self) -> contextlib.AbstractContextManager[None]:
         """Without quick writes a block is just a block (never entered: ``quick_settle``)."""
         return contextlib.nullcontext()
+
+    def oldest_pending_age(self, now: float) -> float | None:
+        """Cannot tell (never asked: ``tells_age``)."""
+        return None

@@ -51,6 +51,7 @@ class SqliteBackend(BackendBase):
     receive_ahead = True
     change_probe = True  # ``changed``: PRAGMA data_version, from shared memory
     quick_settle = True  # ``quick_writes``: a short task's lease is settled on the main thread
+    tells_age = True  # ``oldest_pending_age``: one index step (sqlite_fleet.py)
 
     def __init__(self, path: str, queue: str, worker_id: str, *, max_attempts: int = 5,
                  stale_lock_age: float = 2700.0, reaper_interval: float = 300.0,
@@ -334,6 +335,11 @@ class SqliteBackend(BackendBase):
         with self._tx() as conn:
             return conn.execute("DELETE FROM jobs WHERE queue=? AND status=?",
                                 (self.queue, state)).rowcount
+
+    def oldest_pending_age(self, now: float) -> float | None:
+        from .sqlite_fleet import oldest_pending_age
+
+        return oldest_pending_age(self, now)
 
     def close(self) -> None:
         for conn in (getattr(self, "_conn", None), getattr(self, "_lease_conn", None)):

@@ -66,6 +66,7 @@ class StorageQueueBackend(BackendBase):
     """A Storage Queue and its ``-failed`` companion.  Main thread unless stated."""
 
     name = "storage-queue"
+    tells_age = True  # ``oldest_pending_age``: one peek
     # A lapsed visibility timeout makes the message visible; slack for a renewal in transit.
     lost_lease_return_delay = 2.0
 

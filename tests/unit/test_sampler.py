@@ -23,6 +23,7 @@ class FakeBackend:
     """A queue of ``depth`` tasks; ``age`` for backends that can tell it (Storage Queue)."""
 
     name = "storage-queue"
+    tells_age = True
 
     def __init__(self) -> None:
         self.depth = 7
@@ -46,7 +47,7 @@ class FakeBackend:
 
 class NoAge(FakeBackend):
     name = "servicebus"
-    oldest_pending_age = None  # type: ignore[assignment]
+    tells_age = False
 
 
 def read(path: Path) -> dict[str, float]:
