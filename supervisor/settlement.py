@@ -31,7 +31,7 @@ log = logging.getLogger("jobq.worker")
 
 # What a settlement's description counted, undone when the broker refuses it.
 _COUNT_OF = {"completed": "succeeded", "retry": "retried", "failed": "failed",
-             "dead-lettered": "dead_lettered", "requeued": "requeued"}
+             "dead-lettered": "dead_lettered", "requeued": "requeued", "cancelled": "cancelled"}
 
 
 def attempts_allowed(task: Task | None, settings: Settings) -> int:

@@ -91,6 +91,8 @@ class FakeLease:
     def dead_letter(self, reason: str, output_tail: str, exit_status: int | None = None) -> None:
         with self._lock:
             self.calls.append(("dead_letter", reason, output_tail, exit_status))
+        if self.refuse is not None:
+            raise self.refuse
 
 
 class FakeSignaller(Signaller):

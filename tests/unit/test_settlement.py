@@ -19,7 +19,7 @@ from supervisor.limits import TaskLimits
 from supervisor.metrics import Metrics
 from supervisor.security import TaskGuard
 from supervisor.settings import Settings
-from supervisor.settlement import Settlement
+from supervisor.settlement import Settlement, cancel_reason
 from supervisor.task import Task
 from supervisor.watchdog import RunningTask
 
@@ -99,6 +99,17 @@ def test_a_refused_settlement_counts_as_a_lost_lease_not_a_success() -> None:
     h.settlement.prune()
     assert h.settlement.counts == h.counts(lock_lost=1)
     h.settlement.prune()  # counted once
+    assert h.settlement.counts == h.counts(lock_lost=1)
+
+
+def test_a_refused_cancellation_counts_as_a_lost_lease_not_a_cancel() -> None:
+    h = Harness()
+    rt = h.finished(1)
+    rt.keeper.lease.refuse = LeaseLost("lock lost")
+    cancel = type("C", (), {"who": "ops", "when": 0.0, "reason": "r"})()
+    h.settlement.cancelled(rt.keeper, rt.task_id, 1, cancel_reason(cancel), "", 1)
+    assert settled(rt.keeper)[0][0] == "dead_letter"
+    h.settlement.prune()
     assert h.settlement.counts == h.counts(lock_lost=1)
 
 
