@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -64,6 +65,22 @@ def death_time(procs: list[psutil.Process], timeout: float) -> float | None:
             return time.time()
         time.sleep(0.01)
     return None
+
+
+def cancel_dies_at_grace(sup: Any, store: Any, queue: str, task_id: str,
+                         procs: list[psutil.Process], grace: float = 2.0) -> None:
+    """Cancel a running task that ignores SIGTERM: its tree must die about ``grace`` after
+    the worker's SIGTERM (the same check on every backend)."""
+    from supervisor.control import Cancel
+
+    store.put_cancel(Cancel(queue=queue, task_id=task_id, reason="grace", who="ops",
+                            when=time.time(), grace=grace))
+    sup.wait_log("cancelled: sending SIGTERM", 10)
+    t_term = time.time()
+    dead = death_time(procs, 20)
+    assert dead is not None, "the task outlived its grace by far"
+    assert dead - t_term >= grace - 0.3, "killed before the grace"
+    assert dead - t_term < grace + 4.0
 
 
 class HeldDatabase:
