@@ -44,6 +44,13 @@ def wait_for(cond: Callable[[], object], timeout: float = 30.0, interval: float 
         time.sleep(interval)
 
 
+def term_stamp(marker: Path) -> str:
+    """A shell trap: on SIGTERM, write the time (epoch seconds) to ``marker`` and exit 0.  The
+    stamp goes to a temporary name first and is renamed, so whoever sees ``marker`` exist reads
+    the whole stamp, never an empty file the shell has only just opened."""
+    return f"trap 'date +%s.%N > {marker}.tmp && mv {marker}.tmp {marker}; exit 0' TERM"
+
+
 def marked_processes(token_prefix: str = "") -> list[psutil.Process]:
     """Live (non-zombie) task processes (JOBQ_LIFELINE marker) of this test session."""
     found = []

@@ -13,7 +13,7 @@ import pytest
 from supervisor.control import Cancel
 from supervisor.control.azure_table import AzureTableControlStore
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
-from tests.conftest import marked_processes, wait_for
+from tests.conftest import marked_processes, term_stamp, wait_for
 from tests.control.conftest import azurite_table, table_connection_string  # noqa: F401
 from tests.integration.helpers import cancel_dies_at_grace
 
@@ -32,7 +32,7 @@ def table(azurite_table):  # noqa: F811
 def test_cancel_on_storage_queue_running_and_before_receive(sq, table):  # noqa: F811
     store, control_env = table
     marker, ready, ran = (sq.tmp / n for n in ("term", "ready", "ran"))
-    (running_id,) = sq.ctl("push", "-c", f"trap 'date +%s.%N > {marker}; exit 0' TERM; "
+    (running_id,) = sq.ctl("push", "-c", f"{term_stamp(marker)}; "
                            f"echo tail-line; touch {ready}; while true; do sleep 0.1; done"
                            ).stdout.split()
     (early_id,) = sq.ctl("push", "-c", f"touch {ran}").stdout.split()

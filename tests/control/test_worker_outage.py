@@ -43,6 +43,8 @@ def test_black_holed_control_store_never_touches_the_data_plane(env, azurite_tab
         wait_for(renewed_during_outage, 15, what="renewals while the control store is down")
         sup.wait_log("control store unavailable", 30)
         wait_for(done.exists, 30, what="the task finishing on its own")
+        # The task touched its file just before exiting; the settlement follows a moment later.
+        wait_for(lambda: env.job(task_id)["status"] != "running", 30, what="the task settled")
         assert env.job(task_id)["status"] == "succeeded"
         assert env.job(task_id)["attempt"] == 1
         proxy.restore()

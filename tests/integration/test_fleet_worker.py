@@ -13,7 +13,7 @@ import pytest
 from supervisor.control import Cancel, Command, QueueFlag, SqliteControlStore, new_seq
 from supervisor.control.signing import sign
 from supervisor.security import load_key
-from tests.conftest import marked_processes, wait_for
+from tests.conftest import marked_processes, term_stamp, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -62,7 +62,7 @@ def _trap_marker(tmp: Path, name: str) -> tuple[str, Path, Path]:
     """A task that prints a line, then on SIGTERM writes a marker and exits 0; it also ends
     (exit 0) once ``<name>.release`` exists."""
     marker, ready = tmp / f"{name}.term", tmp / f"{name}.ready"
-    cmd = (f"trap 'date +%s.%N > {marker}; exit 0' TERM; echo output-of-{name}; "
+    cmd = (f"{term_stamp(marker)}; echo output-of-{name}; "
            f"touch {ready}; while [ ! -e {tmp / (name + '.release')} ]; do sleep 0.1; done")
     return cmd, marker, ready
 

@@ -12,7 +12,7 @@ import pytest
 
 from supervisor.control import Cancel
 from supervisor.control.azure_table import AzureTableControlStore
-from tests.conftest import marked_processes, wait_for
+from tests.conftest import marked_processes, term_stamp, wait_for
 from tests.control.conftest import azurite_table, table_connection_string  # noqa: F401
 from tests.integration.helpers import cancel_dies_at_grace
 
@@ -27,7 +27,7 @@ def test_cancel_on_servicebus_running_and_before_receive(sb_env, azurite_table):
     try:
         q = sb_env.queue
         marker, ready, ran = (sb_env.tmp / n for n in ("term", "ready", "ran"))
-        (running_id,) = sb_env.push(f"trap 'date +%s.%N > {marker}; exit 0' TERM; echo tail; "
+        (running_id,) = sb_env.push(f"{term_stamp(marker)}; echo tail; "
                                     f"touch {ready}; while true; do sleep 0.1; done")
         (early_id,) = sb_env.push(f"touch {ran}")
         store.put_cancel(Cancel(queue=q, task_id=early_id, reason="never", who="ops",
