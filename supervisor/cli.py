@@ -25,6 +25,7 @@ from .settings import (
     LOG_LEVELS,
     SCHEDULED_EVENTS_MODES,
     TASK_LIMITS,
+    TASK_OUTPUT_MODES,
     Settings,
     SettingsError,
 )
@@ -64,6 +65,9 @@ def _add_backend_options(p: Any, suppress: bool = False) -> None:
     p.add_argument("--control-connection-string",
                    help="Storage connection string for the control store (secret: prefer env "
                         "JOBQ_CONTROL_CONNECTION_STRING)", **kw)
+    p.add_argument("--task-log-container",
+                   help="Azure: blob container of the output store, in the control store's "
+                        "account", **kw)
 
 
 def worker_parser() -> _Parser:
@@ -110,6 +114,16 @@ def worker_parser() -> _Parser:
                    help="seconds between receives while the queue is empty")
     p.add_argument("--task-log-dir",
                    help="also write each task's output to DIR/<task id>.<attempt>.log")
+    p.add_argument("--task-output", choices=TASK_OUTPUT_MODES,
+                   help="task output: store = the output store (jobq-ctl logs) and the log; "
+                        "local = the log only; off = neither; auto = store when there is one")
+    p.add_argument("--task-log-buffer", type=_size,
+                   help="bytes of output held per worker while the output store is slow or "
+                        "down; beyond it output is dropped with a marker")
+    p.add_argument("--task-output-max", type=_size,
+                   help="bytes of output stored per attempt; the rest is cut with a marker")
+    p.add_argument("--task-output-retention", type=_duration,
+                   help="stored output older than this is purged")
     p.add_argument("--worker-id", help="name of this worker in logs and task records "
                                        "(default when empty: HOST:PID:6 random hex digits)")
     p.add_argument("--lock-file",

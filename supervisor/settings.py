@@ -24,6 +24,8 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SCHEDULED_EVENTS_MODES = ("auto", "on", "off")
 TASK_LIMITS = ("auto", "systemd", "rlimit")  # how task limits are applied (limits.py)
 CONTROL_MODES = ("auto", "off")  # the fleet control store (control/open.py)
+# Where task output goes (outstore/): auto = store when an output store exists, else local.
+TASK_OUTPUT_MODES = ("auto", "store", "local", "off")
 # The Instance Metadata Service's Scheduled Events endpoint (preemption.py polls it).
 SCHEDULED_EVENTS_URL = "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
 
@@ -112,6 +114,12 @@ class Settings:
     control_connection_string: str | None = None
     heartbeat_interval: float = 15.0
     control_interval: float = 5.0
+    # task output (outstore/): the output store beside the control store
+    task_output: str = "auto"  # one of TASK_OUTPUT_MODES
+    task_log_container: str = "jobq-logs"  # Azure: the blob container
+    task_log_buffer: int = 64 << 20  # bytes held for the store per worker, then dropped
+    task_output_max: int = 100 << 20  # bytes stored per attempt, then a truncation marker
+    task_output_retention: float = 7 * 86_400.0  # s: older output is purged
 
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -215,6 +223,14 @@ class Settings:
             raise bad("control-account-url", "give --control-account-url or "
                       "--control-connection-string, not both")
         for name in ("heartbeat_interval", "control_interval"):
+            if getattr(self, name) <= 0:
+                raise bad(name.replace("_", "-"), "must be positive")
+        if self.task_output not in TASK_OUTPUT_MODES:
+            raise bad("task-output", f"must be one of {', '.join(TASK_OUTPUT_MODES)}")
+        if not re.fullmatch(r"[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]", self.task_log_container):
+            raise bad("task-log-container", f"invalid container name {self.task_log_container!r}"
+                      " (3-63 lower-case letters, digits and single hyphens)")
+        for name in ("task_log_buffer", "task_output_max", "task_output_retention"):
             if getattr(self, name) <= 0:
                 raise bad(name.replace("_", "-"), "must be positive")
         if self.task_limits not in TASK_LIMITS:

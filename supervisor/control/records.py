@@ -113,19 +113,31 @@ class Command:
     kind = "cmd"
 
 
+RESULT_STATES = ("running", "succeeded", "failed", "cancelled", "lock-lost", "requeued")
+
+
 @dataclass(frozen=True)
 class ResultRecord:
-    """How one attempt ended, for ``jobq-ctl cancelled``/``failed`` listings."""
+    """One attempt of a task: written when it starts (``running``) and again when it ends
+    (``jobq-ctl result``, ``push --wait``, the ``cancelled`` listing).  ``outcome`` is the
+    attempt's state, one of RESULT_STATES; ``final``: the task ended for good with this
+    attempt (succeeded, failed after its last attempt, cancelled)."""
 
     queue: str
     task_id: str
     attempt: int
-    outcome: str  # "cancelled", "failed", ...
+    outcome: str  # one of RESULT_STATES
     reason: str
     tail: str  # the last lines of output
     exit_status: Union[int, None]
     worker: str
-    when: float
+    when: float  # when the record was written
+    signal: Union[int, None] = None  # the signal that ended the task's shell
+    started: Union[float, None] = None  # epoch seconds
+    finished: Union[float, None] = None  # epoch seconds; None while running
+    final: bool = False
+    max_attempts: Union[int, None] = None
+    cancelled_by: str = ""
     kind = "result"
 
 
@@ -219,11 +231,11 @@ def decode(text: Any, kind: str | None = None) -> Record:
 
 
 _STR = ("id", "queue", "host", "version", "state", "task_id", "reason", "who", "worker",
-        "seq", "action", "outcome", "tail", "cmd")
+        "seq", "action", "outcome", "tail", "cmd", "cancelled_by")
 _INT = ("pid", "slots_used", "slots_total", "tasks_omitted", "attempt")
 _FLOAT = ("started", "heartbeat", "interval", "when", "grace")
-_OPT_INT = ("exit_status",)
-_OPT_FLOAT = ("lease_expires", "ttl")
+_OPT_INT = ("exit_status", "signal", "max_attempts")
+_OPT_FLOAT = ("lease_expires", "ttl", "finished")
 
 
 def _is_int(v: Any) -> bool:
@@ -236,7 +248,10 @@ def _is_num(v: Any) -> bool:
 
 def _check(kind: str, name: str, v: Any) -> Any:
     ok: bool
-    if name in _STR:
+    if name == "started" and kind == "result":  # unknown (None) in a result record
+        ok = v is None or _is_num(v)
+        v = float(v) if ok and v is not None else v
+    elif name in _STR:
         ok = isinstance(v, str)
     elif name in _INT:
         ok = _is_int(v)
@@ -248,7 +263,7 @@ def _check(kind: str, name: str, v: Any) -> Any:
     elif name in _OPT_FLOAT:
         ok = v is None or _is_num(v)
         v = float(v) if ok and v is not None else v
-    elif name == "paused":
+    elif name in ("paused", "final"):
         ok = isinstance(v, bool)
     elif name == "sig":
         ok = v is None or (isinstance(v, dict) and len(v) == 2
@@ -278,6 +293,8 @@ def _validate(record: Record) -> None:
         raise RecordError(f"worker: unknown state {record.state!r}")
     if isinstance(record, Command) and record.action not in COMMAND_ACTIONS:
         raise RecordError(f"cmd: unknown action {record.action!r}")
+    if isinstance(record, ResultRecord) and record.outcome not in RESULT_STATES:
+        raise RecordError(f"result: unknown state {record.outcome!r}")
     if isinstance(record, Cancel) and record.grace < 0:
         raise RecordError("cancel: negative grace")
     if isinstance(record, Cancel) and record.ttl is not None and record.ttl <= 0:

@@ -1,0 +1,76 @@
+"""The output-store seam: where each attempt's output is kept, and how it is read back.
+
+An attempt's output is one byte stream, appended to while the task runs and then marked
+complete (``finish``).  Readers address it by byte offset: ``read(key, offset)`` returns what
+follows ``offset``, the offset to read from next, and whether the writer has finished -- so a
+follower (``jobq-ctl logs -f``) polls ``read`` until ``complete``.
+
+Writers: one output-store thread per worker (shipper.py) -- never the main loop, never the
+pump that reads the task's pipe.  Readers: jobq-ctl, the dashboard.  One instance per thread.
+
+Every method may raise ``OutputStoreError`` (and only that) after at most a few seconds; the
+message is one line without secrets.  A missing attempt is not an error: ``read`` returns an
+empty, incomplete chunk and ``attempts`` an empty list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+READ_LIMIT = 4 << 20  # bytes one read returns at most
+DROPPED = "\n[... {n} bytes dropped: output store unreachable ...]\n"
+TRUNCATED = "\n[... output truncated: more than {limit} bytes (--task-output-max) ...]\n"
+
+
+class OutputStoreError(Exception):
+    """A store call failed or timed out; one line without secrets."""
+
+
+class OutputConfigError(OutputStoreError):
+    """A store that cannot work as configured (bad connection string, not authorized)."""
+
+
+@dataclass(frozen=True, order=True)
+class AttemptKey:
+    queue: str
+    task_id: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    data: bytes
+    offset: int  # where the next read starts
+    complete: bool  # the writer has finished: nothing follows ``data``
+
+
+class OutputStore(Protocol):
+    """Implemented by files.FileOutputStore and azure_blob.BlobOutputStore."""
+
+    name: str
+
+    def append(self, key: AttemptKey, data: bytes) -> None:
+        """Add ``data`` to the end of the attempt's output (created by its first append).
+
+        A call that raised may or may not have stored ``data``; the store makes a retry of the
+        same bytes at the same position not store them twice (the caller retries with exactly
+        the bytes that raised)."""
+        ...
+
+    def finish(self, key: AttemptKey) -> None:
+        """Mark the attempt's output complete (created empty when nothing was appended)."""
+        ...
+
+    def read(self, key: AttemptKey, offset: int = 0, limit: int = READ_LIMIT) -> Chunk: ...
+
+    def attempts(self, queue: str, task_id: str) -> list[int]:
+        """The attempts of the task that have output, ascending."""
+        ...
+
+    def purge(self, before: float) -> int:
+        """Delete the output of attempts last written before ``before`` (epoch seconds);
+        returns how many attempts were deleted."""
+        ...
+
+    def close(self) -> None: ...

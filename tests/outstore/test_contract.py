@@ -1,0 +1,79 @@
+"""The output-store contract, run against every store (files here; the Azure blob store adds
+itself to STORES with Azurite)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from supervisor.outstore.base import AttemptKey, OutputStore
+from supervisor.outstore.files import FileOutputStore, part
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def store(tmp_path) -> Iterator[OutputStore]:
+    s = FileOutputStore(str(tmp_path / "jobq.db.output"))
+    yield s
+    s.close()
+
+
+def _all(store: OutputStore, key: AttemptKey, limit: int = 1 << 20) -> tuple[bytes, bool]:
+    out, offset = b"", 0
+    while True:
+        chunk = store.read(key, offset, limit)
+        out += chunk.data
+        offset = chunk.offset
+        if not chunk.data:
+            return out, chunk.complete
+
+
+def test_append_read_finish(store):
+    key = AttemptKey("default", "t-1", 1)
+    assert store.read(key).data == b"" and not store.read(key).complete
+    assert store.attempts("default", "t-1") == []
+    store.append(key, b"one\n")
+    store.append(key, b"two\n")
+    chunk = store.read(key)
+    assert (chunk.data, chunk.offset, chunk.complete) == (b"one\ntwo\n", 8, False)
+    assert store.read(key, 4).data == b"two\n"
+    assert store.read(key, 1, limit=3).data == b"ne\n"
+    store.finish(key)
+    assert _all(store, key, limit=3) == (b"one\ntwo\n", True)
+    assert store.read(key, 8).complete
+
+
+def test_attempts_are_apart_and_listed(store):
+    for attempt in (2, 1, 10):
+        store.append(AttemptKey("default", "t", attempt), f"a{attempt}".encode())
+    store.finish(AttemptKey("default", "t", 3))  # ended without output
+    assert store.attempts("default", "t") == [1, 2, 3, 10]
+    assert store.read(AttemptKey("default", "t", 10)).data == b"a10"
+    assert _all(store, AttemptKey("default", "t", 3)) == (b"", True)
+    assert store.attempts("other", "t") == []
+
+
+def test_ids_cannot_escape_their_directory(store, tmp_path):
+    for evil in ("../../x", "/etc/passwd", ".", "..", "a/b", "%2F", "é"):
+        store.append(AttemptKey("default", evil, 1), evil.encode())
+        assert store.read(AttemptKey("default", evil, 1)).data == evil.encode()
+    assert {p.name for p in tmp_path.iterdir()} == {"jobq.db.output"}
+    assert len({part(e) for e in ("a/b", "a%2Fb", "a_b")}) == 3
+
+
+def test_purge_deletes_old_attempts_only(store):
+    old, new = AttemptKey("default", "old", 1), AttemptKey("default", "new", 1)
+    store.append(old, b"x")
+    store.finish(old)
+    store.append(new, b"y")
+    past = time.time() - 3600
+    path = os.path.join(store.root, "default", "old", "1.log")  # type: ignore[attr-defined]
+    os.utime(path, (past, past))
+    assert store.purge(time.time() - 60) == 1
+    assert store.attempts("default", "old") == [] and store.read(old).data == b""
+    assert store.read(new).data == b"y"
+    assert store.purge(time.time() - 60) == 0
