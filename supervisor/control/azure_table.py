@@ -294,6 +294,13 @@ class AzureTableControlStore:
         return sorted((r for r in records if outcome is None or r.outcome == outcome),
                       key=lambda r: r.when)
 
+    def results_of(self, queue: str, task_id: str) -> list[ResultRecord]:
+        prefix = key_part(task_id) + ":"
+        found = self._query("read results", "PartitionKey eq @pk and RowKey ge @lo and "
+                            "RowKey lt @hi", {"pk": result_partition(queue), "lo": prefix,
+                                              "hi": after_prefix(prefix)})
+        return sorted(self._records(found, "result"), key=lambda r: r.attempt)
+
     # -------------------------------------------------------------------- housekeeping
     def purge(self, now: float) -> PurgeCounts:
         """One query over the table plus one delete per expired record."""

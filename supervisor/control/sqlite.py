@@ -202,6 +202,13 @@ class SqliteControlStore:
             r for _, r in self._decode(rows, "result")]  # type: ignore[misc]
         return [r for r in found if outcome is None or r.outcome == outcome]
 
+    def results_of(self, queue: str, task_id: str) -> list[records.ResultRecord]:
+        prefix = base.key_part(task_id) + ":"
+        rows = self._select("read results", "SELECT part, row, kind, rev, doc FROM "
+                            "control_records WHERE part=? AND row>=? AND row<? ORDER BY row",
+                            (base.result_partition(queue), prefix, base.after_prefix(prefix)))
+        return [r for _, r in self._decode(rows, "result")]  # type: ignore[misc]
+
     # -------------------------------------------------------------------- housekeeping
     def purge(self, now: float) -> PurgeCounts:
         """Delete records past their age (any process may; one short transaction)."""

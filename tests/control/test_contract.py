@@ -282,3 +282,17 @@ def _later(kit: Kit) -> None:
     """Let the service's clock move on (Azure's Timestamp cursor); SQLite needs nothing."""
     if kit.kind == "azure":
         time.sleep(0.05)
+
+
+def test_results_of_one_task_by_attempt(kit: Kit) -> None:
+    s = kit.store
+    for task, attempt, outcome in (("t:1", 2, "failed"), ("t:1", 1, "lock-lost"),
+                                   ("t:10", 1, "running"), ("t", 1, "succeeded")):
+        s.put_result(ResultRecord(queue=QUEUE, task_id=task, attempt=attempt, outcome=outcome,
+                                  reason="", tail="", exit_status=None, worker="w1", when=NOW,
+                                  started=NOW - 5, signal=9 if outcome == "lock-lost" else None))
+    got = s.results_of(QUEUE, "t:1")
+    assert [(r.attempt, r.outcome, r.signal, r.started) for r in got] == [
+        (1, "lock-lost", 9, NOW - 5), (2, "failed", None, NOW - 5)]
+    assert [r.task_id for r in s.results_of(QUEUE, "t")] == ["t"]
+    assert s.results_of(QUEUE, "nope") == [] and s.results_of("other", "t") == []
