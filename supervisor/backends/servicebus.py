@@ -55,6 +55,7 @@ OPEN_WAIT = 15.0  # s: the worker's backend waits this long for its first connec
 NEXT_WAIT = 0.3  # s: receive waits this long for a second, third ... message
 PEEK_PAGE = 250
 COUNT_LIMIT = 10000  # peek-count fallback of size(): stop here
+ADMIN_RETRY = 600.0  # s: after the administration API failed, count by peeking this long
 LIST_BUDGET = 30.0  # s: requeue holds dead-lettered messages at most this long
 _NAMESPACE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{4,48}[A-Za-z0-9](\.[A-Za-z0-9.-]+)?$")
 
@@ -98,6 +99,10 @@ class ServiceBusBackend(BackendBase):
                 # Shared by every client and thread: azure-identity credentials are meant to be.
                 self._credential = DefaultAzureCredential()
         self.emulator = "usedevelopmentemulator=true" in (connection_string or "").lower()
+        # Monotonic time until which size() does not try the administration API again: the
+        # queue sampler counts every 15 s, and without Manage rights every try fails (and
+        # used to log a line each time).
+        self._no_admin_until = 0.0
         self._main = self.new_client()
         self.pool = ReceiverPool(self._new_pool_receiver, self.scrub)
         self._leases: set[ServiceBusLease] = set()  # unsettled; under _leases_lock
@@ -264,7 +269,8 @@ class ServiceBusBackend(BackendBase):
         return out
 
     def _count(self, dead_letter: bool) -> int:
-        if not self.emulator:
+        """Any thread that owns this backend (jobq-ctl, the queue sampler)."""
+        if not self.emulator and time.monotonic() >= self._no_admin_until:
             try:
                 with self._admin() as admin:
                     props = admin.get_queue_runtime_properties(
@@ -272,8 +278,12 @@ class ServiceBusBackend(BackendBase):
                 return int((props.dead_letter_message_count if dead_letter
                             else props.active_message_count) or 0)
             except Exception as exc:  # no Manage rights: count by peeking
-                LOG.info("administration API not available (%s); counting by peeking",
-                         self.translate(exc, "queue properties"))
+                if not self._no_admin_until:  # the first time only
+                    LOG.info("administration API not available (%s); counting by peeking "
+                             "(tried again every %.0f s)", self.translate(exc, "queue "
+                                                                             "properties"),
+                             ADMIN_RETRY)
+                self._no_admin_until = time.monotonic() + ADMIN_RETRY
         sub = ServiceBusSubQueue.DEAD_LETTER if dead_letter else None
         n = len(self._peek_all(sub, COUNT_LIMIT))
         if n >= COUNT_LIMIT:

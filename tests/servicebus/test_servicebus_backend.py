@@ -222,3 +222,22 @@ def test_bad_namespace_exits_2():
                                                 "not a namespace!", "size"],
                          capture_output=True, text=True, timeout=60, env=_clean_env())
     assert res.returncode == 2 and "--namespace" in res.stderr
+
+
+def test_size_without_administration_api_counts_by_peeking_and_says_so_once(
+        backend, sb_broker, caplog, monkeypatch):
+    """The queue sampler counts every 15 s: without Manage rights the administration API is
+    tried once per ADMIN_RETRY, not on every count, and the fallback is logged once."""
+    backend.push([Task(cmd="true"), Task(cmd="true")])
+    backend.emulator = False  # as on a real namespace: size() tries the administration API
+    tries = []
+
+    def no_manage_rights():
+        tries.append(1)
+        raise sbx.ServiceBusAuthorizationError(message="Manage claim required")
+
+    monkeypatch.setattr(backend, "_admin", no_manage_rights)
+    with caplog.at_level(logging.INFO, logger="supervisor.backends.servicebus"):
+        assert [backend.size() for _ in range(3)] == [2, 2, 2]
+    assert len(tries) == 1
+    assert sum("counting by peeking" in r.getMessage() for r in caplog.records) == 1
