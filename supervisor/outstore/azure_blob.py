@@ -282,8 +282,13 @@ class BlobOutputStore:
         if not data:
             return
         tail = self._tail(key)
-        same = tail.pending is not None and tail.pending[1] == data
-        start = tail.pending[0] if same and tail.pending else tail.end
+        start = tail.end
+        if tail.pending is not None:
+            if tail.pending[1] == data:
+                start = tail.pending[0]
+            else:  # given up on: some of those bytes may have landed
+                self._load(key, tail)
+                start = tail.end
         tail.pending = (start, data)
         done = min(max(tail.end - start, 0), len(data))
         while done < len(data):
@@ -343,7 +348,7 @@ class BlobOutputStore:
         """Output-store thread: one page of the container (resuming the last call's
         listing), deleting attempts whose newest part is older than ``before``."""
         try:
-            pages = self._container.list_blobs(results_per_page=self.page_size).by_page(
+            pages: Any = self._container.list_blobs(results_per_page=self.page_size).by_page(
                 continuation_token=self._purge_token)
             page = list(next(pages, []))
             token = pages.continuation_token

@@ -92,7 +92,9 @@ def open_output_store(settings: Settings, create: bool = True) -> Union[OutputSt
     return None
 
 
-def _blob_store(settings: Settings, create: bool, **where: str) -> OutputStore:
+def _blob_store(settings: Settings, create: bool, account_url: Union[str, None] = None,
+                connection_string: Union[str, None] = None) -> OutputStore:
     from .azure_blob import BlobOutputStore
 
-    return BlobOutputStore(container=settings.task_log_container, create=create, **where)
+    return BlobOutputStore(account_url=account_url, connection_string=connection_string,
+                           container=settings.task_log_container, create=create)
