@@ -13,7 +13,8 @@ with the part exactly one block longer -- taken as success, never stored twice. 
 raised remembers where its bytes began; the caller's retry of the same bytes resumes after
 the blocks known to have landed.
 
-Cost: an attempt's first append 2 calls (create, append), then one call per flush (per 4 MiB);
+Cost: an attempt's first append 2 calls (create, append), then one call per flush (per 4 MiB),
+``finish`` one;
 ``read`` one list call plus one ranged download; ``attempts`` one list call.
 
 Retention (``purge``): lists the container one page per call (resuming where the last call
@@ -35,6 +36,7 @@ a missing container reads as no output.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass
@@ -63,6 +65,8 @@ MAX_BLOCKS = 50_000  # committed blocks an append blob takes
 _NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
                           "AuthorizationFailure")
 _ATTEMPT = re.compile(r"(\d+)\.log(?:\.(\d+))?")
+_PART = re.compile(r"(?:\.(\d+))?")  # after ``<attempt>.log``
+_ERRORS = (AzureError, OSError, ValueError)  # what SDK calls raise
 _CACHED = 256  # attempts whose append position is remembered
 
 
@@ -155,7 +159,7 @@ class BlobOutputStore:
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
-        except (AzureError, OSError, ValueError) as exc:
+        except _ERRORS as exc:
             raise self._error(what, exc) from None
 
     def _listing(self, prefix: str, metadata: bool = False) -> list[BlobProperties]:
@@ -165,19 +169,14 @@ class BlobOutputStore:
             return list(self._container.list_blobs(name_starts_with=prefix, include=include))
         except ResourceNotFoundError:
             return []
-        except (AzureError, OSError, ValueError) as exc:
+        except _ERRORS as exc:
             raise self._error("list", exc) from None
 
     def _parts(self, key: AttemptKey) -> list[tuple[int, BlobProperties]]:
         """The attempt's parts, in order (one list call)."""
         base = blob_base(key)
-        found = []
-        for blob in self._listing(base, metadata=True):
-            rest = blob.name[len(base):]
-            if rest == "":
-                found.append((0, blob))
-            elif rest[:1] == "." and rest[1:].isdigit():
-                found.append((int(rest[1:]), blob))
+        found = [(int(m.group(1) or 0), blob) for blob in self._listing(base, metadata=True)
+                 if (m := _PART.fullmatch(blob.name[len(base):]))]
         return sorted(found, key=lambda p: p[0])
 
     def _create_container(self) -> None:
@@ -185,7 +184,7 @@ class BlobOutputStore:
             self._container.create_container()
         except ResourceExistsError:
             pass
-        except (AzureError, OSError, ValueError) as exc:
+        except _ERRORS as exc:
             if error_code(exc) in _NOT_ALLOWED_TO_CREATE:
                 log.warning("output store: not allowed to create container %s; assuming it "
                             "exists", self._container.container_name)
@@ -198,7 +197,8 @@ class BlobOutputStore:
         if tail is None:
             if len(self._tails) >= _CACHED:
                 self._tails.pop(next(iter(self._tails)))
-            tail = self._tails[key] = _Tail(stale=True)
+            # Assumed new (an attempt's output has one writer): the first create says if not.
+            tail = self._tails[key] = _Tail()
         if tail.stale:
             self._load(key, tail)
         return tail
@@ -208,48 +208,46 @@ class BlobOutputStore:
         parts = self._parts(key)
         tail.part, tail.base, tail.size, tail.blocks = -1, 0, 0, 0
         if parts:
-            index, last = parts[-1]
+            tail.part = parts[-1][0]
             props = self._call("read blob", self._container.get_blob_client(
-                part_name(blob_base(key), index)).get_blob_properties)
-            tail.part, tail.size = index, props.size
-            tail.base = sum(p.size for _, p in parts[:-1])
+                part_name(blob_base(key), tail.part)).get_blob_properties)
+            tail.base, tail.size = sum(p.size for _, p in parts[:-1]), props.size
             tail.blocks = props.append_blob_committed_block_count or 0
         tail.stale = False
 
     def _new_part(self, key: AttemptKey, tail: _Tail, index: int,
-                  metadata: Union[dict[str, str], None] = None) -> None:
-        """Create part ``index`` (a part that exists already -- a retried create -- is
-        taken as it is) and make it the tail."""
+                  metadata: Union[dict[str, str], None] = None) -> bool:
+        """Create part ``index`` and make it the tail; True if created.  When it exists
+        already (a retried create, or output this writer did not know of), the tail is read
+        from the service instead."""
         blob = self._container.get_blob_client(part_name(blob_base(key), index))
         for _ in range(2):
             try:
                 blob.create_append_blob(metadata=metadata,
                                         match_condition=MatchConditions.IfMissing)
-                size = blocks = 0
-                break
             except ResourceExistsError:
-                props = self._call("read blob", blob.get_blob_properties)
-                size, blocks = props.size, props.append_blob_committed_block_count or 0
-                if metadata:
-                    self._call("finish", lambda: blob.set_blob_metadata(metadata))
-                break
+                self._load(key, tail)
+                return False
             except ResourceNotFoundError as exc:
                 if not self.create or error_code(exc) != "ContainerNotFound":
                     raise self._error("create blob", exc) from None
                 self._create_container()
-            except (AzureError, OSError, ValueError) as exc:
+                continue
+            except _ERRORS as exc:
                 raise self._error("create blob", exc) from None
-        else:
-            raise OutputStoreError("output store create blob: the container vanished")
-        tail.base, tail.part, tail.size, tail.blocks = tail.end, index, size, blocks
+            tail.base, tail.part, tail.size, tail.blocks = tail.end, index, 0, 0
+            return True
+        raise OutputStoreError("output store create blob: the container vanished")
 
     def _put(self, key: AttemptKey, tail: _Tail, piece: bytes) -> None:
         """Append one block (at most max_block bytes) at the tail, rolling over first when
         the tail part is full."""
-        if tail.part < 0:
-            self._new_part(key, tail, 0)
-        elif tail.blocks >= self.max_blocks:
+        for _ in range(3):  # a part another call filled, or purged under us: at most twice
+            if 0 <= tail.part and tail.blocks < self.max_blocks:
+                break
             self._new_part(key, tail, tail.part + 1)
+        else:
+            raise OutputStoreError("output store append: no part to append to")
         name = part_name(blob_base(key), tail.part)
         blob = self._container.get_blob_client(name)
         try:
@@ -271,7 +269,7 @@ class BlobOutputStore:
                 raise OutputStoreError(f"output store append {name}: the blob holds "
                                        f"{props.size} bytes, not {tail.size}") from None
             blocks = props.append_blob_committed_block_count
-        except (AzureError, OSError, ValueError) as exc:
+        except _ERRORS as exc:
             raise self._error(f"append {name}", exc) from None
         tail.size += len(piece)
         tail.blocks = blocks if isinstance(blocks, int) else tail.blocks + 1
@@ -301,9 +299,7 @@ class BlobOutputStore:
         """Output-store thread: metadata ``complete=1`` on the last part."""
         tail = self._tail(key)
         done = {"complete": "1"}
-        if tail.part < 0:
-            self._new_part(key, tail, 0, metadata=done)
-        else:
+        if tail.part >= 0 or not self._new_part(key, tail, 0, metadata=done):
             blob = self._container.get_blob_client(part_name(blob_base(key), tail.part))
             self._call("finish", lambda: blob.set_blob_metadata(done))
         self._tails.pop(key, None)
@@ -327,21 +323,17 @@ class BlobOutputStore:
                     data = blob.download_blob(offset=at - lo, length=n).readall()
                 except ResourceNotFoundError:  # purged meanwhile
                     break
-                except (AzureError, OSError, ValueError) as exc:
+                except _ERRORS as exc:
                     raise self._error("read", exc) from None
-                got.append(data)
+                got.append(data)  # shorter than listed: the next part does not follow
                 at += len(data)
-                if len(data) < n:
-                    break
             lo = hi
         return Chunk(b"".join(got), at, complete and at >= total)
 
     def attempts(self, queue: str, task_id: str) -> list[int]:
         prefix = f"{segment(queue)}/{segment(task_id)}/"
-        found = {int(m.group(1)) for m in
-                 (_ATTEMPT.fullmatch(b.name[len(prefix):]) for b in self._listing(prefix))
-                 if m}
-        return sorted(found)
+        names = (b.name[len(prefix):] for b in self._listing(prefix))
+        return sorted({int(m.group(1)) for m in map(_ATTEMPT.fullmatch, names) if m})
 
     # -------------------------------------------------------------------- housekeeping
     def purge(self, before: float) -> int:
@@ -354,7 +346,7 @@ class BlobOutputStore:
             token = pages.continuation_token
         except ResourceNotFoundError:
             return 0
-        except (AzureError, OSError, ValueError) as exc:
+        except _ERRORS as exc:
             raise self._error("purge", exc) from None
         groups: dict[str, list[BlobProperties]] = {}
         for blob in page:
@@ -377,7 +369,7 @@ class BlobOutputStore:
                     self._container.delete_blob(blob.name)
                 except ResourceNotFoundError:
                     pass  # another worker purges too
-                except (AzureError, OSError, ValueError) as exc:
+                except _ERRORS as exc:
                     raise self._error("purge", exc) from None
                 deletes += 1
             deleted += 1
@@ -397,16 +389,10 @@ def _attempt_base(name: str) -> Union[str, None]:
 
 def _scrubber(connection_string: Union[str, None],
               account_url: Union[str, None]) -> Callable[[str], str]:
-    """Scrubber, plus a SAS signature in the forms the SDK re-encodes it to."""
+    """Scrubber, plus a SAS signature as given and as the SDK re-encodes it."""
     scrub = Scrubber(connection_string, account_url)
-    sigs = parse_qs((account_url or "").partition("?")[2]).get("sig", [])
-    extra = sorted({s for v in sigs for s in (v, quote(v, safe="")) if len(s) >= 8},
-                   key=len, reverse=True)
-
-    def scrubbed(text: str) -> str:
-        text = scrub(text)
-        for secret in extra:
-            text = text.replace(secret, "***")
-        return text
-
-    return scrubbed
+    query = (account_url or "").partition("?")[2]
+    sigs = re.findall(r"(?:^|&)sig=([^&]+)", query)
+    sigs += [quote(v, safe="") for v in parse_qs(query).get("sig", [])]
+    sigs = sorted((s for s in sigs if len(s) >= 8), key=len, reverse=True)
+    return lambda text: functools.reduce(lambda t, sig: t.replace(sig, "***"), sigs, scrub(text))

@@ -172,3 +172,18 @@ def test_an_unreachable_store_fails_within_seconds(blob_store):
         with pytest.raises(OutputStoreError):
             silent.read(KEY)
         assert time.monotonic() - started < 8.0  # one try: no SDK retries
+
+
+def test_calls_per_attempt(blob_store):
+    calls: list[str] = []
+    store = blob_store(client_options={"raw_request_hook": lambda r: calls.append(
+        f"{r.http_request.method} {r.http_request.url.split('?')[-1]}")})
+    store.finish(AttemptKey("jobs", "warm-up", 1))  # creates the container
+    calls.clear()
+    store.append(KEY, b"a")
+    assert len(calls) == 2, calls  # create the blob, append
+    store.append(KEY, b"b")
+    store.finish(KEY)
+    assert len(calls) == 4, calls  # one append, one metadata write
+    calls.clear()
+    assert store.read(KEY).data == b"ab" and len(calls) == 2, calls  # list, download
