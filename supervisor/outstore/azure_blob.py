@@ -237,7 +237,8 @@ class BlobOutputStore:
                 raise self._error("create blob", exc) from None
             tail.base, tail.part, tail.size, tail.blocks = tail.end, index, 0, 0
             return True
-        raise OutputStoreError("output store create blob: the container vanished")
+        raise OutputStoreError(f"output store create blob: container "
+                               f"{self._container.container_name} does not exist")
 
     def _put(self, key: AttemptKey, tail: _Tail, piece: bytes) -> None:
         """Append one block (at most max_block bytes) at the tail, rolling over first when
