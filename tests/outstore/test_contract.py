@@ -1,9 +1,9 @@
-"""The output-store contract, run against every store (files here; the Azure blob store adds
-itself to STORES with Azurite)."""
+"""The output-store contract, run against every store: files (SQLite queues) and append blobs
+on Azurite's blob service (Azure)."""
 
 from __future__ import annotations
 
-import os
+import math
 import time
 from collections.abc import Iterator
 
@@ -15,11 +15,22 @@ from supervisor.outstore.files import FileOutputStore, part
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-def store(tmp_path) -> Iterator[OutputStore]:
+@pytest.fixture(params=["files", pytest.param("blob", marks=pytest.mark.azure)])
+def store(request, tmp_path) -> Iterator[OutputStore]:
+    if request.param == "blob":
+        yield request.getfixturevalue("blob_store")()  # closed by its fixture
+        return
     s = FileOutputStore(str(tmp_path / "jobq.db.output"))
     yield s
     s.close()
+
+
+def wait_until(wall: float) -> None:
+    """Until time.time() >= wall (a few seconds at most)."""
+    deadline = time.monotonic() + 5.0
+    while time.time() < wall:
+        assert time.monotonic() < deadline, "the wall clock does not advance"
+        time.sleep(0.02)
 
 
 def _all(store: OutputStore, key: AttemptKey, limit: int = 1 << 20) -> tuple[bytes, bool]:
@@ -57,23 +68,33 @@ def test_attempts_are_apart_and_listed(store):
     assert store.attempts("other", "t") == []
 
 
-def test_ids_cannot_escape_their_directory(store, tmp_path):
-    for evil in ("../../x", "/etc/passwd", ".", "..", "a/b", "%2F", "é"):
+def test_ids_cannot_escape_their_directory(store, tmp_path, request):
+    evils = ("../../x", "/etc/passwd", ".", "..", "a/b", "%2F", "a.", "é")
+    for evil in evils:
         store.append(AttemptKey("default", evil, 1), evil.encode())
         assert store.read(AttemptKey("default", evil, 1)).data == evil.encode()
-    assert {p.name for p in tmp_path.iterdir()} == {"jobq.db.output"}
+    for evil in evils:
+        assert store.attempts("default", evil) == [1]
+    assert store.attempts("default", "a") == []
     assert len({part(e) for e in ("a/b", "a%2Fb", "a_b")}) == 3
+    if store.name == "files":
+        assert {p.name for p in tmp_path.iterdir()} == {"jobq.db.output"}
+    else:
+        names = [b.name for b in request.getfixturevalue("blob_store").raw.list_blobs()]
+        assert len(names) == len(evils)
+        assert all(n.startswith("default/") and n.count("/") == 2 and n.endswith("/1.log")
+                   and "/." not in n and "./" not in n for n in names), names
 
 
 def test_purge_deletes_old_attempts_only(store):
     old, new = AttemptKey("default", "old", 1), AttemptKey("default", "new", 1)
     store.append(old, b"x")
     store.finish(old)
+    # A whole second: a blob's last-modified time has whole seconds.
+    before = math.ceil(time.time() + 0.001)
+    wait_until(before + 0.05)
     store.append(new, b"y")
-    past = time.time() - 3600
-    path = os.path.join(store.root, "default", "old", "1.log")  # type: ignore[attr-defined]
-    os.utime(path, (past, past))
-    assert store.purge(time.time() - 60) == 1
+    assert store.purge(before) == 1
     assert store.attempts("default", "old") == [] and store.read(old).data == b""
     assert store.read(new).data == b"y"
-    assert store.purge(time.time() - 60) == 0
+    assert store.purge(before) == 0

@@ -1,0 +1,84 @@
+"""Azurite's blob service for the output-store tests (started once per session on a free
+loopback port), and a fresh container per test.
+
+The Azurite binary is $AZURITE_BLOB_BIN, else ``azurite-blob`` beside $AZURITE_QUEUE_BIN,
+else <repo>/.azurite/node_modules/.bin/azurite-blob.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.azurite import azurite_service
+
+REPO = Path(__file__).resolve().parents[2]
+# The emulator's well-known development account (public, documented by Microsoft).
+ACCOUNT = "devstoreaccount1"
+ACCOUNT_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+
+
+def blob_connection_string(port: int, key: str = ACCOUNT_KEY) -> str:
+    return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={key};"
+            f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT}")
+
+
+def _blob_bin() -> str | None:
+    if os.environ.get("AZURITE_BLOB_BIN"):
+        return os.environ["AZURITE_BLOB_BIN"]
+    queue_bin = os.environ.get("AZURITE_QUEUE_BIN")
+    candidates = [Path(queue_bin).parent / "azurite-blob"] if queue_bin else []
+    candidates.append(REPO / ".azurite" / "node_modules" / ".bin" / "azurite-blob")
+    for path in candidates:
+        if path.exists():
+            return str(path)
+    return None
+
+
+@pytest.fixture(scope="session")
+def azurite_blob(tmp_path_factory) -> Iterator[int]:
+    """The port of a running Azurite blob service."""
+    binary = _blob_bin()
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("Azurite is not installed; scripts/test installs it")
+        pytest.skip("azurite-blob not found: set AZURITE_BLOB_BIN or AZURITE_QUEUE_BIN")
+    cwd = tmp_path_factory.mktemp("azurite-blob")
+    with azurite_service(binary, "blob", cwd) as (port, _pid):
+        yield port
+
+
+@pytest.fixture
+def blob_store(azurite_blob) -> Iterator[Any]:
+    """A factory of BlobOutputStore instances on one fresh container (deleted after)."""
+    from azure.storage.blob import ContainerClient
+
+    from supervisor.outstore.azure_blob import BlobOutputStore
+
+    conn = blob_connection_string(azurite_blob)
+    container = "t" + uuid.uuid4().hex[:20]
+    made: list[BlobOutputStore] = []
+
+    def make(**kwargs: Any) -> BlobOutputStore:
+        kwargs.setdefault("connection_string", conn)
+        made.append(BlobOutputStore(container=container, **kwargs))
+        return made[-1]
+
+    make.container = container  # type: ignore[attr-defined]
+    make.raw = ContainerClient.from_connection_string(  # type: ignore[attr-defined]
+        conn, container_name=container)
+    yield make
+    for s in made:
+        s.close()
+    try:
+        make.raw.delete_container()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - never created (a create=False test)
+        pass
+    make.raw.close()  # type: ignore[attr-defined]
