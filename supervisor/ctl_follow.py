@@ -257,9 +257,11 @@ class Follower:
 def run(followers: Sequence[Follower], clock: Clock,
         warn: Callable[[str], None]) -> None:
     """Step every follower until all are done (main thread).  A store that fails after it
-    was reached is retried for FAIL_FOR seconds (one warning), then the error is raised."""
+    was reached is retried for FAIL_FOR seconds (one warning), then the error is raised; one
+    that fails the first round raises at once."""
     interval = POLL_MIN
     failing_since: Union[float, None] = None
+    reached = False  # a store that fails the first round is reported at once
     while True:
         live = [f for f in followers if not f.done]
         if not live:
@@ -268,8 +270,10 @@ def run(followers: Sequence[Follower], clock: Clock,
         try:
             for f in live:
                 more = f.step() or more
-            failing_since = None
+            failing_since, reached = None, True
         except STORE_ERRORS as exc:
+            if not reached:
+                raise
             now = clock.monotonic()
             if failing_since is None:
                 failing_since = now

@@ -240,20 +240,25 @@ def wait_pushed(ids: Sequence[str], src: Sources, follow: bool, out: IO[bytes],
         run(followers, Clock(src.clock.monotonic, sleep), _warner(sayer("")))
         report()
     except KeyboardInterrupt:
-        left = [f.task_id for f in followers if not f.done]
-        print(f"stopped waiting; the tasks go on: {' '.join(left)}", file=err, flush=True)
-        return EXIT_INTERRUPTED
+        return _stopped([f.task_id for f in followers if not f.done], err)
     ok = all((f.final.outcome == "succeeded") if f.final else f.job == "succeeded"
              for f in followers)
     return 0 if ok else 1
 
 
+def _stopped(left: Sequence[str], err: IO[str]) -> int:
+    print(f"stopped waiting; the tasks go on: {' '.join(left)}", file=err, flush=True)
+    return EXIT_INTERRUPTED
+
+
 def after_push(ids: Sequence[str], ns: Any, src: Sources) -> int:
     """ctl.cmd_push hands over here once the ids are printed (and flushed: scripts read
     them while the wait goes on)."""
-    sys.stdout.flush()
     try:
+        sys.stdout.flush()  # inside: once a script sees the ids, Ctrl-C is answered here
         return wait_pushed(ids, src, ns.follow, sys.stdout.buffer, sys.stderr)
+    except KeyboardInterrupt:
+        return _stopped(ids, sys.stderr)
     except BrokenPipeError:
         _quiet_stdout()
         return 1

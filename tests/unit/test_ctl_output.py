@@ -351,3 +351,18 @@ def test_follower_of_one_attempt_stops_at_its_end(world):
     f = Follower(w.src, "t9", Sink(io.BytesIO()), lambda s: None, attempt=1, chain=False)
     run([f], w.fake.clock(), lambda s: None)
     assert f.done and f.final is not None and f.final.attempt == 1
+
+
+def test_a_store_that_fails_the_first_round_is_reported_at_once(world):
+    w = world
+
+    class Down:
+        done = False
+
+        def step(self) -> bool:
+            raise OutputStoreError("output store x: connection refused")
+
+    warnings: list[str] = []
+    with pytest.raises(OutputStoreError):
+        run([Down()], w.fake.clock(), warnings.append)  # type: ignore[list-item]
+    assert warnings == [] and w.fake.now == 0.0
