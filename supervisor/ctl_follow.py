@@ -61,10 +61,13 @@ class Sources:
     def results(self, task_id: str) -> list[ResultRecord]:
         return self.control.results_of(self.queue, task_id) if self.control else []
 
-    def attempts(self, task_id: str) -> list[int]:
-        """Every attempt with output or a result record, ascending."""
+    def attempts(self, task_id: str,
+                 records: Union[list[ResultRecord], None] = None) -> list[int]:
+        """Every attempt with output or a result record (``records``: the task's, when
+        just read), ascending."""
         found = set(self.output.attempts(self.queue, task_id)) if self.output else set()
-        return sorted(found | {r.attempt for r in self.results(task_id)})
+        records = self.results(task_id) if records is None else records
+        return sorted(found | {r.attempt for r in records})
 
     def job_state(self, task_id: str) -> Union[str, None]:
         """The job row's status (SQLite), "?" when the backend cannot tell, None: no such
@@ -207,7 +210,7 @@ class Follower:
         """This attempt's result record, and whether a newer attempt exists."""
         records = self.src.results(self.task_id)
         mine = [r for r in records if r.attempt == self.attempt]
-        newer = any(a > (self.attempt or 0) for a in self.src.attempts(self.task_id))
+        newer = any(a > (self.attempt or 0) for a in self.src.attempts(self.task_id, records))
         return (mine[0] if mine else None), newer
 
     def _read(self, now: float) -> bool:

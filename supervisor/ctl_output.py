@@ -146,7 +146,8 @@ def logs(ns: Any, src: Sources, out: IO[bytes], err: IO[str]) -> int:
         say(f"waiting for task {task_id} to start...")
         run([Follower(src, task_id, Sink(out), say)], src.clock, _warner(say))
         return 0
-    if ns.attempt and ns.attempt not in found and not ns.follow:
+    ended = any(r.final for r in src.results(task_id))  # no attempt comes after
+    if ns.attempt and ns.attempt not in found and (ended or not ns.follow):
         say(f"jobq-ctl: error: logs: task {task_id} has no attempt {ns.attempt} (attempts: "
             f"{', '.join(map(str, found)) or 'none'})")
         return 1

@@ -212,6 +212,9 @@ def test_logs_without_follow_latest_all_attempt_and_unknown(world):
     assert logs(ns("t7", attempt=9), w.src, io.BytesIO(), err) == 1
     assert err.getvalue() == "jobq-ctl: error: logs: task t7 has no attempt 9 (attempts: " \
                              "1, 2, 3)\n"
+    err = io.StringIO()  # -f of an attempt that cannot come any more
+    assert logs(ns("t7", attempt=9, follow=True), w.src, io.BytesIO(), err) == 1
+    assert "has no attempt 9" in err.getvalue()
     err = io.StringIO()
     assert logs(ns("nope"), w.src, io.BytesIO(), err) == 1
     assert err.getvalue() == "jobq-ctl: error: logs: no task 'nope' in queue jobs\n"
