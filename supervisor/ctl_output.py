@@ -141,7 +141,8 @@ def logs(ns: Any, src: Sources, out: IO[bytes], err: IO[str]) -> int:
             say(f"jobq-ctl: error: logs: {what}")
             return 1
         if not ns.follow:
-            say(f"jobq-ctl: task {task_id} has no output yet ({state})")
+            what = "yet" if state in ("pending", "running", "?") else "stored"
+            say(f"jobq-ctl: task {task_id} has no output {what} ({state})")
             return 0
         say(f"waiting for task {task_id} to start...")
         run([Follower(src, task_id, Sink(out), say)], src.clock, _warner(say))
