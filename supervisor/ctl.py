@@ -16,12 +16,13 @@ from .usage import UsageError
 
 if TYPE_CHECKING:
     from .control.base import ControlStore
+    from .ctl_follow import Sources
 
 # set by the worker for every task (launch.py); a task's env cannot override them
 WORKER_SET = ("JOBQ_TASK_ID", "JOBQ_QUEUE_NAME", "JOBQ_ATTEMPT")
 # Sub-commands that only look: they open the backend with create=False, so a mistyped queue
 # or path is "does not exist" (exit 1) instead of a new, empty queue and "0".
-READ_ONLY_COMMANDS = frozenset({"size", "peek", "status", "failed", "workers"})
+READ_ONLY_COMMANDS = frozenset({"size", "peek", "status", "failed", "workers", "logs"})
 
 
 def dumps(obj: Any) -> str:
@@ -79,7 +80,8 @@ def first_key(ns: Any) -> SigningKey | None:
         raise UsageError(str(exc)) from None
 
 
-def cmd_push(ns: Any, backend: Backend) -> int:
+def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None) -> int:
+    """``sources``: given for --wait/--follow (opened before anything is pushed)."""
     commands = list(ns.commands)
     if ns.file:
         from_file = _read_commands(ns.file)
@@ -103,8 +105,13 @@ def cmd_push(ns: Any, backend: Backend) -> int:
             t.to_json()
     except TaskFormatError as exc:
         raise UsageError(f"push: {exc}") from None
-    for task_id in backend.push(tasks):
+    ids = backend.push(tasks)
+    for task_id in ids:
         print(task_id)
+    if sources is not None:
+        from .ctl_output import after_push
+
+        return after_push(ids, ns, sources)
     return 0
 
 
@@ -177,17 +184,17 @@ def cmd_clear(ns: Any, backend: Backend) -> int:
     return 0
 
 
-def run_command(ns: Any, backend: Backend | None, store: ControlStore | None = None) -> int:
+def run_command(ns: Any, backend: Backend | None, store: ControlStore | None = None,
+                sources: Sources | None = None) -> int:
     """Run the parsed sub-command ``ns.command``; its exit status.  ``backend`` is None for
     the fleet commands that need none (ctl_fleet.needs_backend), ``store`` for the queue
-    commands and when no control store is configured."""
+    commands and when no control store is configured; ``sources`` for push --wait."""
     from . import ctl_fleet
 
     if ns.command in ctl_fleet.HANDLERS:
         return ctl_fleet.HANDLERS[ns.command](ns, backend, store)
     assert backend is not None
     handlers = {
-        "push": cmd_push,
         "size": lambda ns, b: print(b.size()) or 0,
         "peek": cmd_peek,
         "failed": cmd_failed,
@@ -195,4 +202,6 @@ def run_command(ns: Any, backend: Backend | None, store: ControlStore | None = N
     }
     if ns.command == "requeue":
         return cmd_requeue(ns, backend, store)
+    if ns.command == "push":
+        return cmd_push(ns, backend, sources)
     return handlers[ns.command](ns, backend)

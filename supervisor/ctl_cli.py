@@ -2,7 +2,8 @@
 
 The queue commands (push, size, peek, failed, requeue, clear) run on a Backend (ctl.py); the
 fleet commands (workers, cancel, pause, resume, drain, stop; status) also on the control store
-(ctl_fleet.py, docs/architecture.rst "The fleet layer").  Errors are one line: exit 2 for a
+(ctl_fleet.py, docs/architecture.rst "The fleet layer"); ``logs`` and ``push --wait/--follow``
+on the output store and the result records (ctl_output.py).  Errors are one line: exit 2 for a
 usage or configuration error, 1 for a queue or store that cannot be reached.
 """
 
@@ -55,6 +56,26 @@ def ctl_parser() -> _Parser:
                            "variables the worker sets)")
     push.add_argument("--cwd", default=None,
                       help="working directory of the tasks (default: the worker's)")
+    # -- task output (ctl_output.py): push --wait/--follow, logs
+    push.add_argument("--wait", action="store_true",
+                      help="after printing the ids, wait until every task ended for good; "
+                           "one result line each on stderr; exit 0 if all succeeded, else 1")
+    push.add_argument("--follow", action="store_true",
+                      help="--wait, streaming the tasks' output to stdout (each line behind "
+                           "'<id>: ' when several)")
+    lg = cmd("logs", "print a task's output as it was printed (stdout, raw)")
+    lg.add_argument("id", metavar="ID", help="task id (as push prints it)")
+    which = lg.add_mutually_exclusive_group()
+    which.add_argument("--attempt", type=int, default=None, metavar="N",
+                       help="this attempt (default: the latest)")
+    which.add_argument("--all", action="store_true",
+                       help="every attempt, each after a '== attempt N ==' line on stderr")
+    lg.add_argument("-f", "--follow", action="store_true",
+                    help="follow the attempt live (waits for a task not started yet; goes on "
+                         "to the next attempt of a retried task) and print how it ended on "
+                         "stderr")
+    lg.add_argument("--tail", type=int, default=None, metavar="N",
+                    help="only the last N lines")
     cmd("size", "number of pending tasks")
     st = cmd("status", "counts per state, the running tasks, the oldest pending task's age "
                        "and whether the queue is paused")
@@ -124,6 +145,8 @@ def ctl_main(argv: list[str] | None = None) -> int:
     from .control.base import ControlConfigError, ControlStore, ControlStoreError
     from .ctl import READ_ONLY_COMMANDS, run_command
     from .ctl_fleet import FLEET_COMMANDS, needs_backend, open_store
+    from .ctl_follow import Sources
+    from .outstore.base import OutputConfigError, OutputStoreError
 
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -136,20 +159,29 @@ def ctl_main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="jobq-ctl: %(message)s")
     backend: Backend | None = None
     store: ControlStore | None = None
+    sources: Sources | None = None  # logs, push --wait/--follow: output and results
     try:
         if needs_backend(ns.command, settings):
             backend = open_backend(settings, for_ctl=True,
                                    create=ns.command not in READ_ONLY_COMMANDS)
         if ns.command in FLEET_COMMANDS or ns.command in ("status", "requeue"):
             store = open_store(ns.command, settings)
-        return run_command(ns, backend, store)
+        if ns.command == "logs" or (ns.command == "push" and (ns.wait or ns.follow)):
+            from .ctl_output import cmd_logs, open_sources
+
+            sources = open_sources(ns, settings, backend)
+            if ns.command == "logs":
+                return cmd_logs(ns, sources)
+        return run_command(ns, backend, store, sources)
     except QueueNotFound as exc:  # like a missing SQLite file or Storage Queue: exit 1
         return _error(str(exc))
-    except (UsageError, BackendConfigError, ControlConfigError) as exc:
+    except (UsageError, BackendConfigError, ControlConfigError, OutputConfigError) as exc:
         return _fail_usage("jobq-ctl", str(exc))
-    except (BackendError, ControlStoreError) as exc:
+    except (BackendError, ControlStoreError, OutputStoreError) as exc:
         return _error(str(exc))
+    except KeyboardInterrupt:
+        return 130  # quietly, like any command line tool
     finally:
-        for thing in (store, backend):
+        for thing in (store, backend, sources):
             if thing is not None:
                 thing.close()

@@ -1,0 +1,287 @@
+"""Following a task's attempts for ``jobq-ctl logs -f`` and ``push --wait/--follow``
+(ctl_output.py): its output from the output store (outstore/), how each attempt ended from
+the result records of the control store.  Main thread of jobq-ctl; nothing here starts a
+thread, and every wait is the injected ``Clock.sleep`` (tests run it on a fake clock).
+
+A follower (``Follower``) polls: ``read`` of the attempt it follows every POLL_MIN seconds
+while output flows, backing off to POLL_MAX when nothing comes (workers flush at least every
+2 s, so a printed line shows within ~3 s).  An attempt is over when its output is complete
+and its result record says how it ended (waited for up to RESULT_GRACE); an attempt that
+ended without completing its output (its worker died) is over when a result record or a
+newer attempt says so and no byte came for ENDED_GRACE.  A result that is not ``final``
+(retried, lock lost, requeued) makes the follower go on to the next attempt.
+
+On SQLite the queue's own table is a fallback: a task whose job row is succeeded or failed
+and which gets no final result record within RESULT_GRACE (a pending task cancelled by
+jobq-ctl, ``--control off``) ends with the job row's status.  Azure has no such table: there
+only result records end a wait.  See docs/architecture.rst, "Task output".
+"""
+
+from __future__ import annotations
+
+import signal as signals
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Union
+
+from .backends.base import BackendError
+from .control.base import ControlStore, ControlStoreError
+from .control.records import ResultRecord
+from .outstore.base import AttemptKey, OutputStore, OutputStoreError
+
+POLL_MIN = 0.5  # s between reads while output flows
+POLL_MAX = 1.0  # s between reads when nothing new came
+CHECK_EVERY = 1.0  # s between looks at result records / attempts of one task
+RESULT_GRACE = 10.0  # s to wait for a result record (or a final one) before falling back
+ENDED_GRACE = 5.0  # s of silence after a record says an attempt ended without its output
+FAIL_FOR = 60.0  # s a follow or wait retries a store that fails, once it was reached
+STORE_ERRORS = (OutputStoreError, ControlStoreError, BackendError)
+JobStates = Callable[[Sequence[str]], dict[str, str]]
+
+
+@dataclass
+class Clock:
+    monotonic: Callable[[], float] = time.monotonic
+    # an Event nobody sets: a sleep that Ctrl-C interrupts, with no bare time.sleep
+    sleep: Callable[[float], object] = field(default_factory=lambda: threading.Event().wait)
+
+
+@dataclass
+class Sources:
+    """Where a task's output and results are read from (one jobq-ctl invocation)."""
+
+    queue: str
+    output: Union[OutputStore, None]
+    control: Union[ControlStore, None]
+    jobs: Union[JobStates, None] = None  # SQLite: id -> status of the ids in the queue
+    clock: Clock = field(default_factory=Clock)
+
+    def results(self, task_id: str) -> list[ResultRecord]:
+        return self.control.results_of(self.queue, task_id) if self.control else []
+
+    def attempts(self, task_id: str,
+                 records: Union[list[ResultRecord], None] = None) -> list[int]:
+        """Every attempt with output or a result record (``records``: the task's, when
+        just read), ascending."""
+        found = set(self.output.attempts(self.queue, task_id)) if self.output else set()
+        records = self.results(task_id) if records is None else records
+        return sorted(found | {r.attempt for r in records})
+
+    def job_state(self, task_id: str) -> Union[str, None]:
+        """The job row's status (SQLite), "?" when the backend cannot tell, None: no such
+        task."""
+        if self.jobs is None:
+            return "?"
+        return self.jobs([task_id]).get(task_id)
+
+    def close(self) -> None:
+        for thing in (self.output, self.control):
+            if thing is not None:
+                thing.close()
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signals.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def end_line(rec: ResultRecord) -> str:
+    """How an attempt ended, as ``logs -f`` prints it on stderr."""
+    if rec.outcome == "cancelled":
+        by = f"cancelled by {rec.cancelled_by or 'unknown'}"
+        return f"{by}: {rec.reason}" if rec.reason and "cancelled by" not in rec.reason else by
+    if rec.outcome in ("lock-lost", "requeued"):
+        return rec.outcome.replace("-", " ")
+    if rec.signal is not None:
+        return f"killed by signal {signal_name(rec.signal)}"
+    if rec.exit_status is not None:
+        return f"exit status {rec.exit_status}"
+    return f"{rec.outcome}: {rec.reason}" if rec.reason else rec.outcome
+
+
+class Sink:
+    """A task's output to a binary stream: raw, or line by line behind ``prefix``."""
+
+    LINE_MAX = 64 << 10  # a partial line longer than this is written as it is
+
+    def __init__(self, out: IO[bytes], prefix: bytes = b"") -> None:
+        self.out = out
+        self.prefix = prefix
+        self._partial = b""
+
+    def write(self, data: bytes) -> None:
+        if not self.prefix:
+            self.out.write(data)
+        else:
+            lines = (self._partial + data).split(b"\n")
+            self._partial = lines.pop()
+            for line in lines:
+                self.out.write(self.prefix + line + b"\n")
+            if len(self._partial) > self.LINE_MAX:
+                self.end()
+        self.out.flush()
+
+    def end(self) -> None:
+        """The attempt's output is over: a prefixed partial line is written whole."""
+        if self._partial:
+            self.out.write(self.prefix + self._partial + b"\n")
+            self.out.flush()
+            self._partial = b""
+
+
+class Follower:
+    """Follows one task until an attempt ends for good (or, ``chain=False``, until the
+    attempt it follows ends).  ``step`` does at most a few store calls and never sleeps; the
+    caller (``run``) paces the rounds.  ``sink=None``: results only (``push --wait``)."""
+
+    def __init__(self, src: Sources, task_id: str, sink: Union[Sink, None],
+                 say: Callable[[str], None], attempt: Union[int, None] = None,
+                 offset: int = 0, chain: bool = True,
+                 check_every: float = CHECK_EVERY) -> None:
+        self.src, self.task_id, self.sink, self.say = src, task_id, sink, say
+        self.attempt, self.offset, self.chain = attempt, offset, chain
+        self.phase = "results" if sink is None else ("start" if attempt is None else "read")
+        self.done = False
+        self.final: Union[ResultRecord, None] = None
+        self.job = ""  # the SQLite status that ended the wait, when no record did
+        self._since = src.clock.monotonic()
+        self._next_check = 0.0
+        self._ended_at: Union[float, None] = None  # a record says the attempt is over
+        self._terminal_at: Union[float, None] = None  # the job row said succeeded/failed
+        self.check_every = check_every
+
+    def _enter(self, phase: str, now: float) -> None:
+        self.phase, self._since, self._next_check, self._ended_at = phase, now, 0.0, None
+
+    def _due(self, now: float) -> bool:
+        if now < self._next_check:
+            return False
+        self._next_check = now + self.check_every
+        return True
+
+    def _finish(self, rec: Union[ResultRecord, None], job: str = "") -> None:
+        self.done, self.final, self.job = True, rec, job
+
+    def _job_ended(self, now: float) -> Union[str, None]:
+        """The job row's terminal status once it has been so for RESULT_GRACE without a
+        final record (SQLite; never on Azure, whose ``job_state`` is "?")."""
+        state = self.src.job_state(self.task_id)
+        if state not in ("succeeded", "failed", None):
+            self._terminal_at = None
+            return None
+        if self._terminal_at is None:
+            self._terminal_at = now
+        if now - self._terminal_at < RESULT_GRACE:
+            return None
+        return state or "gone from the queue"
+
+    def step(self) -> bool:
+        """One round; True when output came (read again soon)."""
+        now = self.src.clock.monotonic()
+        if self.phase == "read":
+            return self._read(now)
+        if not self._due(now):
+            return False
+        if self.phase == "results":
+            finals = [r for r in self.src.results(self.task_id) if r.final]
+            if finals:
+                self._finish(finals[-1])
+            elif (job := self._job_ended(now)) is not None:
+                self._finish(None, job)
+        elif self.phase == "result":
+            self._await_result(now)
+        else:  # "start", "next": wait for an attempt after self.attempt
+            newer = [a for a in self.src.attempts(self.task_id) if a > (self.attempt or 0)]
+            if newer:
+                if self.phase == "next":
+                    self.say(f"== attempt {newer[0]} ==")
+                self.attempt, self.offset = newer[0], 0
+                self._enter("read", now)
+                return self._read(now)
+            if (job := self._job_ended(now)) is not None:
+                self._finish(None, job)
+        return False
+
+    def _record(self) -> tuple[Union[ResultRecord, None], bool]:
+        """This attempt's result record, and whether a newer attempt exists."""
+        records = self.src.results(self.task_id)
+        mine = [r for r in records if r.attempt == self.attempt]
+        newer = any(a > (self.attempt or 0) for a in self.src.attempts(self.task_id, records))
+        return (mine[0] if mine else None), newer
+
+    def _read(self, now: float) -> bool:
+        assert self.sink is not None and self.attempt is not None
+        key = AttemptKey(self.src.queue, self.task_id, self.attempt)
+        chunk = (self.src.output.read(key, self.offset) if self.src.output
+                 else None)
+        got = bool(chunk and chunk.data)
+        if chunk and chunk.data:
+            self.sink.write(chunk.data)
+            self.offset = chunk.offset
+            self._ended_at = None
+        if chunk is None or chunk.complete:
+            self.sink.end()
+            self._enter("result", now)
+            self._await_result(now)
+        elif not got and self._due(now):
+            rec, newer = self._record()
+            if newer or (rec is not None and rec.outcome != "running"):
+                self._ended_at = self._ended_at if self._ended_at is not None else now
+            if self._ended_at is not None and now - self._ended_at >= ENDED_GRACE:
+                self.sink.end()  # its worker ended it without completing the output
+                self._enter("result", now)
+                self._await_result(now)
+        return got
+
+    def _await_result(self, now: float) -> None:
+        rec, newer = self._record()
+        if rec is not None and rec.outcome != "running":
+            self.say(end_line(rec))
+            if rec.final or not self.chain:
+                self._finish(rec)
+            else:
+                self._enter("next", now)
+        elif newer and self.chain:
+            self.say(f"attempt {self.attempt} ended (no result recorded)")
+            self._enter("next", now)
+        elif now - self._since >= RESULT_GRACE:
+            state = self.src.job_state(self.task_id)
+            if not self.chain or state not in ("pending", "running"):
+                self.say(f"attempt {self.attempt} ended; its result is not recorded")
+                self._finish(None, state if state in ("succeeded", "failed") else "")
+            else:
+                self._enter("next", now)
+
+
+def run(followers: Sequence[Follower], clock: Clock,
+        warn: Callable[[str], None]) -> None:
+    """Step every follower until all are done (main thread).  A store that fails after it
+    was reached is retried for FAIL_FOR seconds (one warning), then the error is raised; one
+    that fails the first round raises at once."""
+    interval = POLL_MIN
+    failing_since: Union[float, None] = None
+    reached = False  # a store that fails the first round is reported at once
+    while True:
+        live = [f for f in followers if not f.done]
+        if not live:
+            return
+        more = False
+        try:
+            for f in live:
+                more = f.step() or more
+            failing_since, reached = None, True
+        except STORE_ERRORS as exc:
+            if not reached:
+                raise
+            now = clock.monotonic()
+            if failing_since is None:
+                failing_since = now
+                warn(f"{exc}; retrying for {FAIL_FOR:g}s")
+            elif now - failing_since > FAIL_FOR:
+                raise
+        interval = POLL_MIN if more else min(POLL_MAX, interval * 1.5)
+        clock.sleep(interval)

@@ -1,0 +1,371 @@
+"""The follower of ``jobq-ctl logs -f`` and ``push --wait/--follow`` (ctl_follow.py,
+ctl_output.py) on the real stores (FileOutputStore, SqliteControlStore) and a fake clock: the
+records and output a worker writes are scripted at fake times, and every poll is a step of
+that clock, so nothing here sleeps."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from supervisor.control.records import ResultRecord
+from supervisor.control.sqlite import SqliteControlStore
+from supervisor.ctl_follow import (
+    ENDED_GRACE,
+    FAIL_FOR,
+    POLL_MAX,
+    RESULT_GRACE,
+    Clock,
+    Follower,
+    Sink,
+    Sources,
+    end_line,
+    run,
+)
+from supervisor.ctl_output import logs, result_line, tail, wait_pushed
+from supervisor.outstore.base import AttemptKey, Chunk, OutputStoreError
+from supervisor.outstore.files import FileOutputStore
+
+Q = "jobs"
+
+
+class FakeClock:
+    """``sleep`` advances the time and runs what was scheduled up to then."""
+
+    def __init__(self, limit: float = 600.0) -> None:
+        self.now = 0.0
+        self.limit = limit
+        self.events: list[tuple[float, int, Callable[[], None]]] = []
+
+    def at(self, when: float, action: Callable[[], None]) -> None:
+        self.events.append((when, len(self.events), action))
+        self.events.sort(key=lambda e: (e[0], e[1]))
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        assert 0 < seconds <= POLL_MAX
+        self.now += seconds
+        while self.events and self.events[0][0] <= self.now:
+            self.events.pop(0)[2]()
+        assert self.now < self.limit, "the follower never ended"
+
+    def clock(self) -> Clock:
+        return Clock(self.monotonic, self.sleep)
+
+
+class TimedOut(io.BytesIO):
+    """stdout that notes the fake time each line arrived."""
+
+    def __init__(self, fake: FakeClock) -> None:
+        super().__init__()
+        self.fake = fake
+        self.arrived: dict[bytes, float] = {}
+
+    def write(self, data) -> int:  # type: ignore[override]
+        for line in bytes(data).splitlines():
+            self.arrived.setdefault(line, self.fake.now)
+        return super().write(data)
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    fake = FakeClock()
+    out_store = FileOutputStore(str(tmp_path / "out"))
+    control = SqliteControlStore(str(tmp_path / "q.db"))
+    jobs: dict[str, str] = {}
+    src = Sources(Q, out_store, control, lambda ids: {i: jobs[i] for i in ids if i in jobs},
+                  fake.clock())
+    yield SimpleNamespace(fake=fake, out=out_store, control=control, jobs=jobs, src=src)
+    control.close()
+
+
+def result(task: str, attempt: int, outcome: str, final: bool, exit_status=None, signal=None,
+           cancelled_by: str = "", reason: str = "") -> ResultRecord:
+    return ResultRecord(queue=Q, task_id=task, attempt=attempt, outcome=outcome, reason=reason,
+                        tail="", exit_status=exit_status, worker="vm1:1:aa", when=1.0e9,
+                        signal=signal, started=1.0e9, finished=None if outcome == "running"
+                        else 1.0e9, final=final, cancelled_by=cancelled_by)
+
+
+def key(task: str, attempt: int) -> AttemptKey:
+    return AttemptKey(Q, task, attempt)
+
+
+def ns(task: str, **kw) -> SimpleNamespace:
+    base = {"id": task, "attempt": None, "all": False, "follow": False, "tail": None}
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_follow_shows_each_line_within_a_second_and_ends_with_the_exit_status(world):
+    w = world
+    w.jobs["t1"] = "running"
+    w.control.put_result(result("t1", 1, "running", False))
+    w.out.append(key("t1", 1), b"first\n")
+    printed: dict[bytes, float] = {}
+    # a line every 100 ms, then one every 2.7 s (the follower has backed off by then)
+    times = [0.1 * i for i in range(20)] + [2.0 + 2.7 * i for i in range(1, 6)]
+    for i, when in enumerate(times):
+        line = b"line %d" % i
+        printed[line] = when
+        w.fake.at(when, lambda line=line: w.out.append(key("t1", 1), line + b"\n"))
+    w.fake.at(16.0, lambda: (w.out.finish(key("t1", 1)),
+                            w.control.put_result(result("t1", 1, "failed", True, 3))))
+    out, err = TimedOut(w.fake), io.StringIO()
+    assert logs(ns("t1", follow=True), w.src, out, err) == 0
+    assert out.getvalue() == b"first\n" + b"".join(line + b"\n" for line in printed)
+    late = {line: out.arrived[line] - t for line, t in printed.items()}
+    assert max(late.values()) <= 1.0 + 1e-9, late
+    assert err.getvalue() == "exit status 3\n"
+
+
+def test_follow_waits_for_a_task_not_started_then_follows_each_retry_to_the_final_one(world):
+    w = world
+    w.jobs["t2"] = "pending"
+
+    def attempt(n: int, text: bytes, outcome: str, final: bool, status: int) -> None:
+        w.control.put_result(result("t2", n, "running", False))
+        w.out.append(key("t2", n), text)
+        w.fake.at(w.fake.now + 2, lambda: (w.out.finish(key("t2", n)), w.control.put_result(
+            result("t2", n, outcome, final, status))))
+
+    w.fake.at(5.0, lambda: attempt(1, b"one\n", "failed", False, 1))
+    w.fake.at(20.0, lambda: attempt(2, b"two\n", "succeeded", True, 0))
+    out, err = io.BytesIO(), io.StringIO()
+    assert logs(ns("t2", follow=True), w.src, out, err) == 0
+    assert out.getvalue() == b"one\ntwo\n"
+    assert err.getvalue().splitlines() == ["waiting for task t2 to start...", "exit status 1",
+                                           "== attempt 2 ==", "exit status 0"]
+
+
+def test_complete_output_waits_for_its_result_record_a_bounded_time(world):
+    w = world
+    w.jobs["t3"] = "running"
+    w.out.append(key("t3", 1), b"x\n")
+    w.out.finish(key("t3", 1))
+    w.fake.at(4.0, lambda: w.control.put_result(result("t3", 1, "failed", True, signal=9)))
+    err = io.StringIO()
+    assert logs(ns("t3", follow=True), w.src, io.BytesIO(), err) == 0
+    assert err.getvalue() == "killed by signal SIGKILL\n"
+    assert 4.0 <= w.fake.now < 6.0
+
+    w.out.append(key("t4", 1), b"y\n")
+    w.out.finish(key("t4", 1))
+    w.jobs["t4"] = "succeeded"
+    start, err = w.fake.now, io.StringIO()
+    assert logs(ns("t4", follow=True), w.src, io.BytesIO(), err) == 0
+    assert err.getvalue() == "attempt 1 ended; its result is not recorded\n"
+    assert RESULT_GRACE <= w.fake.now - start < RESULT_GRACE + 3
+
+
+def test_an_attempt_whose_worker_died_ends_on_its_record_and_the_next_one_is_followed(world):
+    w = world
+    w.jobs["t5"] = "running"
+    w.out.append(key("t5", 1), b"half a li")  # never finished: the worker died
+    w.fake.at(3.0, lambda: w.control.put_result(result("t5", 1, "lock-lost", False)))
+    w.fake.at(30.0, lambda: (w.out.append(key("t5", 2), b"again\n"), w.out.finish(key("t5", 2)),
+                             w.control.put_result(result("t5", 2, "cancelled", True,
+                                                         cancelled_by="ann@box",
+                                                         reason="wrong input"))))
+    out, err = io.BytesIO(), io.StringIO()
+    assert logs(ns("t5", follow=True), w.src, out, err) == 0
+    assert out.getvalue() == b"half a liagain\n"
+    assert err.getvalue().splitlines() == ["lock lost", "== attempt 2 ==",
+                                           "cancelled by ann@box: wrong input"]
+
+
+def test_ended_attempt_is_not_cut_while_its_output_still_flows(world):
+    """The record may come before the worker's last flush: ENDED_GRACE of silence first."""
+    w = world
+    w.jobs["t6"] = "running"
+    w.out.append(key("t6", 1), b"a\n")
+    w.control.put_result(result("t6", 1, "succeeded", True, 0))
+    w.fake.at(ENDED_GRACE - 1, lambda: w.out.append(key("t6", 1), b"b\n"))
+    out, err = io.BytesIO(), io.StringIO()
+    assert logs(ns("t6", follow=True), w.src, out, err) == 0
+    assert out.getvalue() == b"a\nb\n" and err.getvalue() == "exit status 0\n"
+
+
+def test_logs_without_follow_latest_all_attempt_and_unknown(world):
+    w = world
+    w.jobs.update({"t7": "succeeded", "t8": "pending"})
+    w.out.append(key("t7", 1), b"one\n")
+    w.out.finish(key("t7", 1))
+    w.control.put_result(result("t7", 2, "succeeded", True, 0))  # output kept locally
+    w.out.append(key("t7", 3), b"three\n")
+    out, err = io.BytesIO(), io.StringIO()
+    assert logs(ns("t7"), w.src, out, err) == 0 and out.getvalue() == b"three\n"
+    out, err = io.BytesIO(), io.StringIO()
+    assert logs(ns("t7", all=True), w.src, out, err) == 0
+    assert out.getvalue() == b"one\nthree\n"
+    assert err.getvalue().splitlines() == ["== attempt 1 ==", "== attempt 2 ==",
+                                           "(attempt 2: no output stored)", "== attempt 3 =="]
+    out, err = io.BytesIO(), io.StringIO()
+    assert logs(ns("t7", attempt=1), w.src, out, err) == 0 and out.getvalue() == b"one\n"
+    err = io.StringIO()
+    assert logs(ns("t7", attempt=9), w.src, io.BytesIO(), err) == 1
+    assert err.getvalue() == "jobq-ctl: error: logs: task t7 has no attempt 9 (attempts: " \
+                             "1, 2, 3)\n"
+    err = io.StringIO()  # -f of an attempt that cannot come any more
+    assert logs(ns("t7", attempt=9, follow=True), w.src, io.BytesIO(), err) == 1
+    assert "has no attempt 9" in err.getvalue()
+    err = io.StringIO()
+    assert logs(ns("nope"), w.src, io.BytesIO(), err) == 1
+    assert err.getvalue() == "jobq-ctl: error: logs: no task 'nope' in queue jobs\n"
+    err = io.StringIO()
+    assert logs(ns("t8"), w.src, io.BytesIO(), err) == 0
+    assert err.getvalue() == "jobq-ctl: task t8 has no output yet (pending)\n"
+    azure = Sources(Q, w.out, w.control, None, w.fake.clock())  # cannot list its ids
+    err = io.StringIO()
+    assert logs(ns("nope"), azure, io.BytesIO(), err) == 1
+    assert err.getvalue() == "jobq-ctl: error: logs: no output or result for 'nope' in " \
+                             "queue jobs\n"
+
+
+class Counting(FileOutputStore):
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.bytes_read = 0
+
+    def read(self, key: AttemptKey, offset: int = 0, limit: int = 4 << 20) -> Chunk:
+        chunk = super().read(key, offset, limit)
+        self.bytes_read += len(chunk.data)
+        return chunk
+
+
+def test_tail_reads_the_end_not_the_whole_output(tmp_path: Path):
+    store = Counting(str(tmp_path / "out"))
+    k = key("big", 1)
+    body = b"".join(b"line %07d\n" % i for i in range(2_000_000))  # 26 MB
+    store.append(k, body)
+    data, end = tail(store, k, 3)
+    assert data == b"line 1999997\nline 1999998\nline 1999999\n" and end == len(body)
+    assert store.bytes_read < 3 << 20, store.bytes_read
+    store.append(k, b"no newline at the end")
+    assert tail(store, k, 2)[0] == b"line 1999999\nno newline at the end"
+    assert tail(store, k, 0) == (b"", len(body) + 21)
+
+    small = key("small", 1)
+    store.append(small, b"a\nb\n")
+    assert tail(store, small, 10) == (b"a\nb\n", 4)
+    assert tail(store, key("none", 1), 5) == (b"", 0)
+    long_lines = key("long", 1)
+    store.append(long_lines, b"x" * (700 << 10) + b"\n" + b"y" * (600 << 10) + b"\n")
+    assert tail(store, long_lines, 1)[0] == b"y" * (600 << 10) + b"\n"
+
+
+def test_end_lines_and_result_lines():
+    assert end_line(result("a", 1, "requeued", False)) == "requeued"
+    assert end_line(result("a", 1, "failed", False, signal=15)) == "killed by signal SIGTERM"
+    assert end_line(result("a", 1, "cancelled", True, cancelled_by="x@y")) == "cancelled by x@y"
+    assert result_line("a", result("a", 2, "succeeded", True, 0)) == "a succeeded"
+    assert result_line("a", result("a", 2, "failed", True, 3)) == "a failed: exit status 3"
+    assert result_line("a", result("a", 1, "cancelled", True, cancelled_by="x@y")) \
+        == "a cancelled by x@y"
+    assert result_line("a", None, "failed") == "a failed (no result record)"
+
+
+def test_prefixed_sink_writes_whole_lines_behind_the_id():
+    out = io.BytesIO()
+    sink = Sink(out, b"t1: ")
+    sink.write(b"one\ntw")
+    sink.write(b"o\nthr")
+    assert out.getvalue() == b"t1: one\nt1: two\n"
+    sink.end()
+    assert out.getvalue() == b"t1: one\nt1: two\nt1: thr\n"
+
+
+def test_push_wait_reports_each_task_and_exits_1_when_one_did_not_succeed(world):
+    w = world
+    w.jobs.update({"ok": "pending", "bad": "pending"})
+    w.fake.at(3.0, lambda: w.control.put_result(result("ok", 1, "succeeded", True, 0)))
+    w.fake.at(4.0, lambda: w.control.put_result(result("bad", 1, "failed", False, 2)))
+    w.fake.at(9.0, lambda: w.control.put_result(result("bad", 2, "failed", True, 3)))
+    err = io.StringIO()
+    assert wait_pushed(["ok", "bad"], w.src, False, io.BytesIO(), err) == 1
+    assert err.getvalue().splitlines() == ["ok succeeded", "bad failed: exit status 3"]
+
+    w.jobs["ok2"] = "pending"
+    w.fake.at(w.fake.now + 2, lambda: w.control.put_result(result("ok2", 1, "succeeded", True,
+                                                                  0)))
+    assert wait_pushed(["ok2"], w.src, False, io.BytesIO(), io.StringIO()) == 0
+
+
+def test_push_follow_prefixes_lines_of_several_tasks(world):
+    w = world
+    for task, status in (("ta", 0), ("tb", 1)):
+        w.jobs[task] = "running"
+        w.out.append(key(task, 1), b"hello from " + task.encode() + b"\n")
+        w.out.finish(key(task, 1))
+        w.control.put_result(result(task, 1, "succeeded" if status == 0 else "failed", True,
+                                    status))
+    out, err = io.BytesIO(), io.StringIO()
+    assert wait_pushed(["ta", "tb"], w.src, True, out, err) == 1
+    assert out.getvalue() == b"ta: hello from ta\ntb: hello from tb\n"
+    assert err.getvalue().splitlines() == ["ta: exit status 0", "tb: exit status 1",
+                                           "ta succeeded", "tb failed: exit status 1"]
+
+
+def test_sqlite_job_row_ends_a_wait_without_a_final_record(world):
+    """A pending task cancelled by jobq-ctl gets no result record: its row says failed."""
+    w = world
+    w.jobs["c1"] = "pending"
+    w.fake.at(2.0, lambda: w.jobs.update(c1="failed"))
+    err = io.StringIO()
+    assert wait_pushed(["c1"], w.src, False, io.BytesIO(), err) == 1
+    assert err.getvalue() == "c1 failed (no result record)\n"
+    assert 2.0 + RESULT_GRACE <= w.fake.now < 2.0 + RESULT_GRACE + 3
+
+
+def test_a_failing_store_is_retried_with_one_warning_then_the_error_is_raised(world):
+    w = world
+
+    class Flaky:
+        done = False
+        calls = 0
+
+        def step(self) -> bool:
+            self.calls += 1
+            if self.calls == 1:
+                return False
+            raise OutputStoreError("output store x: connection refused")
+
+    flaky = Flaky()
+    warnings: list[str] = []
+    with pytest.raises(OutputStoreError):
+        run([flaky], w.fake.clock(), warnings.append)  # type: ignore[list-item]
+    assert warnings == ["output store x: connection refused; retrying for 60s"]
+    assert FAIL_FOR < w.fake.now < FAIL_FOR + 2
+
+
+def test_follower_of_one_attempt_stops_at_its_end(world):
+    """``logs -f --attempt 1``: not chained to the retry."""
+    w = world
+    w.jobs["t9"] = "pending"
+    w.out.append(key("t9", 1), b"1\n")
+    w.out.finish(key("t9", 1))
+    w.control.put_result(result("t9", 1, "failed", False, 1))
+    f = Follower(w.src, "t9", Sink(io.BytesIO()), lambda s: None, attempt=1, chain=False)
+    run([f], w.fake.clock(), lambda s: None)
+    assert f.done and f.final is not None and f.final.attempt == 1
+
+
+def test_a_store_that_fails_the_first_round_is_reported_at_once(world):
+    w = world
+
+    class Down:
+        done = False
+
+        def step(self) -> bool:
+            raise OutputStoreError("output store x: connection refused")
+
+    warnings: list[str] = []
+    with pytest.raises(OutputStoreError):
+        run([Down()], w.fake.clock(), warnings.append)  # type: ignore[list-item]
+    assert warnings == [] and w.fake.now == 0.0
