@@ -74,6 +74,9 @@ log = logging.getLogger("jobq.control")
 T = TypeVar("T")
 DEFAULT_TABLE = "jobqcontrol"
 CURSOR_SLACK = 10.0  # s
+# A call of a black-holed store fails after connect (3 s) or read (6 s) timeout: jobq-ctl
+# then exits within 10 s, process start included.
+READ_TIMEOUT = 6.0
 TRANSACTION_MAX = 100  # entities in one batch transaction (the service's limit)
 _NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
                           "AuthorizationFailure")
@@ -102,7 +105,7 @@ class AzureTableControlStore:
     def __init__(self, *, connection_string: Union[str, None] = None,
                  account_url: Union[str, None] = None, credential: Any = None,
                  table: str = DEFAULT_TABLE, connect_timeout: float = 3.0,
-                 read_timeout: float = 10.0, create: bool = True,
+                 read_timeout: float = READ_TIMEOUT, create: bool = True,
                  cursor_slack: float = CURSOR_SLACK,
                  request_hook: Union[Callable[[Any], None], None] = None) -> None:
         if bool(connection_string) == bool(account_url):
