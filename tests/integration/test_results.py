@@ -141,3 +141,29 @@ def test_unknown_id_no_store_and_unreachable_store_are_one_line(env, tmp_path):
             assert res.returncode == 1, res.stderr
             assert len(res.stderr.splitlines()) == 1 and "Traceback" not in res.stderr
             assert res.stderr.startswith("jobq-ctl: error: control store")
+
+
+def test_a_lost_lease_is_lock_lost_and_the_next_attempt_succeeds(env):
+    """The database is held (no renewal, no control write) until the lease is lost and the
+    task killed; afterwards attempt 1 reads lock-lost (killed by SIGKILL), attempt 2
+    succeeded."""
+    from tests.conftest import marked_processes
+    from tests.integration.helpers import database_held, death_time
+
+    task = 'if [ "$JOBQ_ATTEMPT" = 1 ]; then sleep 60; else echo second-run; fi'
+    (task_id,) = env.push(task)
+    sup = env.supervisor("--lock-duration", "6", "--renew-interval", "1",
+                         "--reaper-interval", "1", "--stale-lock-age", "0",
+                         "--exit-when-empty", "--retry-delay", "0", *FAST)
+    wait_for(lambda: any(p.name() == "sleep" for p in marked_processes()), 30,
+             what="the first attempt running")
+    procs = [p for p in marked_processes() if p.pid != sup.pid]
+    wait_for(lambda: [r["state"] for r in results(env, task_id)] == ["running"], 10,
+             what="the running record")
+    with database_held(env.db, 15):
+        assert death_time(procs, 14) is not None, "the task outlived its lease"
+    assert sup.wait(60) == 0, sup.log()
+    first, second = settled(env, task_id, 2)
+    assert (first["state"], first["final"], first["exit_status"], first["signal"]) == (
+        "lock-lost", False, None, signal.SIGKILL)
+    assert (second["state"], second["final"], second["exit_status"]) == ("succeeded", True, 0)
