@@ -67,6 +67,10 @@ class SqliteControlStore:
         try:
             self._conn.text_factory = lambda b: b.decode("utf-8", "replace")
             self._conn.execute("PRAGMA journal_mode=WAL")
+            # As the queue's own connections: no fsync per commit (WAL keeps the file
+            # consistent; a power cut may lose the last records).  An fsync holds the write
+            # lock for milliseconds, and the main loop's settlements wait for that lock.
+            self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(SCHEMA)
         except sqlite3.Error as exc:
             self._conn.close()
