@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 WORKER_SET = ("JOBQ_TASK_ID", "JOBQ_QUEUE_NAME", "JOBQ_ATTEMPT")
 # Sub-commands that only look: they open the backend with create=False, so a mistyped queue
 # or path is "does not exist" (exit 1) instead of a new, empty queue and "0".
-READ_ONLY_COMMANDS = frozenset({"size", "peek", "status", "failed", "workers", "logs"})
+READ_ONLY_COMMANDS = frozenset({"size", "peek", "status", "failed", "workers", "logs",
+                                "result"})
 
 
 def dumps(obj: Any) -> str:

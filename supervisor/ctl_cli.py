@@ -118,6 +118,12 @@ def _add_fleet_commands(cmd: Any) -> None:
     sp = cmd("stop", "the worker stops its tasks (requeued, no attempt lost) and exits 0",
              signs=True)
     sp.add_argument("workers", nargs="+", metavar="WORKER", help="worker ids (jobq-ctl workers)")
+    # result (ctl_result.py): one block, beside the other commands of the control store
+    rs = cmd("result", "the result of each attempt of a task: state, exit status or signal, "
+                       "worker, start and end (from the control store, any backend)")
+    rs.add_argument("id", metavar="ID", help="a task id (as push prints it)")
+    rs.add_argument("--json", action="store_true", help="print JSON: a list, one object per "
+                    "attempt")
 
 
 def _check_config_keys(path: str | None) -> None:

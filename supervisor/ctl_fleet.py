@@ -1,6 +1,7 @@
 """``jobq-ctl`` fleet commands: workers, cancel, pause, resume, drain, stop, and status (main
-thread).  They write control records (signed with the first --signing-key-file) that the
-workers' control threads act on; see docs/architecture.rst, "The fleet layer".
+thread; ``result`` is in ctl_result.py).  They write control records (signed with the first
+--signing-key-file) that the workers' control threads act on; see docs/architecture.rst,
+"The fleet layer".
 
 Exit statuses: 2 for bad input or no control store configured, 1 for an unknown task or
 worker id and for a queue or control store that cannot be reached.
@@ -29,7 +30,7 @@ from .usage import UsageError
 log = logging.getLogger("jobq.ctl")
 clock: Callable[[], float] = time.time  # wall clock of the records (tests replace it)
 
-FLEET_COMMANDS = frozenset({"workers", "cancel", "pause", "resume", "drain", "stop"})
+FLEET_COMMANDS = frozenset({"workers", "cancel", "pause", "resume", "drain", "stop", "result"})
 EXIT_NOT_FOUND = 1
 # A poll cursor past every cancel, per store: reading the flag must not list 7 days of cancels.
 _NO_CANCELS = {"sqlite": str(2**62), "azure-table": "9999-12-31T00:00:00+00:00"}
@@ -274,6 +275,12 @@ def cmd_status(ns: Any, backend: Backend | None, store: ControlStore | None) -> 
     return 0
 
 
+def _result(ns: Any, backend: Backend | None, store: ControlStore) -> int:
+    from .ctl_result import cmd_result  # it imports this module
+
+    return cmd_result(ns, backend, store)
+
+
 HANDLERS: dict[str, Callable[[Any, Any, Any], int]] = {
     "workers": cmd_workers,
     "cancel": cmd_cancel,
@@ -282,4 +289,5 @@ HANDLERS: dict[str, Callable[[Any, Any, Any], int]] = {
     "drain": _command("drain"),
     "stop": _command("stop"),
     "status": cmd_status,
+    "result": _result,
 }

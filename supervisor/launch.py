@@ -174,7 +174,8 @@ class Launcher:
         if self.cancels and (cancel := self.cancels.get(task_id)) is not None:
             # cancelled before it was received: it never runs (a dict lookup, no store call)
             self.settlement.cancelled(keeper, task_id, lease.attempt,
-                                      f"{cancel_reason(cancel)} (before it started)", "", None)
+                                      f"{cancel_reason(cancel)} (before it started)", "", None,
+                                      by=cancel.who)
             return
         assert task is not None
         # One INFO line per start, not two: log records are a good part of a short task's
@@ -247,6 +248,7 @@ class Launcher:
         if proc.output is None:  # attach() failed on the spawner thread (a bug): do it here
             self.attach(job)
         self.metrics.task_started()
+        self.settlement.results.started(task_id, lease.attempt, max_attempts, now)
         return rt
 
     def attach(self, job: SpawnJob[TaskStart]) -> None:

@@ -5,11 +5,14 @@ leave a lost lease alone), counts it, and hands it as one step (``Complete``, ``
 ``DeadLetter`` from lease.py, or None) to the lease's keeper, which applies it on its thread
 and never calls back here (on a backend with ``quick_settle``, SQLite, a short task's lease is
 settled right here when the write is instant: see ``LeaseKeeper.settle_here``).
-It also remembers what this worker released and when it comes back (``--exit-when-empty``).
+It also remembers what this worker released and when it comes back (``--exit-when-empty``),
+and hands each attempt's end to ``results`` (results.py: the attempt's result record, corrected
+to lock-lost when the broker refuses the settlement).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import time
@@ -17,10 +20,12 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from .backends.base import Backend, Lease
+from .control.records import ResultRecord
 from .lease import Complete, DeadLetter, LeaseKeeper, Release, SettleStep
 from .logs import log_fast
 from .metrics import Metrics
 from .process import describe_exit
+from .results import ResultLog
 from .security import TaskGuard
 from .settings import Settings
 from .task import Task
@@ -55,12 +60,14 @@ class Settlement:
     """Outcomes of this worker's leases (main thread only).
 
     ``on_failure_streak(n)`` is called after the n-th failure in a row once n reaches
-    ``--max-consecutive-failures``; the worker decides whether to stop.  ``on_cancelled``
-    (set by the worker when it has a control store) hears of each cancelled attempt as
-    (task id, attempt, reason, output tail, exit status); it must not block."""
+    ``--max-consecutive-failures``; the worker decides whether to stop.  ``results.sink`` (set
+    by the worker when it has a control store) receives each attempt's result record; it
+    must not block.  ``clock`` is the monotonic clock of ``RunningTask.started``."""
 
     def __init__(self, settings: Settings, backend: Backend, guard: TaskGuard,
-                 metrics: Metrics, on_failure_streak: Callable[[int], None]) -> None:
+                 metrics: Metrics, on_failure_streak: Callable[[int], None], *,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
         self.s = settings
         self.backend = backend
         self.guard = guard
@@ -73,7 +80,7 @@ class Settlement:
         # task id -> (its keeper, delay, "released" | "lost"): what this worker gave back (or
         # lost) and when it is visible again -- see all_back_by
         self.awaiting_return: dict[str, tuple[LeaseKeeper, float, str]] = {}
-        self.on_cancelled: Callable[[str, int, str, str, int | None], None] | None = None
+        self.results = ResultLog(settings.queue, settings.worker_id, clock=clock, wall=wall)
         self.consecutive_failures = 0
         self.counts = {"succeeded": 0, "failed": 0, "retried": 0, "requeued": 0,
                        "lock_lost": 0, "dead_lettered": 0, "cancelled": 0}
@@ -129,8 +136,11 @@ class Settlement:
 
     def _count_refused(self, keeper: LeaseKeeper) -> None:
         """A settlement the broker refused (or the deadline overtook) did not happen: the
-        message comes back, so the run counts as a lost lease, not as what was decided."""
-        if not keeper.settle_result.startswith("not settled"):
+        message comes back, so the run counts as a lost lease, not as what was decided (and its
+        result record says so)."""
+        refused = keeper.settle_result.startswith("not settled")
+        self.results.settled(keeper, refused)
+        if not refused:
             return
         decided = _COUNT_OF.get(keeper.requested)
         if decided is not None and self.counts[decided] > 0:
@@ -139,18 +149,23 @@ class Settlement:
         self.metrics.lock_lost()
 
     # ------------------------------------------------------------------- outcomes
-    def settle(self, keeper: LeaseKeeper, step: SettleStep | None, description: str) -> None:
-        """Hand ``step`` to ``keeper`` (None: settle nothing) and see it applied (main thread)."""
+    def settle(self, keeper: LeaseKeeper, step: SettleStep | None, description: str,
+               record: ResultRecord | None = None) -> None:
+        """Hand ``step`` to ``keeper`` (None: settle nothing) and see it applied, and
+        ``record`` (the attempt's end) to the result log (main thread)."""
         keeper.finish(step, description)
         if self.quick_settle and not keeper.started:
             with self.backend.quick_writes():
                 if keeper.settle_here():
-                    if keeper.settle_result.startswith("not settled"):
+                    refused = keeper.settle_result.startswith("not settled")
+                    if refused:
                         self.overdue.append(keeper)  # counted at the next prune: the
                         # caller counts what it decided after this returns
+                    self.results.hand_over(record, keeper, pending=refused)
                     return
         keeper.start()  # no-op if it runs already (or was done without a thread)
         self.settling.append(keeper)
+        self.results.hand_over(record, keeper, pending=True)
 
     def reject(self, lease: Lease, keeper: LeaseKeeper, task_id: str,
                max_attempts: int) -> bool:
@@ -167,7 +182,9 @@ class Settlement:
         if lease.attempt > max_attempts:
             reason = f"attempts exhausted ({lease.attempt - 1} of {max_attempts} used)"
             log.error("%s; failing it without a run", reason, extra={"task_id": task_id})
-            self.settle(keeper, DeadLetter(reason), "failed")
+            self.settle(keeper, DeadLetter(reason), "failed", self.results.ended(
+                task_id, lease.attempt, "failed", max_attempts=max_attempts, final=True,
+                reason=reason))
             self.counts["failed"] += 1
             return True
         return False
@@ -194,7 +211,9 @@ class Settlement:
         if rt.lock_loss_handled or keeper.lost():
             log.error("finished after lock loss (%s, %.1fs, %s); not settled: the message "
                       "comes back through the broker", status, duration, of, extra=extra)
-            self.settle(keeper, None, "lock lost")
+            self.settle(keeper, None, "lock lost", self.results.ended(
+                rt.task_id, rt.attempt, "lock-lost", max_attempts=max_attempts, rc=rc,
+                reason=keeper.lost_reason or "lock lost", started=rt.started))
             self.counts["lock_lost"] += 1
             self.metrics.lock_lost()
             # Read when asked, not now: a renewal still in flight may yet extend the lock.
@@ -203,21 +222,26 @@ class Settlement:
             return
         if rt.cancel_handled:  # carried out while it ran: whatever the exit, it is cancelled
             self.cancelled(keeper, rt.task_id, rt.attempt,
-                           f"{cancel_reason(rt.cancel)} ({status}, {of})", tail, rc)
+                           f"{cancel_reason(rt.cancel)} ({status}, {of})", tail, rc,
+                           by=rt.cancel.who, started=rt.started)
             return
         preempted = rt.stop_reason is not None or (
             stopping and rc in (-signal.SIGTERM, 128 + signal.SIGTERM))
         if preempted:
             log.warning("preempted (%s, %.1fs): back to the queue, attempt not counted",
                         status, duration, extra=extra)
-            self.settle(keeper, Release(count_attempt=False), "requeued")
+            self.settle(keeper, Release(count_attempt=False), "requeued", self.results.ended(
+                rt.task_id, rt.attempt, "requeued", max_attempts=max_attempts, rc=rc,
+                reason=rt.stop_reason or "the worker stopped", started=rt.started))
             self.counts["requeued"] += 1
             self.metrics.task_requeued()
             return
         if rc == 0 and rt.term_reason is None:
             log_fast(log, logging.INFO, "finished: %s in %.1fs (%s)", status, duration, of,
                      extra=extra)
-            self.settle(keeper, Complete(), "completed")
+            self.settle(keeper, Complete(), "completed", self.results.ended(
+                rt.task_id, rt.attempt, "succeeded", max_attempts=max_attempts, rc=rc,
+                final=True, started=rt.started))
             self.counts["succeeded"] += 1
             self.metrics.task_succeeded()
             self.consecutive_failures = 0
@@ -228,34 +252,42 @@ class Settlement:
             reason = status if rt.term_reason else self.guard.annotate_failure(
                 status, rc, tail, rt.proc.marker)
         log.warning("finished: %s in %.1fs (%s)", reason, duration, of, extra=extra)
-        self.failed(keeper, rt.task_id, rt.attempt, max_attempts, reason, tail, rc)
+        self.failed(keeper, rt.task_id, rt.attempt, max_attempts, reason, tail, rc,
+                    started=rt.started)
 
     def cancelled(self, keeper: LeaseKeeper, task_id: str, attempt: int, reason: str,
-                  tail: str, rc: int | None) -> None:
-        """A cancelled task (ran or not): to the failed state, never retried, counted as
-        neither success nor failure (main thread)."""
+                  tail: str, rc: int | None, by: str = "",
+                  started: float | None = None) -> None:
+        """A cancelled task (ran or not; ``by``: the cancel's who, ``started``: monotonic,
+        None if it never ran): to the failed state, never retried, counted as neither success
+        nor failure (main thread)."""
         log.warning("%s: not retried", reason, extra={"task_id": task_id, "attempt": attempt})
-        self.settle(keeper, DeadLetter(reason, tail, rc), "cancelled")
+        self.settle(keeper, DeadLetter(reason, tail, rc), "cancelled", self.results.ended(
+            task_id, attempt, "cancelled", rc=rc, final=True, reason=reason, tail=tail,
+            cancelled_by=by, started=started,
+            max_attempts=attempts_allowed(keeper.lease.task, self.s)))
         self.counts["cancelled"] += 1
         self.metrics.task_cancelled()
-        if self.on_cancelled is not None:
-            self.on_cancelled(task_id, attempt, reason, tail, rc)
 
     def failed(self, keeper: LeaseKeeper, task_id: str, attempt: int, max_attempts: int,
-               reason: str, tail: str, rc: int | None) -> None:
+               reason: str, tail: str, rc: int | None, started: float | None = None) -> None:
         """A failed attempt: retry with backoff, or dead-letter the last one (main thread)."""
         self.metrics.task_failed()
+        record = functools.partial(self.results.ended, task_id, attempt, "failed", rc=rc,
+                                   tail=tail, started=started, max_attempts=max_attempts)
         if attempt >= max_attempts:
             full = f"{reason}; attempt {attempt} of {max_attempts}, giving up"
             log.error("failed for good: %s", full, extra={"task_id": task_id})
-            self.settle(keeper, DeadLetter(full, tail, rc), "failed")
+            self.settle(keeper, DeadLetter(full, tail, rc), "failed",
+                        record(final=True, reason=full))
             self.counts["failed"] += 1
             self.metrics.task_dead_lettered()
         else:
             delay = retry_delay(self.s, attempt)
             log.info("will retry in %.0fs (attempt %d of %d failed)", delay, attempt,
                      max_attempts, extra={"task_id": task_id})
-            self.settle(keeper, Release(count_attempt=True, delay=delay), "retry")
+            self.settle(keeper, Release(count_attempt=True, delay=delay), "retry",
+                        record(reason=f"{reason}; retried in {delay:.0f}s"))
             self.awaiting_return[task_id] = (keeper, delay, "released")
             self.counts["retried"] += 1
         self.consecutive_failures += 1

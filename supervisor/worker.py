@@ -97,8 +97,8 @@ class Worker:
         self.agent = ControlAgent.for_worker(settings, self.events, self.watchdog.wake,
                                              self._control_view, self.guard.keys)
         if self.agent is not None:  # claim-time cancels: a dict lookup; results: queued
-            self.launcher.cancels, self.settlement.on_cancelled = (self.agent.cancels,
-                                                                   self.agent.cancelled)
+            self.launcher.cancels, self.settlement.results.sink = (self.agent.cancels,
+                                                                   self.agent.result)
 
     @property
     def state(self) -> State:

@@ -11,8 +11,10 @@ loss; a pause flag or a drain/stop command becomes a ``ControlRequest`` on the m
 queue.  Cancels seen are kept in ``cancels`` (task id -> Cancel), which the launcher reads at
 claim time with a dict lookup: no store call on the main thread, ever.
 
-A store that is slow, down or black-holed only delays this thread: each failure backs off
-(doubling, up to BACKOFF_MAX), is logged at most once a minute, and the recovery once.
+Result records of attempts (settlement.py) wait in an ``Outbox`` and are written in batches,
+one store call each.  A store that is slow, down or black-holed only delays this thread:
+each failure backs off (doubling, up to BACKOFF_MAX), is logged at most once a minute, and
+the recovery once.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ..events import ControlRequest, Event
 from ..security import SigningKey
 from ..threads import start_thread
 from .base import ControlConfigError, ControlStore, ControlStoreError, OnceLog
+from .outbox import Outbox
 from .records import CMD_CHARS, Cancel, Command, ResultRecord, TaskInfo, WorkerRecord
 from .signing import Gate
 
@@ -48,7 +51,6 @@ PURGE_EVERY = 3600.0
 # applying here within a minute.  It costs no extra call, only a bigger answer.
 REFRESH_EVERY = 60.0
 FIRST_POLL_WAIT = 2.0  # the main loop waits this long at most for the first poll
-RESULTS_KEPT = 1000  # result records waiting for the store while it is down
 STOP_BUDGET = 5.0  # the final record deletion may take this long at exit
 
 
@@ -89,8 +91,9 @@ class ControlAgent:
         self._next_refresh = -math.inf
         self._seen_commands: set[str] = set()
         self._acted: queue.SimpleQueue[Command] = queue.SimpleQueue()
-        self._results: list[ResultRecord] = []
-        self._results_lock = threading.Lock()
+        self.outbox = Outbox(clock)  # result records not written yet
+        self._drops_logged = 0
+        self._drops_logged_at = -math.inf
         self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._stop = threading.Event()
         self.beat_now = False  # the state changed: upsert the record without waiting
@@ -138,18 +141,9 @@ class ControlAgent:
         self._wake.put(None)
 
     def result(self, record: ResultRecord) -> None:
-        """Write ``record`` (a cancelled attempt) from the control thread (main thread)."""
-        with self._results_lock:
-            self._results.append(record)
-            del self._results[:-RESULTS_KEPT]
-        self._wake.put(None)
-
-    def cancelled(self, task_id: str, attempt: int, reason: str, tail: str,
-                  rc: Union[int, None]) -> None:
-        """Settlement.on_cancelled: record the cancelled attempt (main thread)."""
-        self.result(ResultRecord(queue=self.queue, task_id=task_id, attempt=attempt,
-                                 outcome="cancelled", reason=reason, tail=tail[-4000:],
-                                 exit_status=rc, worker=self.worker_id, when=self.wall()))
+        """Queue ``record`` for the next batch (outbox.py); never waits (main thread)."""
+        if self.outbox.put(record):
+            self._wake.put(None)
 
     def stop(self, clean: bool) -> None:
         """End the thread; ``clean``: delete the worker record (a clean exit) (main thread).
@@ -198,6 +192,8 @@ class ControlAgent:
             try:
                 self._flush()
                 now = self.clock()
+                if now >= self.outbox.due():
+                    self._write_results()
                 if now >= next_poll:
                     self._poll()
                     next_poll = now + self.control_interval
@@ -215,9 +211,11 @@ class ControlAgent:
                 self._failed("call", exc)
                 next_poll = max(next_poll, self.clock() + self._backoff)
                 next_beat = max(next_beat, next_poll)
+                self.outbox.retry_at = next_poll
+            self._report_drops()
             # ... or until the next cancel expires: the launcher reads the cache as it is
-            self._sleep(max(0.0, min(min(next_poll, next_beat, next_purge) - self.clock(),
-                                     self._expire() - self.wall())))
+            due = min(next_poll, next_beat, next_purge, self.outbox.due())
+            self._sleep(max(0.0, min(due - self.clock(), self._expire() - self.wall())))
         self._finish()
 
     def _finish(self) -> None:
@@ -225,6 +223,7 @@ class ControlAgent:
         assert self.store is not None
         try:
             self._flush()
+            self._write_results()
             if self._clean_exit:
                 self.store.delete_worker(self.queue, self.worker_id)
             else:
@@ -273,12 +272,22 @@ class ControlAgent:
                 self._acted.put(command)  # next time
                 raise
             self.beat_now = True  # a drain or stop changed the worker's state
-        with self._results_lock:
-            pending = list(self._results)
-        for record in pending:
-            self.store.put_result(record)
-            with self._results_lock:
-                self._results.remove(record)
+
+    def _write_results(self) -> None:
+        """Every waiting result record in one store call (control thread)."""
+        assert self.store is not None
+        batch = self.outbox.batch()
+        if batch:
+            self.store.put_results(list(batch.values()))
+            self.outbox.written(batch)
+
+    def _report_drops(self) -> None:
+        dropped, now = self.outbox.dropped, self.clock()
+        if dropped > self._drops_logged and now - self._drops_logged_at >= LOG_EVERY:
+            log.warning("control store: %d result record(s) dropped so far: the store could "
+                        "not take them and %d were waiting (their tasks ran and were settled "
+                        "as usual)", dropped, self.outbox.kept)
+            self._drops_logged, self._drops_logged_at = dropped, now
 
     def _poll(self) -> None:
         assert self.store is not None

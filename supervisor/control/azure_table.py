@@ -20,6 +20,7 @@ retries and explicit connect/read timeouts: a dead store raises ControlStoreErro
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, TypeVar, Union
 from urllib.parse import urlsplit, urlunsplit
@@ -34,6 +35,8 @@ from azure.data.tables import TableClient, UpdateMode
 from ..backends.azure_common import Scrubber
 from ..backends.storage_queue_util import error_code
 from .base import (
+    INDEX_KIND,
+    INDEXED_STATES,
     ControlConfigError,
     ControlSnapshot,
     ControlStoreError,
@@ -43,6 +46,8 @@ from .base import (
     cancel_key,
     command_key,
     command_prefix,
+    index_key,
+    index_partition,
     key_part,
     purge_cutoffs,
     queue_partition,
@@ -69,6 +74,10 @@ log = logging.getLogger("jobq.control")
 T = TypeVar("T")
 DEFAULT_TABLE = "jobqcontrol"
 CURSOR_SLACK = 10.0  # s
+# A call of a black-holed store fails after connect (3 s) or read (6 s) timeout: jobq-ctl
+# then exits within 10 s, process start included.
+READ_TIMEOUT = 6.0
+TRANSACTION_MAX = 100  # entities in one batch transaction (the service's limit)
 _NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
                           "AuthorizationFailure")
 
@@ -96,7 +105,7 @@ class AzureTableControlStore:
     def __init__(self, *, connection_string: Union[str, None] = None,
                  account_url: Union[str, None] = None, credential: Any = None,
                  table: str = DEFAULT_TABLE, connect_timeout: float = 3.0,
-                 read_timeout: float = 10.0, create: bool = True,
+                 read_timeout: float = READ_TIMEOUT, create: bool = True,
                  cursor_slack: float = CURSOR_SLACK,
                  request_hook: Union[Callable[[Any], None], None] = None) -> None:
         if bool(connection_string) == bool(account_url):
@@ -166,14 +175,7 @@ class AzureTableControlStore:
             raise self._error(what, exc) from None
 
     def _put(self, part: str, row: str, record: Record, at: float) -> None:
-        text = encode(record)
-        entity: dict[str, Any] = {"PartitionKey": part, "RowKey": row, "kind": record.kind,
-                                  "at": float(at)}
-        pieces = chunks(text)
-        if isinstance(record, Cancel) and record.ttl is not None:
-            entity["expires"] = record.expires()  # so that purge's query finds it
-        entity["n"] = len(pieces)
-        entity.update({f"d{i}": piece for i, piece in enumerate(pieces)})
+        entity = _entity(part, row, record, at)
         # REPLACE, not MERGE: a shorter record must not keep the old record's extra chunks.
         self._call(f"write {record.kind}",
                    lambda: self._client.upsert_entity(entity, mode=UpdateMode.REPLACE))
@@ -285,11 +287,40 @@ class AzureTableControlStore:
         return sorted(self._records(found, "cancel"), key=lambda c: c.when)
 
     def put_result(self, result: ResultRecord) -> None:
-        self._put(result_partition(result.queue), result_key(result), result, result.when)
+        self.put_results([result])
+
+    def put_results(self, batch: Sequence[ResultRecord]) -> None:
+        """One batch transaction per partition and TRANSACTION_MAX entities (a transaction
+        spans one partition); a key seen twice keeps its last record (a batch may not name an
+        entity twice)."""
+        parts: dict[str, dict[str, dict[str, Any]]] = {}
+        gone: list[tuple[str, str]] = []
+        for r in batch:
+            parts.setdefault(result_partition(r.queue), {})[result_key(r)] = _entity(
+                result_partition(r.queue), result_key(r), r, r.when)
+            if r.outcome in INDEXED_STATES:
+                part, row = index_partition(r.queue), index_key(r.outcome, r)
+                parts.setdefault(part, {})[row] = _entity(part, row, r, r.when, INDEX_KIND)
+            elif r.outcome == "lock-lost":  # a corrected record: no longer listed as ended
+                gone += [(index_partition(r.queue), index_key(o, r)) for o in INDEXED_STATES]
+        for entities in parts.values():
+            ops = [("upsert", e, {"mode": UpdateMode.REPLACE}) for e in entities.values()]
+            for i in range(0, len(ops), TRANSACTION_MAX):
+                chunk = ops[i:i + TRANSACTION_MAX]
+                self._call("write results",
+                           lambda c=chunk: self._client.submit_transaction(c))  # type: ignore[misc]
+        for part, row in gone:  # rare; in a transaction a missing entity would fail it all
+            self._delete("write results", part, row)
 
     def results(self, queue: str, outcome: Union[str, None] = None) -> list[ResultRecord]:
-        found = self._query("list results", "PartitionKey eq @pk",
-                            {"pk": result_partition(queue)})
+        if outcome in INDEXED_STATES:
+            found = self._query("list results", "PartitionKey eq @pk and RowKey ge @lo and "
+                                "RowKey lt @hi", {"pk": index_partition(queue),
+                                                  "lo": f"{outcome}:",
+                                                  "hi": after_prefix(f"{outcome}:")})
+        else:
+            found = self._query("list results", "PartitionKey eq @pk",
+                                {"pk": result_partition(queue)})
         records: list[ResultRecord] = self._records(found, "result")
         return sorted((r for r in records if outcome is None or r.outcome == outcome),
                       key=lambda r: r.when)
@@ -318,6 +349,19 @@ class AzureTableControlStore:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _entity(part: str, row: str, record: Record, at: float,
+            kind: Union[str, None] = None) -> dict[str, Any]:
+    """The entity of ``record``: its JSON cut into chunk properties (any thread)."""
+    entity: dict[str, Any] = {"PartitionKey": part, "RowKey": row,
+                              "kind": kind or record.kind, "at": float(at)}
+    pieces = chunks(encode(record))
+    if isinstance(record, Cancel) and record.ttl is not None:
+        entity["expires"] = record.expires()  # so that purge's query finds it
+    entity["n"] = len(pieces)
+    entity.update({f"d{i}": piece for i, piece in enumerate(pieces)})
+    return entity
 
 
 def _str(value: Any) -> str:

@@ -6,12 +6,18 @@ Layout (the same keys in both stores; see docs/architecture.rst, "The fleet laye
                             row "cancel:<task id>"      Cancel
                             row "cmd:<worker>:<seq>"    Command for one worker
     partition "w:<queue>"   row "<worker id>"           WorkerRecord
-    partition "r:<queue>"   row "<task id>:<attempt>"   ResultRecord
+    partition "r:<queue>"   row "<task id>:<attempt>"   ResultRecord (every attempt)
+    partition "x:<queue>"   row "<state>:<task id>:<attempt>"
+                                                        the same record, again, for the
+                                                        states of INDEXED_STATES only
 
 A worker's whole poll is one range query on its queue's "q:" partition; worker records and
 results live in partitions of their own so that a fleet of busy workers (1,000 tasks each)
-never makes that poll bigger.  Key parts are escaped (``key_part``) so that no worker id or
-task id can reach into another's key range.
+never makes that poll bigger.  Every attempt writes two result records (running, then how
+it ended), so "r:" holds a week of every attempt; the listings of failed and cancelled
+attempts read the small "x:" partition instead (entity kind INDEX_KIND, purged alike).
+Key parts are escaped (``key_part``) so that no worker id or task id can reach into
+another's key range.
 
 Every store method may raise ``ControlStoreError`` (and only that), after at most a few
 seconds: the caller (the control thread, jobq-ctl) backs off and tries again.  Wall-clock
@@ -36,6 +42,9 @@ LOST_AFTER = 3  # heartbeat intervals without an upsert: shown as "lost"
 WORKER_PURGE_AGE = 86_400.0  # s: older worker records are deleted
 COMMAND_TTL = 86_400.0  # s an unconsumed command is kept (its worker is gone)
 RESULT_TTL = 7 * 86_400.0
+# Result states listed often and rare enough to be kept twice ("x:" partition, see above).
+INDEXED_STATES = ("failed", "cancelled")
+INDEX_KIND = "rindex"  # the stored kind of an "x:" row (its document is a result record)
 
 
 class ControlStoreError(Exception):
@@ -97,7 +106,16 @@ class ControlStore(Protocol):
     # -- listings -----------------------------------------------------------------------------
     def cancels(self, queue: str) -> list[Cancel]: ...
     def put_result(self, result: ResultRecord) -> None: ...
-    def results(self, queue: str, outcome: Union[str, None] = None) -> list[ResultRecord]: ...
+    def put_results(self, batch: Sequence[ResultRecord]) -> None:
+        """Upsert every record of ``batch`` (the control thread's flush): SQLite in one
+        transaction, Azure Table in one batch transaction per 100 records of a partition.
+        A record that is no longer failed or cancelled (a refused settlement corrected to
+        lock-lost) takes its "x:" copy with it."""
+        ...
+    def results(self, queue: str, outcome: Union[str, None] = None) -> list[ResultRecord]:
+        """The result records of ``queue`` by time; of one state only if ``outcome`` is
+        given (one of INDEXED_STATES: a read of the "x:" partition alone)."""
+        ...
     def results_of(self, queue: str, task_id: str) -> list[ResultRecord]:
         """The result records of one task's attempts, by attempt (one range query)."""
         ...
@@ -117,7 +135,8 @@ def worker_state(record: WorkerRecord, now: float) -> str:
 def purge_cutoffs(now: float) -> dict[str, float]:
     """Per kind, the ``at`` below which a record is purged."""
     return {"worker": now - WORKER_PURGE_AGE, "cancel": now - CANCEL_TTL,
-            "cmd": now - COMMAND_TTL, "result": now - RESULT_TTL}
+            "cmd": now - COMMAND_TTL, "result": now - RESULT_TTL,
+            INDEX_KIND: now - RESULT_TTL}
 
 
 # ----------------------------------------------------------------------------------- keys
@@ -156,6 +175,15 @@ def command_key(command: Command) -> str:
 
 def result_key(result: ResultRecord) -> str:
     return f"{key_part(result.task_id)}:{result.attempt:06d}"
+
+
+def index_partition(queue: str) -> str:
+    return "x:" + key_part(queue)
+
+
+def index_key(outcome: str, result: ResultRecord) -> str:
+    """The "x:" row of ``result`` as if its state were ``outcome``."""
+    return f"{outcome}:{result_key(result)}"
 
 
 def after_prefix(prefix: str) -> str:

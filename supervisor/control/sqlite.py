@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Union
 
@@ -67,6 +67,10 @@ class SqliteControlStore:
         try:
             self._conn.text_factory = lambda b: b.decode("utf-8", "replace")
             self._conn.execute("PRAGMA journal_mode=WAL")
+            # As the queue's own connections: no fsync per commit (WAL keeps the file
+            # consistent; a power cut may lose the last records).  An fsync holds the write
+            # lock for milliseconds, and the main loop's settlements wait for that lock.
+            self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(SCHEMA)
         except sqlite3.Error as exc:
             self._conn.close()
@@ -192,12 +196,42 @@ class SqliteControlStore:
         return [r for _, r in self._decode(rows, "cancel")]  # type: ignore[misc]
 
     def put_result(self, result: records.ResultRecord) -> None:
-        self._put(base.result_partition(result.queue), base.result_key(result), result, result.when)
+        self.put_results([result])
+
+    def put_results(self, batch: Sequence[records.ResultRecord]) -> None:
+        """One transaction (one rev) for the whole batch: a short task's two records cost
+        the queue's database one commit among many, not two of their own."""
+        if not batch:
+            return
+        rows: list[tuple[str, str, str, float, str]] = []
+        gone: list[tuple[str, str]] = []
+        for r in batch:
+            text = records.encode(r)
+            rows.append((base.result_partition(r.queue), base.result_key(r), "result",
+                         r.when, text))
+            if r.outcome in base.INDEXED_STATES:
+                rows.append((base.index_partition(r.queue), base.index_key(r.outcome, r),
+                             base.INDEX_KIND, r.when, text))
+            elif r.outcome == "lock-lost":  # a corrected record: no longer listed as ended
+                gone += [(base.index_partition(r.queue), base.index_key(o, r))
+                         for o in base.INDEXED_STATES]
+        with self._tx("write results", write=True) as conn:
+            (rev,) = conn.execute(_NEXT_REV).fetchone()
+            conn.executemany(_UPSERT, [(p, k, kind, at, rev, doc) for p, k, kind, at, doc
+                                       in rows])
+            if gone:
+                conn.executemany("DELETE FROM control_records WHERE part=? AND row=?", gone)
 
     def results(self, queue: str, outcome: Union[str, None] = None) -> list[records.ResultRecord]:
-        rows = self._select("list results", "SELECT part, row, kind, rev, doc FROM "
-                            "control_records WHERE part=? ORDER BY at",
-                            (base.result_partition(queue),))
+        if outcome in base.INDEXED_STATES:
+            prefix = f"{outcome}:"
+            rows = self._select("list results", "SELECT part, row, kind, rev, doc FROM "
+                                "control_records WHERE part=? AND row>=? AND row<? ORDER BY at",
+                                (base.index_partition(queue), prefix, base.after_prefix(prefix)))
+        else:
+            rows = self._select("list results", "SELECT part, row, kind, rev, doc FROM "
+                                "control_records WHERE part=? ORDER BY at",
+                                (base.result_partition(queue),))
         found: list[records.ResultRecord] = [
             r for _, r in self._decode(rows, "result")]  # type: ignore[misc]
         return [r for r in found if outcome is None or r.outcome == outcome]
@@ -220,8 +254,9 @@ class SqliteControlStore:
                 "DELETE FROM control_records WHERE (kind='worker' AND at<?) OR "
                 "(kind='cancel' AND (at<? OR at + CASE WHEN json_valid(doc) THEN "
                 "json_extract(doc, '$.ttl') END < ?)) OR (kind='cmd' AND at<?) OR "
-                "(kind='result' AND at<?) RETURNING kind",
-                (cut["worker"], cut["cancel"], now, cut["cmd"], cut["result"]))]
+                "(kind='result' AND at<?) OR (kind=? AND at<?) RETURNING kind",
+                (cut["worker"], cut["cancel"], now, cut["cmd"], cut["result"],
+                 base.INDEX_KIND, cut[base.INDEX_KIND]))]
         return PurgeCounts(workers=kinds.count("worker"), cancels=kinds.count("cancel"),
                            commands=kinds.count("cmd"), results=kinds.count("result"))
 

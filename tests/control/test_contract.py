@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import pytest
 
@@ -296,3 +297,67 @@ def test_results_of_one_task_by_attempt(kit: Kit) -> None:
         (1, "lock-lost", 9, NOW - 5), (2, "failed", None, NOW - 5)]
     assert [r.task_id for r in s.results_of(QUEUE, "t")] == ["t"]
     assert s.results_of(QUEUE, "nope") == [] and s.results_of("other", "t") == []
+
+
+def _result(task: str, attempt: int, outcome: str, when: float = NOW, **kw: Any
+            ) -> ResultRecord:
+    values: dict[str, Any] = {"reason": "", "tail": "", "exit_status": None, **kw}
+    return ResultRecord(queue=QUEUE, task_id=task, attempt=attempt, outcome=outcome,
+                        worker="w1", when=when, **values)
+
+
+def test_put_results_writes_a_batch_last_record_of_a_key_wins(kit: Kit) -> None:
+    s = kit.store
+    batch = [_result(f"t{i}", 1, "running", started=NOW) for i in range(150)]
+    batch += [_result("t0", 1, "succeeded", when=NOW + 1, final=True, exit_status=0),
+              _result("t1", 1, "failed", when=NOW + 2, exit_status=3),
+              _result("t2", 1, "cancelled", when=NOW + 3, cancelled_by="alice@h", final=True)]
+    kit.calls.clear()
+    s.put_results(batch)
+    if kit.kind == "sqlite":  # one transaction for the whole batch
+        assert [c for c in kit.calls if c.startswith(("BEGIN", "COMMIT"))] == [
+            "BEGIN IMMEDIATE", "COMMIT"]
+    else:  # 150 rows of "r:" in two batch transactions, the two of "x:" in one
+        assert len([c for c in kit.calls if c.startswith("POST")]) == 3
+    assert len(s.results(QUEUE)) == 150
+    (t0,) = s.results_of(QUEUE, "t0")
+    assert (t0.outcome, t0.final, t0.started) == ("succeeded", True, None)
+    assert [r.task_id for r in s.results(QUEUE, "failed")] == ["t1"]
+    (t2,) = s.results(QUEUE, "cancelled")
+    assert t2 == batch[-1]
+    s.put_results([])  # nothing to write: no error
+
+
+def test_failed_and_cancelled_listings_do_not_read_every_attempt(kit: Kit) -> None:
+    s = kit.store
+    s.put_results([_result(f"ok{i}", 1, "succeeded", final=True) for i in range(50)]
+                  + [_result("bad", 1, "failed", final=True)])
+    kit.calls.clear()
+    assert [r.task_id for r in s.results(QUEUE, "failed")] == ["bad"]
+    query = " ".join(kit.calls)
+    # the listing reads the "x:" partition alone, never the attempts of "r:"
+    assert ("x%3A" in query or "x:" in query) and "r%3A" not in query
+    if kit.kind == "sqlite":
+        assert "'r:" not in query
+    assert s.results(QUEUE, "succeeded") and s.results(QUEUE, "cancelled") == []
+
+
+def test_a_corrected_record_leaves_the_failed_listing(kit: Kit) -> None:
+    """A refused settlement: the worker wrote "failed, final", then the same key again as
+    lock-lost; the listing of failures must not keep the first version."""
+    s = kit.store
+    s.put_results([_result("t", 2, "failed", final=True, exit_status=1)])
+    s.put_results([_result("t", 2, "lock-lost", when=NOW + 1, exit_status=1)])
+    assert s.results(QUEUE, "failed") == []
+    assert [(r.attempt, r.outcome, r.final) for r in s.results_of(QUEUE, "t")] == [
+        (2, "lock-lost", False)]
+    s.put_results([_result("u", 1, "cancelled"), _result("u", 1, "lock-lost")])
+    assert s.results(QUEUE, "cancelled") == []
+
+
+def test_indexed_results_are_purged_and_counted_once(kit: Kit) -> None:
+    s = kit.store
+    s.put_results([_result("a", 1, "failed"), _result("b", 1, "cancelled"),
+                   _result("c", 1, "succeeded")])
+    assert s.purge(NOW + 8 * DAY).results == 3
+    assert s.results(QUEUE) == [] and s.results(QUEUE, "failed") == []

@@ -1,7 +1,8 @@
 """Acceptance 4 of issue 15 on the worker: its control store (Azurite's table service behind a
 black-holing loopback proxy; the queue itself is SQLite, so the fault hits only the control
 path) goes silent while a task runs.  Every lease is still renewed, no task is killed, the
-outage is logged rate-limited, and the worker recovers when traffic flows again."""
+outage is logged rate-limited, and the worker recovers when traffic flows again (the result
+record it could not write meanwhile is written then)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ def test_black_holed_control_store_never_touches_the_data_plane(env, azurite_tab
         assert env.job(task_id)["attempt"] == 1
         proxy.restore()
         sup.wait_log("control store reachable again", 90)
+        # its result record waited for the store, and came with it
+        wait_for(lambda: [(r.outcome, r.final) for r in direct.results_of("default", task_id)]
+                 == [("succeeded", True)], 30, what="the result record after the outage")
         log = sup.log()
         assert log.count("control store unavailable") == 1, "logged once a minute at most"
         assert "SIGTERM" not in log and "SIGKILL" not in log and "lock lost" not in log

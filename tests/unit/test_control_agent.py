@@ -92,8 +92,8 @@ def test_an_exited_task_is_not_cancelled() -> None:
 # ---------------------------------------------------------------------------- settlement
 def test_cancelled_task_is_failed_with_who_and_why_never_retried_nor_counted_failed() -> None:
     h = Harness(max_attempts=5, max_consecutive_failures=1)
-    seen: list[tuple] = []
-    h.settlement.on_cancelled = lambda *a: seen.append(a)
+    seen: list = []
+    h.settlement.results.sink = seen.append
     rt = h.finished(-15, output="tail\n", cancel=cancel(), cancel_handled=True,
                     term_reason="cancelled")
     h.settlement.conclude(rt, h.clock.now, stopping=False)
@@ -102,7 +102,9 @@ def test_cancelled_task_is_failed_with_who_and_why_never_retried_nor_counted_fai
     assert reason.startswith("cancelled by ops at 2001-09-09T01:46:40Z: why")
     assert h.settlement.counts == h.counts(cancelled=1)
     assert h.streaks == [] and h.settlement.consecutive_failures == 0
-    assert seen == [("t1", 1, reason, "tail\n", -15)]
+    assert [(r.task_id, r.attempt, r.outcome, r.reason, r.tail, r.exit_status, r.signal,
+             r.cancelled_by) for r in seen] == [("t1", 1, "cancelled", reason, "tail\n",
+                                                 None, 15, "ops")]
 
 
 def test_a_cancel_the_task_outran_is_settled_by_its_exit() -> None:

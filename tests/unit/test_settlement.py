@@ -26,6 +26,7 @@ from supervisor.watchdog import RunningTask
 pytestmark = pytest.mark.timeout(30)
 
 T0 = 1000.0
+WALL0 = 1_700_000_000.0  # the injected wall clock at T0
 RETURN_DELAY = 5.0  # the fake backend's lost_lease_return_delay
 SETTLED_WITHIN = 10.0  # generous: the keeper's own thread may make the call
 
@@ -49,7 +50,8 @@ class Harness:
         self.settlement = Settlement(Settings(**values), FakeBackend(),
                                      guard or TaskGuard(), Metrics(None, backend="fake",
                                                                    queue="q"),
-                                     self.streaks.append)
+                                     self.streaks.append, clock=self.clock,
+                                     wall=lambda: WALL0 + self.clock.now - T0)
 
     def finished(self, rc: int, *, attempt: int = 1, output: str = "", task: Task | None = None,
                  granted: float = 2700.0, **requests: Any) -> RunningTask:

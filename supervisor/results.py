@@ -1,0 +1,100 @@
+"""Result records of this worker's attempts, as settlement decides them (main thread).
+
+Each attempt gets a ``ResultRecord`` (control/records.py) when it starts (state ``running``)
+and one when it ends, under the same key (task id, attempt): ``succeeded``, ``failed``,
+``cancelled``, ``lock-lost`` or ``requeued``, with the exit status or the signal that ended
+the shell, the wall-clock start and end, and ``final`` when the task ended for good.  A
+record is handed to ``sink`` -- the control agent's ``result``, a queue append: the control
+thread writes it, batched, so nothing here ever waits for a store.  Without a control store
+``sink`` is None and no record is even built.
+
+A settlement the broker refuses after the end record was handed over did not happen: the
+message comes back.  ``settled`` then hands over the same record again as ``lock-lost``, not
+final (an upsert of the same key).  See docs/architecture.rst, "The fleet layer".
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Callable, Union
+
+from .control.records import ResultRecord
+from .lease import LeaseKeeper
+
+TAIL_CHARS = 4000  # output kept with a failed or cancelled attempt (others: none, for cost)
+
+
+def exit_parts(rc: Union[int, None]) -> tuple[Union[int, None], Union[int, None]]:
+    """(exit status, signal) of a shell's return code: a negative one is a signal (any
+    thread)."""
+    if rc is None:
+        return None, None
+    return (None, -rc) if rc < 0 else (rc, None)
+
+
+class ResultLog:
+    """Builds result records and remembers the end records whose settlement is not yet
+    known (main thread only).  ``clock`` is the monotonic clock of ``RunningTask.started``;
+    ``wall`` the epoch time written."""
+
+    def __init__(self, queue: str, worker_id: str, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.queue = queue
+        self.worker_id = worker_id
+        self.clock = clock
+        self.wall = wall
+        self.sink: Union[Callable[[ResultRecord], None], None] = None
+        self._unsettled: dict[LeaseKeeper, ResultRecord] = {}
+
+    def epoch(self, mono: Union[float, None]) -> Union[float, None]:
+        """The wall-clock time of monotonic ``mono``."""
+        return None if mono is None else self.wall() - (self.clock() - mono)
+
+    def started(self, task_id: str, attempt: int, max_attempts: int, at: float) -> None:
+        """An attempt's shell started at ``at`` (monotonic)."""
+        if self.sink is not None:
+            self.sink(ResultRecord(queue=self.queue, task_id=task_id, attempt=attempt,
+                                   outcome="running", reason="", tail="", exit_status=None,
+                                   worker=self.worker_id, when=self.wall(),
+                                   started=self.epoch(at), max_attempts=max_attempts))
+
+    def ended(self, task_id: str, attempt: int, outcome: str, *, max_attempts: int,
+              rc: Union[int, None] = None, final: bool = False, reason: str = "",
+              tail: str = "", cancelled_by: str = "",
+              started: Union[float, None] = None) -> Union[ResultRecord, None]:
+        """The end record of an attempt (None without a sink); ``started``: monotonic, None
+        if it never ran.  Handed over by ``hand_over`` once the settlement is under way."""
+        if self.sink is None:
+            return None
+        status, sig = exit_parts(rc)
+        now = self.wall()
+        keep_tail = outcome in ("failed", "cancelled")
+        return ResultRecord(queue=self.queue, task_id=task_id, attempt=attempt,
+                            outcome=outcome, reason=reason,
+                            tail=tail[-TAIL_CHARS:] if keep_tail else "",
+                            exit_status=status, signal=sig, worker=self.worker_id, when=now,
+                            started=self.epoch(started), finished=now, final=final,
+                            max_attempts=max_attempts, cancelled_by=cancelled_by)
+
+    def hand_over(self, record: Union[ResultRecord, None], keeper: LeaseKeeper,
+                  pending: bool) -> None:
+        """Give ``record`` to the sink; ``pending``: the keeper's settlement is not known
+        yet (its outcome comes to ``settled``)."""
+        if record is None or self.sink is None:
+            return
+        self.sink(record)
+        if pending and record.outcome != "lock-lost":
+            self._unsettled[keeper] = record
+
+    def settled(self, keeper: LeaseKeeper, refused: bool) -> None:
+        """``keeper`` is done; ``refused``: its settlement did not happen (the message comes
+        back), so the end record says lock-lost, not what was decided."""
+        record = self._unsettled.pop(keeper, None)
+        if record is None or not refused or self.sink is None:
+            return
+        self.sink(replace(record, outcome="lock-lost", final=False, when=self.wall(),
+                          reason=f"the broker refused the settlement ({record.outcome}): the "
+                                 f"lease was lost; the message comes back"
+                                 + (f" [{record.reason}]" if record.reason else "")))
