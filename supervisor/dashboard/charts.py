@@ -13,8 +13,7 @@ W, H, PAD = 600, 160, 24
 def _frame(body: str, label: str, now: float, window: float, top: int) -> Markup:
     mins = int(window // 60)
     return Markup(
-        f'<svg class="chart" viewBox="0 0 {W} {H}" role="img" aria-label="{escape(label)}" '
-        f'preserveAspectRatio="none">'
+        f'<svg class="chart" viewBox="0 0 {W} {H}" role="img" aria-label="{escape(label)}" >'
         f'<line x1="{PAD}" y1="{H - PAD}" x2="{W}" y2="{H - PAD}" class="axis"/>'
         f'<text x="2" y="12" class="tick">{top}</text>'
         f'<text x="2" y="{H - PAD}" class="tick">0</text>'

@@ -206,7 +206,10 @@ def test_actions_need_a_login_and_the_csrf_token(env):
     assert resp.status_code == 403 and b"log in first" in resp.data
     assert _login(client, token="wrong-token-wrong-token") == 403
     assert _login(client) == 302
-    assert b'id="pause"' in client.get("/").data
+    page = client.get("/").get_data(as_text=True)
+    assert 'id="pause"' in page
+    csrf_fields = re.findall(r'name="csrf" value="([^"]*)"', page)
+    assert len(csrf_fields) >= 2 and set(csrf_fields) == {_csrf(client)}, "every form has it"
     assert client.post("/queue/pause").status_code == 403, "no CSRF token"
     assert client.post("/queue/pause", data={"csrf": "forged"}).status_code == 403
     assert json.loads(env.ctl("status", "--json").stdout)["paused"] is False
