@@ -42,8 +42,9 @@ def _flag_arg(name: str) -> bool:
 
 
 def create_app(data: DataSource, history: History | None = None, token: str | None = None,
-               secret: bytes | None = None) -> Flask:
-    """The WSGI app (built on the main thread before serving starts)."""
+               secret: bytes | None = None, refresh: int = 5) -> Flask:
+    """The WSGI app (built on the main thread before serving starts).  ``refresh``: seconds
+    between an open page's refreshes (each one costs backend and store calls)."""
     app = Flask(__name__)
     app.secret_key = secret or os.urandom(32)  # sessions end when the dashboard restarts
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Strict",
@@ -53,7 +54,8 @@ def create_app(data: DataSource, history: History | None = None, token: str | No
 
     @app.context_processor
     def _common() -> dict[str, Any]:
-        return {"queue": data.queue, "ago": duration_text, **auth.context()}
+        return {"queue": data.queue, "ago": duration_text, "refresh": refresh,
+                **auth.context()}
 
     def _page(status: int, title: str, text: str) -> tuple[str, int]:
         return render_template("error.html", title=title, text=text), status
@@ -93,8 +95,8 @@ def create_app(data: DataSource, history: History | None = None, token: str | No
         status = data.status()
         now = time.time()
         try:
-            workers: dict[str, int] | None = data.worker_states()
-            flag = data.flag()
+            workers: dict[str, int] | None
+            workers, flag = data.fleet()
             store_error = None
         except Unavailable as exc:
             workers, flag, store_error = None, None, str(exc)

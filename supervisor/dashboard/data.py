@@ -125,21 +125,18 @@ class DataSource:
         with self._using("control store"):
             return workers_json(self.store(), self.queue, show_all)
 
-    def worker_states(self) -> dict[str, int]:
+    def fleet(self) -> tuple[dict[str, int], dict[str, Any] | None]:
+        """(worker count by state, the queue's pause flag) from one workers listing and one
+        poll."""
         with self._using("control store"):
-            now, shown, _, _ = worker_view(self.store(), self.queue, True)
+            now, shown, _, flag = worker_view(self.store(), self.queue, True)
         states: dict[str, int] = {}
         for r in shown:
             state = worker_state(r, now)
             states[state] = states.get(state, 0) + 1
-        return states
-
-    def flag(self) -> dict[str, Any] | None:
-        with self._using("control store"):
-            _, _, _, flag = worker_view(self.store(), self.queue, False)
         if flag is None:
-            return None
-        return {"paused": flag.paused, "who": flag.who, "when": iso_or_none(flag.when)}
+            return states, None
+        return states, {"paused": flag.paused, "who": flag.who, "when": iso_or_none(flag.when)}
 
     def worker(self, worker_id: str) -> dict[str, Any] | None:
         return next((w for w in self.workers(True) if w["id"] == worker_id), None)

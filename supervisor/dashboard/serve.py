@@ -78,7 +78,8 @@ def run(ns: Any, settings: Any) -> int:
                       lambda: open_control_store(settings, create=token is not None), key)
     history = History()
     sampler = Sampler(data, history, interval=getattr(ns, "sample_interval", SAMPLE_INTERVAL))
-    app = create_app(data, history, token)
+    # Azure bills (and throttles) per call: an open page refreshes less often there
+    app = create_app(data, history, token, refresh=5 if settings.backend == "sqlite" else 15)
     try:
         server = waitress.create_server(app, host=host, port=port, threads=THREADS,
                                         ident="jobq-dashboard")
