@@ -77,8 +77,10 @@ def test_overview_pause_resume_and_drain_in_the_browser(env, dashboard, browser)
     d = dashboard(token=True)
     browser.get(d.url + "/")
     _reload_until(browser, lambda b: _text(b, "count-running") == "2"
-                  and "running: 2" in _text(b, "worker-states"), 30,
-                  what="the overview with 2 running tasks on 2 running workers")
+                  and "running: 2" in _text(b, "worker-states")
+                  and b.find_elements("css selector", ".chart line.dot.running"), 30,
+                  what="the overview with 2 running tasks on 2 running workers and the "
+                       "sampler's first depth samples")
     assert _text(browser, "count-pending") == "0"
     assert browser.find_elements("id", "pause") == [], "no button before the login"
     shoot(browser, "overview")
