@@ -1,6 +1,8 @@
 """``jobq-ctl`` fleet commands: workers, cancel, pause, resume, drain, stop, and status (main
 thread).  They write control records (signed with the first --signing-key-file) that the
-workers' control threads act on; see docs/architecture.rst, "The fleet layer".
+workers' control threads act on; see docs/architecture.rst, "The fleet layer".  The
+data-returning helpers (``status_json``, ``workers_json``, ``put_pause``, ``put_commands``)
+are also called by the dashboard's request threads, each with its own backend and store.
 
 Exit statuses: 2 for bad input or no control store configured, 1 for an unknown task or
 worker id and for a queue or control store that cannot be reached.
@@ -211,20 +213,23 @@ def cmd_cancel(ns: Any, backend: Backend | None, store: ControlStore) -> int:
 # ----------------------------------------------------------------- pause / drain / stop
 def put_pause(store: ControlStore, queue: str, paused: bool, key: SigningKey | None,
               by: str) -> QueueFlag:
-    """Write the queue's pause/resume flag, signed with ``key`` when given."""
+    """Write the queue's pause/resume flag, signed with ``key`` when given (the caller's
+    thread; raises ControlStoreError)."""
     flag = QueueFlag(queue=queue, paused=paused, who=by, when=clock())
     store.put_flag(sign(flag, key) if key is not None else flag)
     return flag
 
 
 def live_worker_ids(store: ControlStore, queue: str) -> set[str]:
+    """The ids of the queue's workers that are not lost (the caller's thread)."""
     now = clock()
     return {r.id for r in store.workers(queue) if worker_state(r, now) != "lost"}
 
 
 def put_commands(store: ControlStore, queue: str, workers: list[str], action: str,
                  key: SigningKey | None, by: str) -> None:
-    """Send ``action`` (drain, stop) to each of ``workers`` (checked live by the caller)."""
+    """Send ``action`` (drain, stop) to each of ``workers`` (checked live by the caller;
+    the caller's thread; raises ControlStoreError)."""
     now = clock()
     for worker in workers:
         command = Command(queue=queue, worker=worker, seq=new_seq(now), action=action,

@@ -17,6 +17,7 @@ import pytest
 from supervisor.backends.base import BackendError
 from supervisor.control import SqliteControlStore
 from supervisor.control.base import ControlStoreError
+from supervisor.control.records import WorkerRecord
 from supervisor.dashboard.app import create_app
 from supervisor.dashboard.data import DataSource
 from tests.dashboard.conftest import TOKEN
@@ -224,6 +225,21 @@ def test_actions_need_a_login_and_the_csrf_token(env):
     assert flag.when >= t0 - 1
     resp = client.post("/workers/nobody/drain", data={"csrf": _csrf(client)})
     assert resp.status_code == 404
+    now = time.time()
+    store = SqliteControlStore(str(env.db))
+    try:
+        store.put_worker(WorkerRecord(id="w-live", queue=Q, host="h", pid=1, version="0",
+                                      state="running", slots_used=0, slots_total=1,
+                                      started=now, heartbeat=now))
+        resp = client.post("/workers/w-live/stop", data={"csrf": _csrf(client),
+                                                         "back": "//evil.example/"})
+        assert resp.status_code == 302 and resp.headers["Location"] == "/", "no open redirect"
+        (cmd,) = store.poll(Q, "w-live", None).commands
+    finally:
+        store.close()
+    assert (cmd.action, cmd.worker, cmd.who) == ("stop", "w-live", "alice@dashboard")
+    assert client.post("/workers/w-live/reboot", data={"csrf": _csrf(client)}).status_code \
+        == 404
 
 
 def test_non_loopback_bind_without_a_token_exits_2_with_one_line(env):
