@@ -91,6 +91,17 @@ def ctl_parser() -> _Parser:
     cl = cmd("clear", "delete pending tasks (or, with --failed, failed ones)")
     cl.add_argument("--failed", action="store_true", help="delete failed tasks instead")
     _add_fleet_commands(cmd)
+    # -- dashboard (supervisor/dashboard/) --
+    db = cmd("dashboard", "serve a web view of the queue and its workers (needs the "
+                          "'dashboard' extra); read-only unless --token-file", signs=True)
+    db.add_argument("--bind", default="127.0.0.1:8080", metavar="HOST:PORT",
+                    help="where to listen (default 127.0.0.1:8080; port 0: any free port); "
+                         "a non-loopback address needs --token-file")
+    db.add_argument("--token-file", default=None, metavar="PATH",
+                    help="a file whose first line is the operators' token: with it, the "
+                         "buttons (pause/resume, drain/stop) work after a login")
+    db.add_argument("--sample-interval", type=_duration, default=15.0,
+                    help=argparse.SUPPRESS)  # the depth sampler's period (tests)
     return p
 
 
@@ -163,6 +174,10 @@ def ctl_main(argv: list[str] | None = None) -> int:
     except (UsageError, SettingsError) as exc:
         return _fail_usage("jobq-ctl", str(exc))
     logging.basicConfig(level=logging.WARNING, format="jobq-ctl: %(message)s")
+    if ns.command == "dashboard":  # it opens its clients per thread (supervisor/dashboard/)
+        from .dashboard.serve import run as run_dashboard
+
+        return run_dashboard(ns, settings)
     backend: Backend | None = None
     store: ControlStore | None = None
     sources: Sources | None = None  # logs, push --wait/--follow: output and results

@@ -1,7 +1,9 @@
 """``jobq-ctl`` fleet commands: workers, cancel, pause, resume, drain, stop, and status (main
 thread; ``result`` is in ctl_result.py).  They write control records (signed with the first
 --signing-key-file) that the workers' control threads act on; see docs/architecture.rst,
-"The fleet layer".
+"The fleet layer".  The data-returning helpers (``status_json``, ``workers_json``,
+``put_pause``, ``put_commands``) are also called by the dashboard's request threads, each with
+its own backend and store.
 
 Exit statuses: 2 for bad input or no control store configured, 1 for an unknown task or
 worker id and for a queue or control store that cannot be reached.
@@ -19,12 +21,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .backends.base import Backend
+from .backends.base import Backend, QueueStatus
 from .control.base import CANCEL_TTL, ControlStore, ControlStoreError, worker_state
 from .control.open import open_control_store
 from .control.records import Cancel, Command, QueueFlag, WorkerRecord, new_seq
 from .control.signing import sign
 from .ctl import READ_ONLY_COMMANDS, first_key, iso, iso_or_none
+from .security import SigningKey
 from .usage import UsageError
 
 log = logging.getLogger("jobq.ctl")
@@ -113,16 +116,29 @@ def _paused_line(queue: str, flag: QueueFlag | None) -> str | None:
     return f"queue {queue}: PAUSED by {flag.who} at {iso(flag.when)} (jobq-ctl resume)"
 
 
-def cmd_workers(ns: Any, backend: Backend | None, store: ControlStore) -> int:
+def worker_view(store: ControlStore, queue: str, show_all: bool
+                ) -> tuple[float, list[WorkerRecord], list[WorkerRecord], QueueFlag | None]:
+    """(now, the records to show, the lost ones, the queue's flag): what ``jobq-ctl workers``
+    and the dashboard show (the caller's thread; raises ControlStoreError)."""
     now = clock()
-    records = sorted(store.workers(ns.queue), key=lambda r: r.id)
-    flag = read_flag(store, ns.queue)
+    records = sorted(store.workers(queue), key=lambda r: r.id)
+    flag = read_flag(store, queue)
     lost = [r for r in records if worker_state(r, now) == "lost"]
-    shown = records if ns.all else [r for r in records if r not in lost]
-    paused = bool(flag and flag.paused)
+    shown = records if show_all else [r for r in records if r not in lost]
+    return now, shown, lost, flag
+
+
+def workers_json(store: ControlStore, queue: str, show_all: bool) -> list[dict[str, Any]]:
+    """The list ``jobq-ctl workers --json`` prints."""
+    now, shown, _, flag = worker_view(store, queue, show_all)
+    return [worker_json(r, now, bool(flag and flag.paused)) for r in shown]
+
+
+def cmd_workers(ns: Any, backend: Backend | None, store: ControlStore) -> int:
     if ns.json:
-        print(json.dumps([worker_json(r, now, paused) for r in shown], indent=2))
+        print(json.dumps(workers_json(store, ns.queue, ns.all), indent=2))
         return 0
+    now, shown, lost, flag = worker_view(store, ns.queue, ns.all)
     line = _paused_line(ns.queue, flag)
     if line:
         print(line)
@@ -196,11 +212,35 @@ def cmd_cancel(ns: Any, backend: Backend | None, store: ControlStore) -> int:
 
 
 # ----------------------------------------------------------------- pause / drain / stop
+def put_pause(store: ControlStore, queue: str, paused: bool, key: SigningKey | None,
+              by: str) -> QueueFlag:
+    """Write the queue's pause/resume flag, signed with ``key`` when given (the caller's
+    thread; raises ControlStoreError)."""
+    flag = QueueFlag(queue=queue, paused=paused, who=by, when=clock())
+    store.put_flag(sign(flag, key) if key is not None else flag)
+    return flag
+
+
+def live_worker_ids(store: ControlStore, queue: str) -> set[str]:
+    """The ids of the queue's workers that are not lost (the caller's thread)."""
+    now = clock()
+    return {r.id for r in store.workers(queue) if worker_state(r, now) != "lost"}
+
+
+def put_commands(store: ControlStore, queue: str, workers: list[str], action: str,
+                 key: SigningKey | None, by: str) -> None:
+    """Send ``action`` (drain, stop) to each of ``workers`` (checked live by the caller;
+    the caller's thread; raises ControlStoreError)."""
+    now = clock()
+    for worker in workers:
+        command = Command(queue=queue, worker=worker, seq=new_seq(now), action=action,
+                          who=by, when=now)
+        store.put_command(sign(command, key) if key is not None else command)
+
+
 def _flag(paused: bool) -> Callable[[Any, Backend | None, ControlStore], int]:
     def run(ns: Any, backend: Backend | None, store: ControlStore) -> int:
-        key = first_key(ns)
-        flag = QueueFlag(queue=ns.queue, paused=paused, who=who(), when=clock())
-        store.put_flag(sign(flag, key) if key is not None else flag)
+        put_pause(store, ns.queue, paused, first_key(ns), who())
         print(f"queue {ns.queue} paused: no worker starts a new task; running tasks go on"
               if paused else f"queue {ns.queue} resumed")
         return 0
@@ -210,8 +250,7 @@ def _flag(paused: bool) -> Callable[[Any, Backend | None, ControlStore], int]:
 def _command(action: str) -> Callable[[Any, Backend | None, ControlStore], int]:
     def run(ns: Any, backend: Backend | None, store: ControlStore) -> int:
         key = first_key(ns)
-        now = clock()
-        live = {r.id for r in store.workers(ns.queue) if worker_state(r, now) != "lost"}
+        live = live_worker_ids(store, ns.queue)
         names = list(dict.fromkeys(ns.workers))
         unknown = [w for w in names if w not in live]
         if unknown:
@@ -220,9 +259,7 @@ def _command(action: str) -> Callable[[Any, Backend | None, ControlStore], int]:
             return EXIT_NOT_FOUND
         by = who()
         for worker in names:
-            command = Command(queue=ns.queue, worker=worker, seq=new_seq(now), action=action,
-                              who=by, when=now)
-            store.put_command(sign(command, key) if key is not None else command)
+            put_commands(store, ns.queue, [worker], action, key, by)
             print(f"{worker}: {action} sent")
         return 0
     return run
@@ -235,30 +272,53 @@ def _running_from_records(records: list[WorkerRecord], now: float) -> list[dict[
             for r in records if worker_state(r, now) != "lost" for t in r.tasks]
 
 
-def cmd_status(ns: Any, backend: Backend | None, store: ControlStore | None) -> int:
-    assert backend is not None
+def status_view(backend: Backend, store: ControlStore | None, queue: str
+                ) -> tuple[QueueStatus, list[dict[str, Any]], float | None, QueueFlag | None,
+                           bool | None, str | None]:
+    """(status, running, oldest pending age, flag, paused, warning) of ``queue``: what
+    ``jobq-ctl status`` and the dashboard show.  A control store error is the warning (and
+    ``paused`` None); a backend error raises (the caller's thread)."""
     st = backend.status()
     now = clock()
     age = backend.oldest_pending_age(now) if backend.tells_age else None
     flag: QueueFlag | None = None
     running = st.running
     known = store is not None
+    warning = None
     if store is not None:
         try:
-            flag = read_flag(store, ns.queue)
+            flag = read_flag(store, queue)
             if not running and backend.name != "sqlite":  # the backend cannot tell
-                running = _running_from_records(store.workers(ns.queue), now)
+                running = _running_from_records(store.workers(queue), now)
         except ControlStoreError as exc:
-            print(f"jobq-ctl: warning: {exc}", file=sys.stderr)
+            warning = str(exc)
             known = False
     paused = bool(flag and flag.paused) if known else None
+    return st, running, age, flag, paused, warning
+
+
+def status_json(backend: Backend, store: ControlStore | None, queue: str
+                ) -> tuple[dict[str, Any], str | None]:
+    """The object ``jobq-ctl status --json`` prints, and the control store's warning."""
+    st, running, age, _, paused, warning = status_view(backend, store, queue)
+    keys = ("locked_at", "locked_until")
+    out = [{k: iso_or_none(v) if k in keys else v for k, v in r.items()} for r in running]
+    return {"counts": st.counts, "running": out, "note": st.note,
+            "oldest_pending_age_s": None if age is None else round(age, 1),
+            "paused": paused}, warning
+
+
+def cmd_status(ns: Any, backend: Backend | None, store: ControlStore | None) -> int:
+    assert backend is not None
     if ns.json:
-        keys = ("locked_at", "locked_until")
-        out = [{k: iso_or_none(v) if k in keys else v for k, v in r.items()} for r in running]
-        print(json.dumps({"counts": st.counts, "running": out, "note": st.note,
-                          "oldest_pending_age_s": None if age is None else round(age, 1),
-                          "paused": paused}, indent=2, sort_keys=True, default=str))
+        data, warning = status_json(backend, store, ns.queue)
+        if warning:
+            print(f"jobq-ctl: warning: {warning}", file=sys.stderr)
+        print(json.dumps(data, indent=2, sort_keys=True, default=str))
         return 0
+    st, running, age, flag, _, warning = status_view(backend, store, ns.queue)
+    if warning:
+        print(f"jobq-ctl: warning: {warning}", file=sys.stderr)
     print("  ".join(f"{k}={v}" for k, v in st.counts.items()))
     if st.note:
         print(f"note: {st.note}")

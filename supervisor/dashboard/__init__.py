@@ -1,0 +1,7 @@
+"""``jobq-ctl dashboard``: a web view of one queue's fleet (Flask, served by waitress), on
+the same seams as ``jobq-ctl``.  See docs/architecture.rst, "The dashboard".
+
+Modules: ``serve.py`` (options, waitress, signals), ``app.py`` (routes), ``data.py`` (per-thread
+backend and control store), ``auth.py`` (token login, CSRF), ``history.py`` (the depth
+sampler thread), ``charts.py`` (server-side SVG); templates/ and static/ ship in the package.
+"""

@@ -1,0 +1,206 @@
+"""The dashboard's Flask app: pages, the JSON API under /api/ and the action endpoints.
+Every view runs on one of waitress's request threads (see serve.py); reads and writes go
+through DataSource (data.py), so a queue or store that is down is a 503 page and never a
+traceback.  Actions write the same signed control records as ``jobq-ctl`` and carry the
+login as ``who``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from typing import Any
+
+from flask import Flask, Response, abort, jsonify, redirect, render_template, request, url_for
+from werkzeug.exceptions import HTTPException
+
+from ..ctl_fleet import duration_text
+from .auth import NAME, Auth
+from .charts import depth_chart, finished_chart
+from .data import DataSource, Unavailable
+from .history import History
+
+log = logging.getLogger("jobq.dashboard")
+# Task and worker ids as push and the workers print them; anything else is a malformed query.
+ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}")
+ACTIONS = ("drain", "stop")
+
+
+def _id_or_400(value: str | None, what: str) -> str:
+    value = (value or "").strip()
+    if not ID.fullmatch(value):
+        abort(400, f"not a {what} id: {value[:60]!r}")
+    return value
+
+
+def _flag_arg(name: str) -> bool:
+    value = request.args.get(name, "0")
+    if value not in ("0", "1"):
+        abort(400, f"?{name}= takes 0 or 1")
+    return value == "1"
+
+
+def create_app(data: DataSource, history: History | None = None, token: str | None = None,
+               secret: bytes | None = None, refresh: int = 5) -> Flask:
+    """The WSGI app (built on the main thread before serving starts).  ``refresh``: seconds
+    between an open page's refreshes (each one costs backend and store calls)."""
+    app = Flask(__name__)
+    app.secret_key = secret or os.urandom(32)  # sessions end when the dashboard restarts
+    app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Strict",
+                      MAX_CONTENT_LENGTH=64 * 1024)
+    auth = Auth(token)
+    history = history or History()
+
+    @app.context_processor
+    def _common() -> dict[str, Any]:
+        return {"queue": data.queue, "ago": duration_text, "refresh": refresh,
+                **auth.context()}
+
+    def _page(status: int, title: str, text: str) -> tuple[str, int]:
+        return render_template("error.html", title=title, text=text), status
+
+    @app.errorhandler(Unavailable)
+    def _unavailable(exc: Unavailable) -> Any:
+        log.warning("dashboard: %s unavailable: %s", exc.what, exc.text)
+        if request.path.startswith("/api/"):
+            return jsonify(error=str(exc)), 503
+        return _page(503, f"The {exc.what} is unavailable", exc.text)
+
+    @app.errorhandler(HTTPException)
+    def _http(exc: HTTPException) -> Any:
+        code = exc.code or 500
+        if request.path.startswith("/api/"):
+            return jsonify(error=exc.description), code
+        return _page(code, f"{code} {exc.name}", exc.description or "")
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception) -> Any:
+        log.exception("dashboard: unexpected error on %s", request.path)
+        return _page(500, "Unexpected error", "the dashboard's log has the details")
+
+    @app.after_request
+    def _headers(resp: Response) -> Response:
+        resp.headers["Content-Security-Policy"] = ("default-src 'self'; style-src 'self'; "
+                                                   "img-src 'self' data:; frame-ancestors "
+                                                   "'none'")
+        resp.headers["X-Content-Type-Options"] = "nosniff"
+        resp.headers["Referrer-Policy"] = "no-referrer"
+        resp.headers["Cache-Control"] = "no-store"
+        return resp
+
+    # ------------------------------------------------------------------ pages
+    @app.get("/")
+    def overview() -> str:
+        status = data.status()
+        now = time.time()
+        try:
+            workers: dict[str, int] | None
+            workers, flag = data.fleet()
+            store_error = None
+        except Unavailable as exc:
+            workers, flag, store_error = None, None, str(exc)
+        samples = history.samples()
+        return render_template(
+            "overview.html", status=status, cancelled=data.cancelled(), workers=workers,
+            flag=flag, store_error=store_error,
+            depth=depth_chart(samples, now, history.window),
+            finished=finished_chart(history.finished_per_minute(), now, history.window))
+
+    @app.get("/workers")
+    def workers() -> str:
+        show_all = _flag_arg("all")
+        return render_template("workers.html", workers=data.workers(show_all),
+                               show_all=show_all)
+
+    @app.get("/workers/<worker_id>")
+    def worker(worker_id: str) -> str:
+        found = data.worker(_id_or_400(worker_id, "worker"))
+        if found is None:
+            abort(404, f"no worker {worker_id!r} on queue {data.queue}")
+        return render_template("worker.html", w=found)
+
+    @app.get("/tasks/<task_id>")
+    def task(task_id: str) -> str:
+        found = data.task(_id_or_400(task_id, "task"))
+        if found is None:
+            abort(404, f"no task {task_id!r} on queue {data.queue}")
+        return render_template("task.html", t=found)
+
+    @app.get("/search")
+    def search() -> Any:
+        return redirect(url_for("task", task_id=_id_or_400(request.args.get("id"), "task")))
+
+    # ------------------------------------------------------------------ JSON API
+    @app.get("/api/status")
+    def api_status() -> Any:
+        return jsonify(data.status())
+
+    @app.get("/api/workers")
+    def api_workers() -> Any:
+        return jsonify(data.workers(_flag_arg("all")))
+
+    @app.get("/api/worker/<worker_id>")
+    def api_worker(worker_id: str) -> Any:
+        found = data.worker(_id_or_400(worker_id, "worker"))
+        if found is None:
+            abort(404, f"no worker {worker_id!r} on queue {data.queue}")
+        return jsonify(found)
+
+    # ------------------------------------------------------------------ auth
+    @app.route("/login", methods=["GET", "POST"])
+    def login() -> Any:
+        if not auth.enabled:
+            abort(403, "the dashboard is read-only (started without --token-file)")
+        if request.method == "GET":
+            return render_template("login.html", error=None)
+        auth.check_post(need_login=False)
+        name = request.form.get("name", "").strip() or "operator"
+        if not NAME.fullmatch(name):
+            abort(400, "a name is 1-40 letters, digits, '.', '_' or '-'")
+        if not auth.login(request.form.get("token", ""), name):
+            log.warning("dashboard: failed login as %r from %s", name, request.remote_addr)
+            return render_template("login.html", error="wrong token"), 403
+        log.warning("dashboard: %s logged in from %s", auth.who(), request.remote_addr)
+        return redirect(url_for("overview"))
+
+    @app.post("/logout")
+    def logout() -> Any:
+        auth.check_post()
+        from flask import session
+
+        session.clear()
+        return redirect(url_for("overview"))
+
+    # ------------------------------------------------------------------ actions
+    def _done(what: str) -> Any:
+        who = auth.who()
+        # the record in the control store carries who and when; this line is the audit log
+        log.warning("dashboard: action %s on queue %s by %s", what, data.queue, who)
+        back = request.form.get("back") or ""
+        return redirect(back if _local(back) else url_for("overview"))
+
+    @app.post("/queue/<action>")
+    def queue_action(action: str) -> Any:
+        auth.check_post()
+        if action not in ("pause", "resume"):
+            abort(404, f"no queue action {action!r}")
+        data.pause(action == "pause", auth.who() or "")
+        return _done(action)
+
+    @app.post("/workers/<worker_id>/<action>")
+    def worker_action(worker_id: str, action: str) -> Any:
+        auth.check_post()
+        if action not in ACTIONS:
+            abort(404, f"no worker action {action!r}")
+        worker_id = _id_or_400(worker_id, "worker")
+        if not data.command(worker_id, action, auth.who() or ""):
+            abort(404, f"no live worker {worker_id!r} on queue {data.queue}")
+        return _done(f"{action} {worker_id}")
+
+    return app
+
+
+def _local(target: str) -> bool:
+    """Only a path on this site (no open redirect)."""
+    return target.startswith("/") and not target.startswith(("//", "/\\"))

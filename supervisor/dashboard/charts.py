@@ -1,0 +1,67 @@
+"""Server-side SVG charts for the overview (request threads): no script, no vendored chart
+library, so the page works on an air-gapped VM and with scripts off.  The SVG stretches to
+the page's width (``preserveAspectRatio="none"``), so its labels are HTML around it and its
+strokes do not scale."""
+
+from __future__ import annotations
+
+from markupsafe import Markup, escape
+
+from .history import Sample
+
+W, H = 600, 150
+
+
+def _frame(body: str, label: str, window: float, top: int, empty: str | None) -> Markup:
+    mins = int(window // 60)
+    blank = f'<p class="chart-empty">{escape(empty)}</p>' if empty else ""
+    return Markup(
+        f'<div class="chart"><div class="chart-top">{top}</div>'
+        f'<svg viewBox="0 0 {W} {H}" preserveAspectRatio="none" role="img" '
+        f'aria-label="{escape(label)}"><line x1="0" y1="{H}" x2="{W}" y2="{H}" '
+        f'class="axis"/>{body}</svg>{blank}'
+        f'<div class="chart-x"><span>-{mins} min</span><span>now</span></div></div>')
+
+
+def _x(when: float, now: float, window: float) -> float:
+    return W * max(0.0, 1.0 - (now - when) / window)
+
+
+def depth_chart(samples: list[Sample], now: float, window: float) -> Markup:
+    """Pending and running over the window, as two polylines with the latest value as a dot
+    (a fresh dashboard's few samples sit in one pixel column)."""
+    top = max([1] + [max(s.pending, s.running) for s in samples])
+
+    def line(values: list[tuple[float, int]], cls: str) -> str:
+        xy = [(_x(t, now, window), H - (H - 4) * v / top) for t, v in values]
+        if not xy:
+            return ""
+        pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+        x, y = xy[-1]
+        return (f'<polyline class="{cls}" points="{pts}"/>'
+                f'<line class="dot {cls}" x1="{x:.1f}" y1="{y:.1f}" x2="{x:.1f}" '
+                f'y2="{y:.1f}"/>')
+
+    body = (line([(s.when, s.pending) for s in samples], "pending")
+            + line([(s.when, s.running) for s in samples], "running"))
+    return _frame(body, "queue depth over the last hour", window, top,
+                  None if samples else "no samples yet")
+
+
+def finished_chart(buckets: list[tuple[float, int, int]], now: float, window: float
+                   ) -> Markup:
+    """Tasks finished per minute: succeeded and failed, stacked bars."""
+    top = max([1] + [s + f for _, s, f in buckets])
+    bar = W * 60 / window
+    scale = (H - 4) / top
+    body = ""
+    for minute, ok, bad in buckets:
+        x = min(_x(minute, now, window), W - bar)
+        y_ok = H - ok * scale
+        body += (f'<rect class="succeeded" x="{x:.1f}" y="{y_ok:.1f}" width="{bar:.1f}" '
+                 f'height="{ok * scale:.1f}"><title>{ok} succeeded</title></rect>'
+                 f'<rect class="failed" x="{x:.1f}" y="{y_ok - bad * scale:.1f}" '
+                 f'width="{bar:.1f}" height="{bad * scale:.1f}"><title>{bad} failed</title>'
+                 f'</rect>')
+    return _frame(body, "tasks finished per minute", window, top,
+                  None if buckets else "no data yet")

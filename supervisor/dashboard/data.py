@@ -1,0 +1,206 @@
+"""What the dashboard reads and writes: the backend and the control store, opened once per
+thread (waitress's request threads, the depth sampler) because neither SQLite connections nor
+SDK clients may be shared across threads.  The dicts are the ones ``jobq-ctl status --json``
+and ``jobq-ctl workers --json`` print (ctl_fleet.py builds both).
+
+Any backend or store error becomes ``Unavailable`` (a 503 page); the thread's clients are
+closed and reopened on its next request, so one failure never sticks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from typing import Any
+
+from ..backends.base import Backend, BackendConfigError, BackendError
+from ..control.base import ControlStore, ControlStoreError, worker_state
+from ..ctl import iso_or_none
+from ..ctl_fleet import (
+    clock,
+    live_worker_ids,
+    put_commands,
+    put_pause,
+    status_json,
+    worker_view,
+    workers_json,
+)
+from ..security import SigningKey
+from ..task import Task, TaskFormatError
+
+STORE_ERRORS = (BackendError, BackendConfigError, ControlStoreError)
+MASK = "********"
+
+
+class Unavailable(Exception):
+    """The queue or the control store cannot be reached (or is not configured)."""
+
+    def __init__(self, what: str, text: str) -> None:
+        super().__init__(f"{what}: {text}")
+        self.what = what
+        self.text = text
+
+
+class DataSource:
+    """Per-thread clients plus the reads and writes of the pages.  Any thread; each thread
+    uses its own clients."""
+
+    def __init__(self, queue: str, open_backend: Callable[[], Backend],
+                 open_store: Callable[[], ControlStore | None],
+                 key: SigningKey | None = None) -> None:
+        self.queue = queue
+        self._open_backend = open_backend
+        self._open_store = open_store
+        self._key = key
+        self._local = threading.local()
+
+    # ------------------------------------------------------------------ clients
+    def _client(self, name: str, opener: Callable[[], Any], what: str) -> Any:
+        if not hasattr(self._local, name):
+            try:
+                setattr(self._local, name, opener())
+            except STORE_ERRORS as exc:
+                raise Unavailable(what, str(exc)) from None
+        return getattr(self._local, name)
+
+    @contextlib.contextmanager
+    def _using(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except STORE_ERRORS as exc:
+            # a broken connection must not serve the next request of this thread
+            self.close_thread()
+            raise Unavailable(what, str(exc)) from None
+
+    def backend(self) -> Backend:
+        return self._client("backend", self._open_backend, "queue")
+
+    def store(self) -> ControlStore:
+        store = self._client("store", self._open_store, "control store")
+        if store is None:
+            raise Unavailable("control store", "none is configured (see jobq-ctl workers)")
+        return store
+
+    def close_thread(self) -> None:
+        """Close this thread's clients (the sampler when it stops; after an error)."""
+        for name in ("store", "backend"):
+            thing = self._local.__dict__.pop(name, None)
+            if thing is not None:
+                with contextlib.suppress(Exception):  # closing a broken client
+                    thing.close()
+
+    def _optional_store(self) -> ControlStore | None:
+        try:
+            return self.store()
+        except Unavailable:
+            return None
+
+    # ------------------------------------------------------------------ reads
+    def status(self) -> dict[str, Any]:
+        """``jobq-ctl status --json``; the control store's part is null when it is down."""
+        with self._using("queue"):
+            data, _ = status_json(self.backend(), self._optional_store(), self.queue)
+        return data
+
+    def counts(self) -> dict[str, int]:
+        """Counts per state (the sampler's thread)."""
+        with self._using("queue"):
+            return dict(self.backend().status().counts)
+
+    def cancelled(self) -> int | None:
+        """Cancelled tasks, where the backend can count them cheaply (SQLite), else None."""
+        backend = self.backend()
+        if backend.name != "sqlite":
+            return None
+        with self._using("queue"):
+            rows = backend._query(  # type: ignore[attr-defined]
+                "SELECT COUNT(*) FROM jobs WHERE queue=? AND status='failed' AND reason "
+                "LIKE 'cancelled%'", (self.queue,))
+        return int(rows[0][0])
+
+    def workers(self, show_all: bool = False) -> list[dict[str, Any]]:
+        """``jobq-ctl workers --json`` (``--all`` with ``show_all``)."""
+        with self._using("control store"):
+            return workers_json(self.store(), self.queue, show_all)
+
+    def fleet(self) -> tuple[dict[str, int], dict[str, Any] | None]:
+        """(worker count by state, the queue's pause flag) from one workers listing and one
+        poll."""
+        with self._using("control store"):
+            now, shown, _, flag = worker_view(self.store(), self.queue, True)
+        states: dict[str, int] = {}
+        for r in shown:
+            state = worker_state(r, now)
+            states[state] = states.get(state, 0) + 1
+        if flag is None:
+            return states, None
+        return states, {"paused": flag.paused, "who": flag.who, "when": iso_or_none(flag.when)}
+
+    def worker(self, worker_id: str) -> dict[str, Any] | None:
+        return next((w for w in self.workers(True) if w["id"] == worker_id), None)
+
+    def task(self, task_id: str) -> dict[str, Any] | None:
+        """What the queue and the control store know of one task, or None when neither
+        knows it.  Environment values are masked."""
+        found: dict[str, Any] = {"id": task_id, "state": None, "attempt": None,
+                                 "cmd": None, "env": {}, "reason": None, "worker": None,
+                                 "lease_expires": None, "attempts": []}
+        backend = self.backend()
+        if backend.name == "sqlite":
+            with self._using("queue"):
+                rows = backend._query(  # type: ignore[attr-defined]
+                    "SELECT status, attempt, body, reason, locked_by, locked_until FROM jobs "
+                    "WHERE queue=? AND id=?", (self.queue, task_id))
+            if rows:
+                status, attempt, body, reason, by, until = rows[0]
+                found.update(state=status, attempt=attempt, reason=reason,
+                             worker=by if status == "running" else None,
+                             lease_expires=iso_or_none(until) if status == "running" else None)
+                try:
+                    task = Task.parse(body)
+                    found.update(cmd=task.cmd, env={k: MASK for k in task.env})
+                except TaskFormatError:
+                    found["cmd"] = "(invalid body)"
+        store = self._optional_store()
+        if store is not None:
+            with self._using("control store"):
+                results = store.results_of(self.queue, task_id)
+                now = clock()
+                running = [(r, t) for r in store.workers(self.queue)
+                           if worker_state(r, now) != "lost" for t in r.tasks
+                           if t.id == task_id]
+            found["attempts"] = [_result_json(r) for r in results]
+            if running:
+                rec, info = running[0]
+                found.update(worker=rec.id, state=found["state"] or "running",
+                             attempt=found["attempt"] or info.attempt,
+                             cmd=found["cmd"] or info.cmd,
+                             lease_expires=iso_or_none(info.lease_expires))
+            elif results and found["state"] is None:
+                found["state"] = results[-1].outcome
+        if found["state"] is None and not found["attempts"]:
+            return None
+        return found
+
+    # ------------------------------------------------------------------ writes
+    def pause(self, paused: bool, by: str) -> None:
+        with self._using("control store"):
+            put_pause(self.store(), self.queue, paused, self._key, by)
+
+    def command(self, worker_id: str, action: str, by: str) -> bool:
+        """Send drain/stop to a live worker; False when there is no such live worker."""
+        with self._using("control store"):
+            store = self.store()
+            if worker_id not in live_worker_ids(store, self.queue):
+                return False
+            put_commands(store, self.queue, [worker_id], action, self._key, by)
+        return True
+
+
+def _result_json(r: Any) -> dict[str, Any]:
+    out = asdict(r)
+    for k in ("when", "started", "finished"):
+        out[k] = iso_or_none(out[k])
+    return out

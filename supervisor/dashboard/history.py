@@ -1,0 +1,106 @@
+"""The dashboard's depth sampler: one thread that reads the queue's counts every ~15 s and
+keeps the last hour, for the overview's charts (queue depth; tasks finished per minute from
+the growth of the succeeded/failed counts, where the backend counts them).  It stops on an
+Event and uses clients of its own (DataSource is per thread)."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .data import DataSource, Unavailable
+
+log = logging.getLogger("jobq.dashboard")
+WINDOW = 3600.0  # s of history kept and drawn
+
+
+@dataclass(frozen=True)
+class Sample:
+    when: float  # wall clock, epoch seconds
+    pending: int
+    running: int
+    succeeded: int | None  # None: the backend does not count them (Azure)
+    failed: int | None
+
+
+class History:
+    """Samples of the last WINDOW seconds.  Written by the sampler thread, read by request
+    threads (under a lock)."""
+
+    def __init__(self, window: float = WINDOW) -> None:
+        self.window = window
+        self._samples: collections.deque[Sample] = collections.deque()
+        self._lock = threading.Lock()
+
+    def add(self, sample: Sample) -> None:
+        with self._lock:
+            self._samples.append(sample)
+            while self._samples and self._samples[0].when < sample.when - self.window:
+                self._samples.popleft()
+
+    def samples(self) -> list[Sample]:
+        with self._lock:
+            return list(self._samples)
+
+    def finished_per_minute(self) -> list[tuple[float, int, int]]:
+        """(minute start, succeeded, failed) per minute from the count deltas; a count that
+        shrank (a purge, a requeue) adds nothing."""
+        buckets: dict[float, list[int]] = {}
+        samples = self.samples()
+        for prev, cur in zip(samples, samples[1:]):
+            if None in (prev.succeeded, cur.succeeded, prev.failed, cur.failed):
+                continue
+            minute = cur.when - cur.when % 60
+            b = buckets.setdefault(minute, [0, 0])
+            b[0] += max(0, cur.succeeded - prev.succeeded)  # type: ignore[operator]
+            b[1] += max(0, cur.failed - prev.failed)  # type: ignore[operator]
+        return [(m, s, f) for m, (s, f) in sorted(buckets.items())]
+
+
+class Sampler:
+    """The thread that fills a History every ``interval`` seconds until ``stop`` is set."""
+
+    def __init__(self, data: DataSource, history: History, interval: float = 15.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.data = data
+        self.history = history
+        self.interval = interval
+        self.clock = clock
+        self.stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dashboard-sampler",
+                                        daemon=True)
+        self._failing = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.stop.set()
+        self._thread.join(timeout)
+
+    def sample_once(self) -> None:
+        """One sample (the sampler thread; tests call it directly)."""
+        try:
+            counts = self.data.counts()
+        except Unavailable as exc:
+            if not self._failing:  # one line per outage, not one per sample
+                log.warning("dashboard sampler: %s", exc)
+            self._failing = True
+            return
+        self._failing = False
+        self.history.add(Sample(when=self.clock(), pending=counts.get("pending", 0),
+                                running=counts.get("running", 0),
+                                succeeded=counts.get("succeeded"),
+                                failed=counts.get("failed")))
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self.sample_once()
+                self.stop.wait(self.interval)
+        finally:
+            self.data.close_thread()

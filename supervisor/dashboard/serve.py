@@ -1,0 +1,109 @@
+"""``jobq-ctl dashboard``: checks the options, builds the app and serves it with waitress
+(main thread; waitress's request threads and the depth sampler run beside it).  One-line
+errors, exit 2, for a missing extra, a bad --bind, a non-loopback bind without a token or an
+unusable token file."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import queue
+import signal
+import sys
+import threading
+from typing import Any
+
+from ..usage import UsageError
+
+EXTRA = "pip install 'jobq-supervisor[dashboard]'"
+DEFAULT_BIND = "127.0.0.1:8080"
+SAMPLE_INTERVAL = 15.0  # s between the sampler's reads (Azure: a few calls per minute)
+THREADS = 8
+
+
+def parse_bind(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT`` -> (host, port); UsageError when malformed."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"--bind: expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve to anything
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def run(ns: Any, settings: Any) -> int:
+    """Serve until SIGTERM or SIGINT; the exit status (main thread)."""
+    try:
+        import flask  # noqa: F401
+        import waitress
+    except ImportError:
+        print(f"jobq-ctl: error: dashboard: Flask and waitress are not installed: {EXTRA}",
+              file=sys.stderr)
+        return 2
+    from ..backends import open_backend
+    from ..control.open import open_control_store
+    from ..ctl import first_key
+    from .app import create_app
+    from .auth import read_token
+    from .data import DataSource
+    from .history import History, Sampler
+
+    try:
+        host, port = parse_bind(ns.bind)
+        if not ns.token_file and not is_loopback(host):
+            raise UsageError(f"--bind {ns.bind}: a non-loopback address needs --token-file "
+                             f"(or bind 127.0.0.1 and use an SSH tunnel or a reverse proxy)")
+        token = read_token(ns.token_file) if ns.token_file else None
+        key = first_key(ns)
+    except (OSError, ValueError, UsageError) as exc:
+        text = f"--token-file: {exc}" if isinstance(exc, OSError) else str(exc)
+        print(f"jobq-ctl: error: dashboard: {text}", file=sys.stderr)
+        return 2
+    logging.getLogger("jobq.dashboard").setLevel(logging.INFO)
+    data = DataSource(settings.queue,
+                      lambda: open_backend(settings, for_ctl=True, create=False),
+                      lambda: open_control_store(settings, create=token is not None), key)
+    history = History()
+    sampler = Sampler(data, history, interval=getattr(ns, "sample_interval", SAMPLE_INTERVAL))
+    # Azure bills (and throttles) per call: an open page refreshes less often there
+    app = create_app(data, history, token, refresh=5 if settings.backend == "sqlite" else 15)
+    try:
+        server = waitress.create_server(app, host=host, port=port, threads=THREADS,
+                                        ident="jobq-dashboard")
+    except OSError as exc:
+        print(f"jobq-ctl: error: dashboard: cannot listen on {ns.bind}: {exc.strerror}",
+              file=sys.stderr)
+        return 2
+    signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda num, _frame: signals.put(num))
+    bound = _url(host, server.effective_port)
+    print(f"dashboard on {bound} ({'actions need a login' if token else 'read-only'})",
+          file=sys.stderr, flush=True)
+    sampler.start()
+    thread = threading.Thread(target=server.run, name="dashboard-server", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            try:
+                signals.get(timeout=1.0)
+                break
+            except queue.Empty:
+                continue
+    finally:
+        sampler.close()
+        server.close()
+    return 0

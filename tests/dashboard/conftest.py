@@ -1,0 +1,129 @@
+"""Dashboard test helpers: a real ``jobq-ctl dashboard`` process on a free loopback port, and
+a headless Chromium driven by Selenium (Debian's chromium + chromium-driver)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import command, wait_for
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+TOKEN = "s3cret-token-for-tests-0123456789"
+SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
+
+
+class Dashboard:
+    """A ``jobq-ctl dashboard`` subprocess; ``url`` is read from its first stderr line."""
+
+    def __init__(self, db: Path, tmp: Path, *args: str, token: bool = False) -> None:
+        self.err_path = tmp / f"dashboard-{os.getpid()}-{id(self)}.err"
+        self._err = open(self.err_path, "wb")
+        extra = list(args)
+        if token:
+            token_file = tmp / "token"
+            token_file.write_text(TOKEN + "\n")
+            extra += ["--token-file", str(token_file)]
+        self.proc = subprocess.Popen(
+            [*command("jobq-ctl"), "--sqlite-path", str(db), "dashboard", "--bind",
+             "127.0.0.1:0", "--sample-interval", "1", *extra],
+            stdout=subprocess.DEVNULL, stderr=self._err, cwd=tmp, start_new_session=True)
+        found = wait_for(lambda: self._url() or self.proc.poll() is not None, 30,
+                         what="the dashboard's URL line")
+        if not isinstance(found, str):
+            raise AssertionError(f"the dashboard exited: {self.stderr()}")
+        self.url = found.rstrip("/")
+
+    def _url(self) -> str | None:
+        m = re.search(r"dashboard on (http://\S+)", self.stderr())
+        return m.group(1) if m else None
+
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._err.close()
+
+
+@pytest.fixture
+def dashboard(env):
+    started: list[Dashboard] = []
+
+    def start(*args: str, token: bool = False) -> Dashboard:
+        d = Dashboard(env.db, env.tmp, *args, token=token)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+def _why_no_browser() -> str | None:
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not os.access(path, os.X_OK):
+            return f"{path} is missing (apt-get install chromium chromium-driver)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[test]')"
+    return None
+
+
+@pytest.fixture
+def browser(tmp_path):
+    why = _why_no_browser()
+    if why:
+        pytest.skip(f"browser tests: {why}")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                 "--window-size=1280,800", f"--user-data-dir={tmp_path / 'chromium'}"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(tmp_path / "chromium", ignore_errors=True)
+
+
+def shoot(driver, name: str) -> None:
+    """Screenshots of the current page at both sizes; at the phone width the page must not
+    scroll sideways."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    for size, (w, h) in SIZES.items():
+        set_viewport(driver, w, h)
+        driver.refresh()
+        if size == "phone":
+            width = driver.execute_script("return document.documentElement.scrollWidth")
+            assert width <= w, f"{name}: the page scrolls sideways at {w} px ({width} px)"
+        driver.save_screenshot(str(ARTIFACTS / f"{name}-{w}x{h}.png"))
+    set_viewport(driver, *SIZES["desktop"])
+
+
+def set_viewport(driver, w: int, h: int) -> None:
+    """The viewport (not the window) at w x h, through the DevTools protocol."""
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": w, "height": h, "deviceScaleFactor": 1, "mobile": w < 600})

@@ -1,0 +1,76 @@
+"""The depth sampler and its charts, on an injected clock and a fake data source (no
+threads, no sleeps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.dashboard.charts import depth_chart, finished_chart
+from supervisor.dashboard.data import Unavailable
+from supervisor.dashboard.history import History, Sample, Sampler
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class FakeData:
+    def __init__(self) -> None:
+        self.counts_seq: list[dict[str, int] | Exception] = []
+        self.closed = 0
+
+    def counts(self) -> dict[str, int]:
+        item = self.counts_seq.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def close_thread(self) -> None:
+        self.closed += 1
+
+
+def test_history_keeps_one_window_and_counts_finished_per_minute():
+    h = History(window=120)
+    for t, ok, bad in ((0, 0, 0), (30, 3, 1), (60, 5, 1), (90, 4, 2), (200, 10, 2)):
+        h.add(Sample(when=1000.0 + t, pending=1, running=0, succeeded=ok, failed=bad))
+    assert [s.when for s in h.samples()] == [1090.0, 1200.0], "older than the window: gone"
+    h2 = History(window=3600)
+    for t, ok, bad in ((0, 0, 0), (30, 3, 1), (60, 5, 1), (90, 4, 2)):
+        h2.add(Sample(when=960.0 + t, pending=1, running=0, succeeded=ok, failed=bad))
+    # minute 960: +3/+1; minute 1020: +2/+0 then a shrink (requeue) adds nothing, +0/+1
+    assert h2.finished_per_minute() == [(960.0, 3, 1), (1020.0, 2, 1)]
+
+
+def test_sampler_samples_on_its_clock_and_logs_an_outage_once(caplog):
+    data = FakeData()
+    data.counts_seq = [{"pending": 4, "running": 1, "succeeded": 2, "failed": 0},
+                       Unavailable("queue", "down"), Unavailable("queue", "down"),
+                       {"pending": 3, "running": 2}]
+    now = [100.0]
+    h = History()
+    s = Sampler(data, h, interval=15, clock=lambda: now[0])  # type: ignore[arg-type]
+    for _ in range(4):
+        s.sample_once()
+        now[0] += 15
+    assert [(x.when, x.pending, x.running, x.succeeded) for x in h.samples()] == [
+        (100.0, 4, 1, 2), (145.0, 3, 2, None)]
+    assert sum("dashboard sampler" in r.message for r in caplog.records) == 1
+
+
+def test_sampler_thread_stops_on_its_event_and_closes_its_clients():
+    data = FakeData()
+    data.counts_seq = [{"pending": 0, "running": 0}] * 100
+    s = Sampler(data, History(), interval=60)  # type: ignore[arg-type]
+    s.start()
+    s.close(timeout=10)
+    assert not s._thread.is_alive() and data.closed == 1
+
+
+def test_charts_are_svg_without_script_and_scale_to_the_data():
+    samples = [Sample(when=1000.0 + i * 15, pending=i, running=1, succeeded=None, failed=None)
+               for i in range(5)]
+    svg = str(depth_chart(samples, now=1060.0, window=3600))
+    assert "<svg" in svg and "<script" not in svg
+    assert svg.count("<polyline") == 2 and svg.count('class="dot ') == 2
+    assert 'class="chart-top">4<' in svg, "the scale's top is the largest value"
+    assert "no samples yet" in str(depth_chart([], now=0, window=3600))
+    bars = str(finished_chart([(960.0, 3, 1)], now=1000.0, window=3600))
+    assert "3 succeeded" in bars and "1 failed" in bars
