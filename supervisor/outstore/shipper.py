@@ -75,9 +75,10 @@ class OutputShipper:
     ``bytes_dropped``, ``bytes_truncated``) may be read from any thread."""
 
     def __init__(self, opener: Opener, *, buffer_limit: int, output_max: int,
-                 retention: float, clock: Callable[[], float] = time.monotonic,
+                 retention: float, where: str = "", clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:
         self.opener = opener
+        self.where = where  # the store, for the start-up line
         self.buffer_limit = buffer_limit
         self.output_max = output_max
         self.retention = retention
@@ -105,13 +106,24 @@ class OutputShipper:
 
     @classmethod
     def for_worker(cls, settings: Settings) -> Union[OutputShipper, None]:
-        """The worker's shipper, or None when output is not stored (``--task-output local``
-        or ``off``) (main thread).  Whether a store exists is found out on the thread."""
+        """The worker's shipper, or None when output is not stored: ``--task-output local``
+        or ``off``, or ``auto`` and no store for this queue (main thread).  The store is
+        only described here (``create=False``: nothing is created, no call made); it is
+        opened on the thread."""
         if settings.task_output in ("local", "off"):
             return None
         from .open import open_output_store
 
-        return cls(lambda: open_output_store(settings, create=True),
+        try:
+            probe = open_output_store(settings, create=False)
+        except OutputConfigError as exc:  # --task-output store exited at start already
+            log.error("output store: %s; task output is not stored in this run", exc)
+            return None
+        if probe is None:
+            return None
+        where = repr(probe)
+        probe.close()
+        return cls(lambda: open_output_store(settings, create=True), where=where,
                    buffer_limit=settings.task_log_buffer, output_max=settings.task_output_max,
                    retention=settings.task_output_retention)
 
@@ -270,8 +282,7 @@ class OutputShipper:
             return False
         self.store = store
         self._next_purge = self.clock() + PURGE_FIRST
-        log.info("output store: %r (held while unreachable: %d bytes; per attempt: %d "
-                 "bytes; kept %gs)", store, self.buffer_limit, self.output_max, self.retention)
+        log.debug("output store open: %r", store)
         self._recovered()
         return True
 
