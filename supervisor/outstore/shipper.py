@@ -11,9 +11,9 @@ Each attempt's buffer is swapped out under the lock and written without it: ever
 FLUSH_EVERY while a task prints (sooner once a buffer passes FLUSH_SIZE), in chunks of at
 most CHUNK_MAX.  A chunk whose write raised stays in flight and is retried as the very same
 bytes (the store keeps a retried chunk once: base.OutputStore.append).  While the store is
-slow or down, output is held up to ``buffer_limit`` bytes for the whole worker; beyond it a
-read is dropped and counted, and the first read that fits again is preceded by
-``base.DROPPED`` with the count, at the place of the gap.  Each attempt stores at most
+slow or down, output is held up to ``buffer_limit`` bytes for the whole worker; beyond it reads
+are dropped and counted until the held bytes are down to half of it, and the first read taken
+again is preceded by ``base.DROPPED`` with the count, at the place of the gap.  Each attempt stores at most
 ``output_max`` bytes of what the task printed, then ``base.TRUNCATED`` once; the rest is
 counted and ignored.  Failures back off (BACKOFF_MIN doubling to BACKOFF_MAX); an outage is
 logged once a minute at most, its end once.  Old output is purged soon after the store opens,
@@ -92,6 +92,7 @@ class OutputShipper:
         self._lock = threading.Lock()
         self._attempts: dict[AttemptKey, _Attempt] = {}
         self._buffered = 0  # bytes held (pieces and in flight) over all attempts
+        self._dropping = False
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._stop_by = math.inf
@@ -146,7 +147,12 @@ class OutputShipper:
                 data = data[:room]
             a.seen += len(data)
             before = a.size
-            if data and self._buffered + len(data) > self.buffer_limit:
+            if data:
+                # Once dropping, taken again only below half the bound: one marker per gap,
+                # not one per read that happens to fit (a lone newline).
+                bound = self.buffer_limit // 2 if self._dropping else self.buffer_limit
+                self._dropping = self._buffered + len(data) > bound
+            if data and self._dropping:
                 a.dropped += len(data)
                 self.bytes_dropped += len(data)
             elif data:

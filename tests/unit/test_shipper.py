@@ -192,17 +192,20 @@ def test_beyond_the_buffer_output_is_dropped_and_marked_at_the_gap():
     clock.t += sh.tick()  # fails: 60 held in flight
     sh.feed(K, b"B" * 30)  # 90 held
     sh.feed(K, b"C" * 20)  # would be 110: dropped
-    sh.feed(K, b"D" * 25)  # dropped
-    sh.feed(K2, b"E" * 5)  # 95 held: another attempt's read that fits
-    assert sh.bytes_dropped == 45 and sh.held() == 95
+    sh.feed(K, b"D" * 5)  # would fit, but dropping goes on until half the bound is free
+    sh.feed(K2, b"E" * 5)  # for every attempt
+    assert sh.bytes_dropped == 30 and sh.held() == 90
     store.fail = False
     sh.tick()
+    assert sh.held() == 0
     sh.feed(K, b"F" * 10)  # room again: the marker first, then the read
+    sh.end(K2)  # a gap at the end is marked too
     clock.t += 1
     sh.tick()
-    assert stored(store) == (b"A" * 60 + b"B" * 30 + DROPPED.format(n=45).encode()
+    assert stored(store) == (b"A" * 60 + b"B" * 30 + DROPPED.format(n=25).encode()
                              + b"F" * 10)
-    assert stored(store, K2) == b"E" * 5
+    assert stored(store, K2) == DROPPED.format(n=5).encode()
+    assert store.finished == [K2]
 
 
 def test_a_gap_at_the_end_is_marked_by_end():
@@ -291,8 +294,8 @@ def test_feed_and_end_never_wait_for_a_blocked_store():
                        retention=60.0)
     sh.start()
     try:
-        sh.feed(K, b"x" * (2 << 20))  # over FLUSH_SIZE? no: over the buffer: dropped
-        sh.feed(K, b"y" * (1 << 20))
+        sh.feed(K, b"y" * (1 << 20))  # the whole buffer, and FLUSH_SIZE: written at once
+        sh.feed(K, b"x" * (2 << 20))  # dropped
         assert store.entered.wait(10), "the thread never called the store"
         t0 = time.monotonic()
         for _ in range(1000):
