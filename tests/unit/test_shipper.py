@@ -132,16 +132,17 @@ def test_a_big_buffer_is_written_at_once_in_chunks_of_at_most_4_mib():
     assert sizes[1:] == [4 << 20, 4 << 20, 1 << 20]
 
 
-def test_end_writes_the_rest_then_finishes_and_an_empty_attempt_is_finished_too():
+def test_end_writes_the_rest_then_finishes_and_an_empty_attempt_leaves_nothing():
     sh, store, clock = make()
     sh.tick()
     sh.feed(K, b"last words")
     sh.end(K)
-    sh.end(K2)  # printed nothing
-    sh.tick()  # not due by the clock: an end is written at once
+    sh.end(K2)  # printed nothing: not stored at all (its result record tells its end)
+    sh.tick()  # not due by the clock: an ended attempt is written at any wake-up
     assert stored(store) == b"last words"
-    assert set(store.finished) == {K, K2}
+    assert store.finished == [K]
     assert store.calls.index(("finish", K, 0)) > store.calls.index(("append", K, 10))
+    assert K2 not in store.data
     assert sh._attempts == {}
 
 
@@ -199,7 +200,7 @@ def test_beyond_the_buffer_output_is_dropped_and_marked_at_the_gap():
     sh.tick()
     assert sh.held() == 0
     sh.feed(K, b"F" * 10)  # room again: the marker first, then the read
-    sh.end(K2)  # a gap at the end is marked too
+    sh.end(K2)  # a gap at the end is marked too, and stored though nothing else was
     clock.t += 1
     sh.tick()
     assert stored(store) == (b"A" * 60 + b"B" * 30 + DROPPED.format(n=25).encode()
