@@ -35,7 +35,7 @@ from bench_measure import (
     sqlite_lock_loss,
     sqlite_throughput,
 )
-from bench_output import output_rate
+from bench_output import output_rate, store_rate
 from benchlib import Azurite, Bench, Figure, Row, pct
 
 
@@ -176,6 +176,27 @@ def fig_output_rate(b: Bench) -> None:
               f"{r[f'supervisor_{where}_logged_fraction'] * 100:.0f}% logged, rest counted")
 
 
+def fig_output_store(b: Bench) -> None:
+    # As the control plane's figure: modes alternate, swapping places, ratio per pair.
+    pairs = []
+    for i in range(3 if b.quick else 2 * b.runs):
+        order = ("local", "store") if i % 2 == 0 else ("store", "local")
+        tp = {mode: sqlite_throughput(b.tmp, b.n, ("--task-output", mode)) for mode in order}
+        pairs.append((tp["local"], tp["store"]))
+    local, store, ratio = paired_medians(pairs)
+    rate = store_rate(sys.executable, b.tmp, 100 if b.quick else 500)
+    b.results.update(output_store_throughput_local=local, output_store_throughput_store=store,
+                     output_store_throughput_ratio=ratio,
+                     output_store_throughput_ratios=[s / lo for lo, s in pairs],
+                     output_store_rate=rate)
+    b.row("Output store on vs local (SQLite)", f"throughput {ratio:.0%} of local",
+          f"--task-output local: {local:.0f} tasks/s (-n 4)", "target >= 90%")
+    b.row("Task output stored, files store",
+          f"{rate['store_mb_per_s']:.0f} MB/s, {rate['store_stored_fraction']:.0%} stored",
+          f"cat of the same {rate['store_mb']:.0f} MB into a file: "
+          f"{rate['cat_file_mb_per_s']:.0f} MB/s", "")
+
+
 # The table's rows, in order.  Consecutive Azurite figures share one Azurite.
 FIGURES = [
     Figure(fig_sqlite_throughput),
@@ -188,6 +209,7 @@ FIGURES = [
     Figure(fig_escalation),
     Figure(fig_sqlite_lock_loss),
     Figure(fig_output_rate),
+    Figure(fig_output_store),
 ]
 
 
@@ -222,6 +244,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer tasks and runs (a smoke test)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--skip-azurite", action="store_true")
+    ap.add_argument("--only", metavar="TEXT", help="only the figures whose name contains TEXT")
     args = ap.parse_args()
     runs = 1 if args.quick else 3
     n = 200 if args.quick else 1000
@@ -235,7 +258,8 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory(prefix="jobq-bench-") as td:
         bench = Bench(Path(td), args.quick, runs, n, results)
-        measure(bench, FIGURES, args.skip_azurite)
+        measure(bench, [f for f in FIGURES if args.only is None
+                        or args.only in f.measure.__name__], args.skip_azurite)
     if args.json:
         print(json.dumps(results, indent=2))
     else:

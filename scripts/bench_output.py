@@ -93,6 +93,35 @@ def output_rate(python: str, workdir: Path, lines: int = LINES) -> dict[str, flo
     return out
 
 
+def store_rate(python: str, workdir: Path, megabytes: int) -> dict[str, float]:
+    """MB/s one supervisor stores of one task's output into the SQLite queue's output store
+    (files beside the database), from the task's start until its attempt is complete there,
+    and ``cat`` of the same output into a file in the same run (the caller's thread)."""
+    bin_dir = Path(python).parent
+    lines = megabytes * 1_000_000 // (WIDTH + 1)
+    cmd = _command(lines)
+    with tempfile.TemporaryDirectory(dir=workdir) as name:
+        tmp = Path(name)
+        db, start = tmp / "q.db", tmp / "t0"
+        subprocess.run([str(bin_dir / "jobq-ctl"), "--sqlite-path", str(db), "push", "-c",
+                        f"date +%s.%N > {start}; {cmd}"], check=True, capture_output=True)
+        with open(tmp / "sup.log", "wb") as out:
+            sup = subprocess.run(
+                [str(bin_dir / "jobq-supervisor"), "--sqlite-path", str(db), "--exit-when-empty",
+                 "--task-output", "store", "--task-output-max", f"{megabytes * 2}M"],
+                stderr=out, stdout=subprocess.DEVNULL, cwd=tmp, timeout=600)
+        if sup.returncode != 0:
+            raise RuntimeError(f"supervisor exited {sup.returncode}")
+        logs = list((tmp / "q.db.output").rglob("1.log"))
+        done = logs[0].with_suffix(".done")
+        stored = logs[0].stat().st_size
+        secs = done.stat().st_mtime - float(start.read_text())
+        raw_secs = _cat(cmd, f"cat > {tmp / 'cat.out'}")
+    raw_mb = lines * (WIDTH + 1) / 1e6
+    return {"store_mb": raw_mb, "store_stored_fraction": stored / (lines * (WIDTH + 1)),
+            "store_mb_per_s": stored / secs / 1e6, "cat_file_mb_per_s": raw_mb / raw_secs}
+
+
 def main() -> int:
     lines = int(sys.argv[1]) if len(sys.argv) > 1 else LINES
     result = output_rate(sys.executable, Path(tempfile.gettempdir()), lines)

@@ -212,9 +212,9 @@ def worker_main(argv: list[str] | None = None) -> int:
         guard = TaskGuard.from_settings(settings)
     except SecurityConfigError as exc:
         return _fail_usage("jobq-supervisor", str(exc))
-    from .startup import make_task_log_dir, open_with_retry
+    from .startup import check_task_output, make_task_log_dir, open_with_retry
 
-    problem = make_task_log_dir(settings)
+    problem = make_task_log_dir(settings) or check_task_output(settings)
     if problem:
         return _fail_usage("jobq-supervisor", problem)
     setup_logging(settings.log_level, settings.log_format)

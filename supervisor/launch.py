@@ -24,6 +24,7 @@ from .lifeline import Lifeline
 from .logs import log_fast
 from .metrics import Metrics
 from .output import OutputPump, TaskOutput
+from .outstore.base import AttemptKey
 from .process import task_environment
 from .security import TaskGuard
 from .settings import Settings
@@ -266,7 +267,8 @@ class Launcher:
             # The id comes from the message: never let it name a path outside the directory.
             safe_id = re.sub(r"[^A-Za-z0-9_-]", "_", task.id)[:128]
             log_file = os.path.join(self.s.task_log_dir, f"{safe_id}.{lease.attempt}.log")
-        output = TaskOutput(task.id, proc.popen.stdout, self._output_closed, task_log, log_file)
+        output = TaskOutput(task.id, proc.popen.stdout, self._output_closed, task_log, log_file,
+                            key=AttemptKey(self.s.queue, task.id, lease.attempt))
         log_fast(log, logging.INFO, "started pid=%d pgid=%d (attempt %d of %d): %s", proc.pid,
                  proc.pgid, lease.attempt, max_attempts, _short(task.cmd),
                  extra={"task_id": task.id, "pid": proc.pid, "attempt": lease.attempt})

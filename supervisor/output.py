@@ -1,4 +1,6 @@
-"""Task output: one pump thread reads every task's pipe, logs it line by line, keeps a tail.
+"""Task output: one pump thread reads every task's pipe, logs it line by line, keeps a tail,
+and hands the raw bytes to the output-store thread (outstore/shipper.py, never a store call
+here: a slow store must not stop the pipe being read).
 
 One thread with epoll instead of a reader thread per task: starting a thread per task cost the
 main thread more than the spawn itself at high task rates.  Lines are logged with the task id;
@@ -18,10 +20,15 @@ import logging
 import os
 import selectors
 import threading
-from typing import IO, Callable
+from typing import IO, TYPE_CHECKING, Callable
 
 from .logs import OutputAccount, output_sink
 from .threads import Flag, start_thread
+
+if TYPE_CHECKING:
+    from .outstore.base import AttemptKey
+    from .outstore.shipper import OutputShipper
+    from .settings import Settings
 
 OUTPUT_TAIL_BYTES = 20 * 1024
 MAX_LINE = 64 * 1024  # a line longer than this is logged in pieces
@@ -31,8 +38,12 @@ class TaskOutput:
     """One task's output state.  Written by the pump thread; ``text()`` from any thread."""
 
     def __init__(self, task_id: str, pipe: IO[bytes], on_eof: Callable[[], None],
-                 logger: logging.Logger, log_file: str | None = None) -> None:
+                 logger: logging.Logger, log_file: str | None = None,
+                 key: AttemptKey | None = None) -> None:
         self.task_id = task_id
+        self.key = key  # the attempt in the output store
+        self.shipper: OutputShipper | None = None  # set by OutputPump.add
+        self.log_lines = True  # False with --task-output off: only the tail is kept
         self.pipe = pipe
         self.on_eof = on_eof
         self.log = logger
@@ -55,6 +66,8 @@ class TaskOutput:
                              extra={"task_id": self.task_id})
 
     def feed(self, data: bytes) -> None:
+        if self.shipper is not None and self.key is not None:
+            self.shipper.feed(self.key, data)  # a list append under a lock: never the store
         if self._file is not None:
             try:
                 self._file.write(data)
@@ -67,6 +80,8 @@ class TaskOutput:
             self._tail += data
             if len(self._tail) > 2 * OUTPUT_TAIL_BYTES:  # trimmed now and then, not per read
                 del self._tail[:-OUTPUT_TAIL_BYTES]
+        if not self.log_lines:
+            return
         buf = self._partial + data
         sink = output_sink(self.log)
         if sink is not None and not sink.taking(self.account):
@@ -90,6 +105,8 @@ class TaskOutput:
         if sink is not None:
             sink.marker(self.account)  # before on_eof: the count precedes "finished"
         self._close_file()
+        if self.shipper is not None and self.key is not None:
+            self.shipper.end(self.key)
         try:
             self.pipe.close()
         except OSError:
@@ -128,7 +145,9 @@ class OutputPump:
     """The pump thread and its registry.  ``add`` is called by the spawner threads (by the
     main thread if that failed), ``flush`` by the main thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, shipper: OutputShipper | None = None, mode: str = "local") -> None:
+        self.shipper = shipper
+        self.mode = mode  # --task-output as resolved: store, local or off
         self._selector = selectors.DefaultSelector()
         self._new: collections.deque[TaskOutput] = collections.deque()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -136,7 +155,24 @@ class OutputPump:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @classmethod
+    def for_worker(cls, settings: Settings) -> OutputPump:
+        """The pump, with the output-store thread unless output is not stored (main
+        thread)."""
+        from .outstore.shipper import OutputShipper
+
+        shipper = OutputShipper.for_worker(settings)
+        mode = "store" if shipper is not None else (
+            "off" if settings.task_output == "off" else "local")
+        return cls(shipper, mode)
+
+    def describe(self) -> str:
+        """``--task-output`` as resolved, and where the store is, for the start-up line."""
+        return f"store ({self.shipper.where})" if self.shipper is not None else self.mode
+
     def start(self) -> None:
+        if self.shipper is not None:
+            self.shipper.start()  # opens the store on its own thread: no task waits for it
         self._thread = start_thread(self._run, "output-pump")
 
     def add(self, output: TaskOutput) -> None:
@@ -147,6 +183,7 @@ class OutputPump:
         is armed, and so the pump need not be woken for every task.  A log file is opened on
         the pump thread (a slow disk must not stall the main loop): ``flush`` hands those
         pipes over, once per main-loop turn."""
+        output.shipper, output.log_lines = self.shipper, self.mode != "off"
         if output.log_file:
             self._new.append(output)
             return
@@ -164,6 +201,8 @@ class OutputPump:
         self._poke()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self.shipper is not None:  # after the pump: its last reads and ends are in
+            self.shipper.stop()
 
     def _poke(self) -> None:
         try:

@@ -1,5 +1,6 @@
-"""What runs before the worker's main loop: the task log directory, and the backend opened
-with retry while it is unreachable (a stop signal meanwhile is a stop like any other).
+"""What runs before the worker's main loop: the task log directory, ``--task-output store``
+checked, and the backend opened with retry while it is unreachable (a stop signal meanwhile
+is a stop like any other).
 
 Main thread only, called by ``cli.worker_main``.
 """
@@ -30,6 +31,27 @@ def make_task_log_dir(settings: Settings) -> str | None:
         os.makedirs(settings.task_log_dir, exist_ok=True)
     except OSError as exc:
         return f"--task-log-dir: cannot create {settings.task_log_dir}: {exc.strerror or exc}"
+    return None
+
+
+def check_task_output(settings: Settings) -> str | None:
+    """``--task-output store`` without an output store for this queue: the one-line error
+    (main thread).  Nothing is created and no call made (``create=False``); ``auto`` is
+    resolved by ``OutputShipper.for_worker`` the same way."""
+    if settings.task_output != "store":
+        return None
+    from .outstore.base import OutputConfigError
+    from .outstore.open import open_output_store
+
+    try:
+        store = open_output_store(settings, create=False)
+    except OutputConfigError as exc:
+        return f"--task-output store: {exc}"
+    if store is None:
+        return ("--task-output store: this queue has no output store (it lives beside the "
+                "control store: not with --control off; on Azure it needs the control "
+                "storage account)")
+    store.close()
     return None
 
 

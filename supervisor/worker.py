@@ -67,7 +67,7 @@ class Worker:
         self.cleaned_seen = 0  # the watchdog's cleaned_count when ``cleaning`` was last scanned
         self.next_ready_expiry = math.inf  # when a lease received ahead goes back unstarted
         self.lifeline: Lifeline | None = None
-        self.output_pump = OutputPump()
+        self.output_pump = OutputPump.for_worker(settings)  # and the output-store thread
         self.next_lifeline_flush = clock()
         # A cheap "anything new?" probe lets an idle worker start pushed work at once.
         self.change_probe = backend.change_probe
@@ -109,10 +109,6 @@ class Worker:
         """Keepers whose settlement runs on their thread (``Settlement.settling``)."""
         return self.settlement.settling
 
-    @property
-    def watchdog_ping(self) -> float | None:
-        return self.reporter.watchdog_ping
-
     # ------------------------------------------------------------------------------ run
     def run(self) -> int:
         self.signals.install()
@@ -129,9 +125,10 @@ class Worker:
             if self.agent is not None:
                 self.agent.start()
                 self.agent.wait_first_poll()  # live cancels and the pause flag, 2 s at most
-            log.info("worker %s started: backend=%s queue=%s slots=%d lock=%gs renew=%gs",
-                     self.s.worker_id, self.s.backend, self.s.queue, self.s.num_workers,
-                     self.s.lock, self.s.renew_every)
+            log.info("worker %s started: backend=%s queue=%s slots=%d lock=%gs renew=%gs "
+                     "output=%s", self.s.worker_id, self.s.backend, self.s.queue,
+                     self.s.num_workers, self.s.lock, self.s.renew_every,
+                     self.output_pump.describe())
             log.info("%s", self.guard.limits.describe())
             while not self._finished():
                 self._wait_and_drain()

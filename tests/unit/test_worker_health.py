@@ -64,7 +64,7 @@ def test_stalled_lease_thread_stops_watchdog_pings(tmp_path, notify_sock):
     keeper = LeaseKeeper(NeverCalledLease(), "t1", t_sent=clock.now, granted=60.0,
                          renew_interval=20.0, clock=clock)
     worker.settling.append(keeper)
-    assert worker.watchdog_ping == 1.0  # half of WATCHDOG_USEC
+    assert worker.reporter.watchdog_ping == 1.0  # half of WATCHDOG_USEC
 
     worker._report(clock.now)
     assert "WATCHDOG=1" in _drain(notify_sock)
