@@ -17,6 +17,44 @@ from contextlib import contextmanager
 from pathlib import Path
 
 START_WITHIN = 30.0
+REPO = Path(__file__).resolve().parents[1]
+# The emulator's well-known development account (public, documented by Microsoft).
+ACCOUNT = "devstoreaccount1"
+ACCOUNT_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+
+
+def service_binary(service: str) -> str | None:
+    """``azurite-<service>``: $AZURITE_<SERVICE>_BIN, else beside $AZURITE_QUEUE_BIN, else in
+    <repo>/.azurite (where scripts/test installs it); None when not installed."""
+    env = os.environ.get(f"AZURITE_{service.upper()}_BIN")
+    if env:
+        return env
+    queue_bin = os.environ.get("AZURITE_QUEUE_BIN")
+    candidates = [Path(queue_bin).parent / f"azurite-{service}"] if queue_bin else []
+    candidates.append(REPO / ".azurite" / "node_modules" / ".bin" / f"azurite-{service}")
+    for path in candidates:
+        if path.exists():
+            return str(path)
+    return None
+
+
+@contextmanager
+def session_service(service: str, tmp_path_factory) -> Iterator[tuple[int, int]]:
+    """A session fixture's Azurite ``service``: (port, pid).  Not installed: a failure under
+    CI (scripts/test installs it), else a skip that says how to get it."""
+    import pytest
+
+    binary = service_binary(service)
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("Azurite is not installed; scripts/test installs it")
+        pytest.skip(f"azurite-{service} not found: set AZURITE_QUEUE_BIN or run `npm install "
+                    "azurite@3.35.0` in <repo>/.azurite (scripts/test does)")
+    cwd = tmp_path_factory.mktemp(f"azurite-{service}")  # empty: Azurite writes files here
+    with azurite_service(binary, service, cwd) as found:
+        yield found
 
 
 def free_port() -> int:

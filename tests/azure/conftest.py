@@ -7,20 +7,17 @@ everything in memory, runs from an empty temporary directory and is killed by it
 
 from __future__ import annotations
 
-import os
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from tests.azurite import azurite_service, free_port  # noqa: F401 (re-exported)
-
-REPO = Path(__file__).resolve().parents[2]
-# The emulator's well-known development account (public, documented by Microsoft).
-ACCOUNT = "devstoreaccount1"
-ACCOUNT_KEY = (
-    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+from tests.azurite import (  # noqa: F401 (re-exported)
+    ACCOUNT,
+    ACCOUNT_KEY,
+    azurite_service,
+    free_port,
+    session_service,
 )
 
 
@@ -35,24 +32,9 @@ class Azurite:
                 f"QueueEndpoint=http://127.0.0.1:{self.port}/{ACCOUNT}")
 
 
-def _azurite_bin() -> str | None:
-    env = os.environ.get("AZURITE_QUEUE_BIN")
-    if env:
-        return env
-    local = REPO / ".azurite" / "node_modules" / ".bin" / "azurite-queue"
-    return str(local) if local.exists() else None
-
-
 @pytest.fixture(scope="session")
 def azurite(tmp_path_factory):
-    binary = _azurite_bin()
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("Azurite is not installed; scripts/test installs it")
-        pytest.skip("Azurite not installed: set AZURITE_QUEUE_BIN or run "
-                    "`npm install azurite@3.35.0` in <repo>/.azurite (scripts/test does)")
-    cwd = tmp_path_factory.mktemp("azurite")  # empty: Azurite writes its debug/state files here
-    with azurite_service(binary, "queue", cwd) as (port, pid):
+    with session_service("queue", tmp_path_factory) as (port, pid):
         yield Azurite(port=port, pid=pid)
 
 

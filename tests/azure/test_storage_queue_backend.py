@@ -24,16 +24,10 @@ from azure.storage.queue import (
 from supervisor.backends.base import BackendConfigError, BackendError, LeaseLost
 from supervisor.backends.storage_queue import StorageQueueBackend
 from supervisor.task import Task
+from tests.azurite import ACCOUNT, ACCOUNT_KEY
 from tests.faults.proxy import FaultProxy
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(60)]
-
-# Azurite's well-known development account (public, documented by Microsoft).
-ACCOUNT = "devstoreaccount1"
-ACCOUNT_KEY = (
-    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-)
-
 
 def connection_string(port: int, key: str = ACCOUNT_KEY) -> str:
     return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={key};"

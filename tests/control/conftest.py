@@ -9,7 +9,6 @@ from an empty temporary directory and is killed by its PID (process group).
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import uuid
 from collections.abc import Iterator
@@ -22,14 +21,14 @@ import pytest
 from supervisor.backends.sqlite import SqliteBackend
 from supervisor.control.base import ControlStore
 from supervisor.control.sqlite import SqliteControlStore
-from tests.azurite import azurite_service, free_port  # noqa: F401 (re-exported)
-
-REPO = Path(__file__).resolve().parents[2]
-# The emulator's well-known development account (public, documented by Microsoft).
-ACCOUNT = "devstoreaccount1"
-ACCOUNT_KEY = (
-    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+from tests.azurite import (  # noqa: F401 (re-exported)
+    ACCOUNT,
+    ACCOUNT_KEY,
+    azurite_service,
+    free_port,
+    session_service,
 )
+
 QUEUE = "jobs"
 
 
@@ -38,28 +37,10 @@ def table_connection_string(port: int) -> str:
             f"TableEndpoint=http://127.0.0.1:{port}/{ACCOUNT}")
 
 
-def _table_bin() -> str | None:
-    if os.environ.get("AZURITE_TABLE_BIN"):
-        return os.environ["AZURITE_TABLE_BIN"]
-    queue_bin = os.environ.get("AZURITE_QUEUE_BIN")
-    candidates = [Path(queue_bin).parent / "azurite-table"] if queue_bin else []
-    candidates.append(REPO / ".azurite" / "node_modules" / ".bin" / "azurite-table")
-    for path in candidates:
-        if path.exists():
-            return str(path)
-    return None
-
-
 @pytest.fixture(scope="session")
 def azurite_table(tmp_path_factory) -> Iterator[int]:
     """The port of a running Azurite table service."""
-    binary = _table_bin()
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("Azurite is not installed; scripts/test installs it")
-        pytest.skip("azurite-table not found: set AZURITE_TABLE_BIN or AZURITE_QUEUE_BIN")
-    cwd = tmp_path_factory.mktemp("azurite-table")
-    with azurite_service(binary, "table", cwd) as (port, _pid):
+    with session_service("table", tmp_path_factory) as (port, _pid):
         yield port
 
 

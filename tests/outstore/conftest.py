@@ -7,22 +7,13 @@ else <repo>/.azurite/node_modules/.bin/azurite-blob.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.azurite import azurite_service
-
-REPO = Path(__file__).resolve().parents[2]
-# The emulator's well-known development account (public, documented by Microsoft).
-ACCOUNT = "devstoreaccount1"
-ACCOUNT_KEY = (
-    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-)
+from tests.azurite import ACCOUNT, ACCOUNT_KEY, session_service  # noqa: F401 (re-exported)
 
 
 def blob_connection_string(port: int, key: str = ACCOUNT_KEY) -> str:
@@ -30,28 +21,10 @@ def blob_connection_string(port: int, key: str = ACCOUNT_KEY) -> str:
             f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT}")
 
 
-def _blob_bin() -> str | None:
-    if os.environ.get("AZURITE_BLOB_BIN"):
-        return os.environ["AZURITE_BLOB_BIN"]
-    queue_bin = os.environ.get("AZURITE_QUEUE_BIN")
-    candidates = [Path(queue_bin).parent / "azurite-blob"] if queue_bin else []
-    candidates.append(REPO / ".azurite" / "node_modules" / ".bin" / "azurite-blob")
-    for path in candidates:
-        if path.exists():
-            return str(path)
-    return None
-
-
 @pytest.fixture(scope="session")
 def azurite_blob(tmp_path_factory) -> Iterator[int]:
     """The port of a running Azurite blob service."""
-    binary = _blob_bin()
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("Azurite is not installed; scripts/test installs it")
-        pytest.skip("azurite-blob not found: set AZURITE_BLOB_BIN or AZURITE_QUEUE_BIN")
-    cwd = tmp_path_factory.mktemp("azurite-blob")
-    with azurite_service(binary, "blob", cwd) as (port, _pid):
+    with session_service("blob", tmp_path_factory) as (port, _pid):
         yield port
 
 
