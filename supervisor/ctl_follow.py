@@ -212,7 +212,7 @@ class Follower:
             elif newer:
                 if self.phase == "next":
                     self.say(f"== attempt {newer[0]} ==")
-                self.attempt, self.offset = newer[0], 0
+                self.attempt, self.offset, self._left = newer[0], 0, None
                 self._enter("read", now)
                 return self._read(now)
             elif self.phase == "next" and self._runs_again(records):
@@ -292,12 +292,15 @@ class Follower:
                 self._enter("next", now)
         elif newer and self.chain:
             self.say(f"attempt {self.attempt} ended (no result recorded)")
+            self._left = rec
             self._enter("next", now)
         elif look and self.src.output is not None and self._grows():
             self._enter("read", now)
         elif now - self._since >= RESULT_GRACE:
             state = self.src.job_state(self.task_id)
-            if not self.chain or state not in ("pending", "running"):
+            # A follower of one attempt whose record says running waits on: it may run
+            # again silently (requeued), and "next" ends the wait at a newer attempt.
+            if (not self.chain and rec is None) or state not in ("pending", "running"):
                 self.say(f"attempt {self.attempt} ended; its result is not recorded")
                 self._finish(None, state if state in ("succeeded", "failed") else "")
             else:

@@ -49,7 +49,8 @@ def test_a_requeued_attempt_that_runs_again_is_followed_to_its_real_end(world, o
     assert 14.0 <= w.fake.now < 16.0
 
 
-def test_a_missed_requeue_record_still_reads_the_second_run(world):
+@pytest.mark.parametrize("one_attempt", [False, True], ids=["chained", "--attempt 1"])
+def test_a_missed_requeue_record_still_reads_the_second_run(world, one_attempt):
     """The second run's "running" record replaced "requeued" before the follower looked, and
     the run prints only after RESULT_GRACE: its bytes alone bring the follower back."""
     w = world
@@ -64,7 +65,8 @@ def test_a_missed_requeue_record_still_reads_the_second_run(world):
     w.fake.at(late + 2, lambda: (w.out.finish(key("r2", 1)), w.control.put_result(
         replace(result("r2", 1, "failed", True, 4), started=2.0e9))))
     out, err = io.BytesIO(), io.StringIO()
-    assert logs(ns("r2", follow=True), w.src, out, err) == 0
+    assert logs(ns("r2", follow=True, attempt=1 if one_attempt else None), w.src, out,
+                err) == 0
     assert out.getvalue() == b"one\n" + MARK + b"two\n"
     assert err.getvalue().splitlines() == ["exit status 4"]
 
