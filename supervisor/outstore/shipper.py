@@ -323,10 +323,8 @@ class OutputShipper:
         started, did = self.clock(), False
         while True:
             with self._lock:
-                behind = {c.key for c in self._closing}
-                work = [a for a in self._runs() if (a.key not in behind or a.ended) and (
-                    a.inflight is not None or a.ended
-                    or (a.size and (everything or a.size >= FLUSH_SIZE)))]
+                work = [a for a in self._runs(firsts=True) if a.inflight is not None or a.ended
+                        or (a.size and (everything or a.size >= FLUSH_SIZE))]
                 for a in work:
                     if a.inflight is None and a.size:
                         a.inflight = self._take(a)
@@ -358,9 +356,11 @@ class OutputShipper:
             if self.clock() - started >= SHIP_TURN:
                 return True  # a flood: let the caller look at the stop flag and the clock
 
-    def _runs(self) -> list[_Attempt]:
-        """Every run held, ended runs of a key that runs again first (lock held)."""
-        return self._closing + list(self._attempts.values())
+    def _runs(self, firsts: bool = False) -> list[_Attempt]:
+        """Every run held, oldest first; ``firsts``: only each key's oldest, the one to write
+        now -- a later run's bytes wait until it is finished (lock held)."""
+        runs = self._closing + list(self._attempts.values())
+        return list({a.key: a for a in reversed(runs)}.values())[::-1] if firsts else runs
 
     def _reopen(self, store: OutputStore, a: _Attempt) -> None:
         """Before a run's first write: its output is live again; a run after earlier output

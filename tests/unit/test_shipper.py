@@ -388,7 +388,8 @@ def test_a_rerun_that_starts_before_the_last_runs_end_is_stored_waits_for_it():
     sh, store, clock = make()
     sh.tick()
     store.fail = True
-    sh.feed(K, b"one\n")
+    one = b"1" * (mod.CHUNK_MAX + 10)  # two writes: the next run's bytes must not go between
+    sh.feed(K, one)
     sh.end(K)
     clock.t += 1
     sh.tick()  # the store is down: the first run is still held
@@ -397,8 +398,8 @@ def test_a_rerun_that_starts_before_the_last_runs_end_is_stored_waits_for_it():
     store.fail = False
     clock.t += 60
     sh.tick()
-    assert stored(store) == b"one\n" + RERUN.format(attempt=1).encode() + b"two\n"
-    assert [c[0] for c in store.calls] == ["reopen", "append", "finish",
+    assert stored(store) == one + RERUN.format(attempt=1).encode() + b"two\n"
+    assert [c[0] for c in store.calls] == ["reopen", "append", "append", "finish",
                                            "reopen", "append", "finish"]
     assert sh._attempts == {} and sh._closing == [] and sh.held() == 0
 
