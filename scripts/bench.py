@@ -35,7 +35,7 @@ from bench_measure import (
     sqlite_lock_loss,
     sqlite_throughput,
 )
-from bench_output import output_rate, store_rate
+from bench_output import blob_store_rate, output_rate, store_rate
 from benchlib import Azurite, Bench, Figure, Row, pct
 
 
@@ -197,6 +197,17 @@ def fig_output_store(b: Bench) -> None:
           f"{rate['cat_file_mb_per_s']:.0f} MB/s", "")
 
 
+def fig_output_store_blob(b: Bench) -> None:
+    # One worker on Storage Queue, its control store and output store on one Azurite (its
+    # own, with blob and table: the shared one serves queues only).
+    rate = blob_store_rate(sys.executable, b.tmp, 100 if b.quick else 500)
+    b.results.update(output_store_blob_rate=rate)
+    b.row("Task output stored, Azurite blob",
+          f"{rate['blob_mb_per_s']:.0f} MB/s, {rate['blob_stored_fraction']:.0%} stored",
+          f"cat of the same {rate['blob_mb']:.0f} MB into a file: "
+          f"{rate['cat_file_mb_per_s']:.0f} MB/s", "Azurite on loopback, not Azure")
+
+
 # The table's rows, in order.  Consecutive Azurite figures share one Azurite.
 FIGURES = [
     Figure(fig_sqlite_throughput),
@@ -210,6 +221,7 @@ FIGURES = [
     Figure(fig_sqlite_lock_loss),
     Figure(fig_output_rate),
     Figure(fig_output_store),
+    Figure(fig_output_store_blob, azurite=True),  # skipped with --skip-azurite
 ]
 
 

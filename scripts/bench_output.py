@@ -13,12 +13,17 @@ case's bytes per line.  Run alone: ``.venv/bin/python scripts/bench_output.py [L
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchlib import ACCOUNT_KEY, REPO, free_port, wait_until
 
 LINES = 1_000_000
 WIDTH = 100
@@ -120,6 +125,101 @@ def store_rate(python: str, workdir: Path, megabytes: int) -> dict[str, float]:
     raw_mb = lines * (WIDTH + 1) / 1e6
     return {"store_mb": raw_mb, "store_stored_fraction": stored / (lines * (WIDTH + 1)),
             "store_mb_per_s": stored / secs / 1e6, "cat_file_mb_per_s": raw_mb / raw_secs}
+
+
+def _azurite_all(cwd: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Azurite's queue, table and blob services (one process, in memory) on free loopback
+    ports, and a connection string naming all three."""
+    queue_bin = os.environ.get("AZURITE_QUEUE_BIN")
+    binary = (Path(queue_bin).parent if queue_bin
+              else REPO / ".azurite" / "node_modules" / ".bin") / "azurite"
+    ports = {service: free_port() for service in ("blob", "queue", "table")}
+    args = [str(binary), "--inMemoryPersistence", "--skipApiVersionCheck", "--disableTelemetry",
+            "--silent"]
+    for service, port in ports.items():
+        args += [f"--{service}Host", "127.0.0.1", f"--{service}Port", str(port)]
+    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+    def up() -> bool:
+        return all(_accepts(port) for port in ports.values())
+
+    try:
+        wait_until(up, 30, 0.1, what=f"Azurite ({binary}) to listen")
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        raise
+    conn = f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={ACCOUNT_KEY}"
+    for service, port in ports.items():
+        conn += f";{service.capitalize()}Endpoint=http://127.0.0.1:{port}/devstoreaccount1"
+    return proc, conn
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def blob_store_rate(python: str, workdir: Path, megabytes: int) -> dict[str, float]:
+    """MB/s one Storage Queue worker stores of one task's output into the Azure output store
+    (append blobs, container jobq-logs) on Azurite -- queue, control store (table) and blob
+    all on loopback -- from the task's start until its attempt is complete there (polled
+    every 0.25 s), and ``cat`` of the same output into a file (the caller's thread)."""
+    from azure.storage.blob import ContainerClient
+
+    from supervisor.backends.storage_queue import StorageQueueBackend
+    from supervisor.task import Task
+
+    bin_dir = Path(python).parent
+    lines = megabytes * 1_000_000 // (WIDTH + 1)
+    cmd = _command(lines)
+    queue = "benchout"
+    with tempfile.TemporaryDirectory(dir=workdir) as name:
+        tmp = Path(name)
+        start = tmp / "t0"
+        azurite, conn = _azurite_all(tmp)
+        try:
+            backend = StorageQueueBackend(queue, connection_string=conn, worker_id="bench")
+            backend.push([Task(cmd=f"date +%s.%N > {start}; {cmd}")])
+            backend.close()
+            logs = ContainerClient.from_connection_string(conn, container_name="jobq-logs")
+            with open(tmp / "sup.log", "wb") as out:
+                sup = subprocess.Popen(
+                    [str(bin_dir / "jobq-supervisor"), "--backend", "storage-queue", "--queue",
+                     queue, "--exit-when-empty", "--poll-interval", "0.05", "--task-output",
+                     "store", "--task-output-max", f"{megabytes * 2}M"],
+                    stderr=out, stdout=subprocess.DEVNULL, cwd=tmp,
+                    env={**os.environ, "JOBQ_CONNECTION_STRING": conn})
+                done_at, parts = None, []
+                deadline = time.monotonic() + 600
+                while done_at is None and time.monotonic() < deadline:
+                    exited = sup.poll() is not None
+                    try:
+                        parts = list(logs.list_blobs(name_starts_with=f"{queue}/",
+                                                     include=["metadata"]))
+                    except Exception:  # noqa: BLE001 - no container yet
+                        parts = []
+                    if any((p.metadata or {}).get("complete") == "1" for p in parts):
+                        done_at = time.time()
+                    elif exited:
+                        break
+                    else:
+                        time.sleep(0.25)
+                if sup.wait(60) != 0:
+                    raise RuntimeError(f"supervisor exited {sup.returncode}; see its log")
+            logs.close()
+            if done_at is None:
+                raise RuntimeError("the attempt never completed in the blob store")
+            stored = sum(p.size for p in parts)
+            secs = done_at - float(start.read_text())
+        finally:
+            os.killpg(azurite.pid, signal.SIGKILL)
+            azurite.wait(10)
+        raw_secs = _cat(cmd, f"cat > {tmp / 'cat.out'}")
+    raw_mb = lines * (WIDTH + 1) / 1e6
+    return {"blob_mb": raw_mb, "blob_stored_fraction": stored / (lines * (WIDTH + 1)),
+            "blob_mb_per_s": stored / secs / 1e6, "cat_file_mb_per_s": raw_mb / raw_secs}
 
 
 def main() -> int:

@@ -11,6 +11,14 @@ ended without completing its output (its worker died) is over when a result reco
 newer attempt says so and no byte came for ENDED_GRACE.  A result that is not ``final``
 (retried, lock lost, requeued) makes the follower go on to the next attempt.
 
+A requeued attempt (released without counting: preemption, a worker's stop) runs again under
+the same number, after output the store already called complete.  So while the follower waits
+for the next attempt it also watches the one it left: its record showing a new start, or
+(after a requeue, or with no record) new bytes past the offset it read to, take it back to
+that attempt (``== attempt N runs again ==``), where the stored output goes on behind the
+store's RERUN marker.  While it waits for an attempt's result and the record says running,
+new bytes take it back to reading too.
+
 On SQLite the queue's own table is a fallback: a task whose job row is succeeded or failed
 and which gets no final result record within RESULT_GRACE (a pending task cancelled by
 jobq-ctl, ``--control off``) ends with the job row's status.  Azure has no such table: there
@@ -152,6 +160,7 @@ class Follower:
         self._next_check = 0.0
         self._ended_at: Union[float, None] = None  # a record says the attempt is over
         self._terminal_at: Union[float, None] = None  # the job row said succeeded/failed
+        self._left: Union[ResultRecord, None] = None  # the record we went on to "next" on
         self.check_every = check_every
 
     def _enter(self, phase: str, now: float) -> None:
@@ -193,18 +202,48 @@ class Follower:
             elif (job := self._job_ended(now)) is not None:
                 self._finish(None, job)
         elif self.phase == "result":
-            self._await_result(now)
-        else:  # "start", "next": wait for an attempt after self.attempt
-            newer = [a for a in self.src.attempts(self.task_id) if a > (self.attempt or 0)]
-            if newer:
+            self._await_result(now, look=True)
+        else:  # "start", "next": wait for an attempt after self.attempt (or this one again)
+            records = self.src.results(self.task_id)
+            newer = [a for a in self.src.attempts(self.task_id, records)
+                     if a > (self.attempt or 0)]
+            if newer and not self.chain:  # a later attempt: this one will not run again
+                self._finish(self._left)
+            elif newer:
                 if self.phase == "next":
                     self.say(f"== attempt {newer[0]} ==")
-                self.attempt, self.offset = newer[0], 0
+                self.attempt, self.offset, self._left = newer[0], 0, None
                 self._enter("read", now)
                 return self._read(now)
-            if (job := self._job_ended(now)) is not None:
+            elif self.phase == "next" and self._runs_again(records):
+                self._enter("read", now)
+                return self._read(now)
+            elif (job := self._job_ended(now)) is not None:
                 self._finish(None, job)
         return False
+
+    def _runs_again(self, records: list[ResultRecord]) -> bool:
+        """("next") Whether the attempt left moves again: its record shows another start or,
+        from running, an end; or, after a requeue or without a record, its output grows (one
+        read: only then, since only an uncounted release reuses the attempt's number)."""
+        left = self._left
+        rec = next((r for r in records if r.attempt == self.attempt), None)
+        restarted = rec is not None and left is not None and rec.started != left.started
+        moved = restarted or (rec is not None and left is not None and left.outcome == "running"
+                              and rec.outcome != "running")
+        if not moved and self.src.output is not None and (
+                left is None or left.outcome in ("requeued", "running")):
+            moved = self._grows()
+        if moved and left is not None and left.outcome != "running":
+            self.say(f"== attempt {self.attempt} runs again ==")
+        return moved
+
+    def _grows(self) -> bool:
+        """Bytes past ``offset`` in the attempt's output (one read; the next ``_read`` reads
+        them again)."""
+        assert self.src.output is not None and self.attempt is not None
+        key = AttemptKey(self.src.queue, self.task_id, self.attempt)
+        return bool(self.src.output.read(key, self.offset).data)
 
     def _record(self) -> tuple[Union[ResultRecord, None], bool]:
         """This attempt's result record, and whether a newer attempt exists."""
@@ -237,23 +276,35 @@ class Follower:
                 self._await_result(now)
         return got
 
-    def _await_result(self, now: float) -> None:
+    def _await_result(self, now: float, look: bool = False) -> None:
+        """``look``: not right after a read -- new bytes while the record says running (or
+        is not there) mean the attempt runs again (a requeue's end record may be missed
+        between two looks): read on."""
         rec, newer = self._record()
         if rec is not None and rec.outcome != "running":
             self.say(end_line(rec))
-            if rec.final or not self.chain:
+            # Requeued: the same attempt number runs again, so even a follower of one attempt
+            # waits for it.
+            if rec.final or (not self.chain and rec.outcome != "requeued"):
                 self._finish(rec)
             else:
+                self._left = rec
                 self._enter("next", now)
         elif newer and self.chain:
             self.say(f"attempt {self.attempt} ended (no result recorded)")
+            self._left = rec
             self._enter("next", now)
+        elif look and self.src.output is not None and self._grows():
+            self._enter("read", now)
         elif now - self._since >= RESULT_GRACE:
             state = self.src.job_state(self.task_id)
-            if not self.chain or state not in ("pending", "running"):
+            # A follower of one attempt whose record says running waits on: it may run
+            # again silently (requeued), and "next" ends the wait at a newer attempt.
+            if (not self.chain and rec is None) or state not in ("pending", "running"):
                 self.say(f"attempt {self.attempt} ended; its result is not recorded")
                 self._finish(None, state if state in ("succeeded", "failed") else "")
             else:
+                self._left = rec
                 self._enter("next", now)
 
 

@@ -1,11 +1,11 @@
 """The output store of an Azure control store: append blobs in the same storage account.
 
 Layout: container ``--task-log-container`` (default ``jobq-logs``), one append blob per
-attempt named ``<queue>/<task id>/<attempt>.log``; path parts are percent-escaped
-(``segment``), so no id holds a ``/`` or reaches into another's prefix.  An append blob takes
+attempt named ``<queue>/<task id>/<attempt>.log`` (blob_names.py).  An append blob takes
 at most 50,000 blocks (and a block, here, at most 4 MiB): an attempt that fills one rolls
 over to ``<attempt>.log.1``, ``.log.2``... -- one logical byte stream, read by offset across
-its parts.  ``finish`` sets metadata ``complete=1`` on the last part.
+its parts.  ``finish`` sets metadata ``complete=1`` on the last part; ``reopen`` (a run of an
+attempt released without counting) clears it.
 
 Appends are retry-safe: each block is sent with the append-position condition (the size the
 part must have), so a retry of a block that did land gets 412 AppendPositionConditionNotMet
@@ -13,8 +13,9 @@ with the part exactly one block longer -- taken as success, never stored twice. 
 raised remembers where its bytes began; the caller's retry of the same bytes resumes after
 the blocks known to have landed.
 
-Cost: an attempt's first append 2 calls (create, append), then one call per flush (per 4 MiB),
-``finish`` one;
+Cost: an attempt's ``reopen`` one call (the create its first append needs anyway), then one
+call per flush (per 4 MiB), ``finish`` one; the ``reopen`` of a rerun four (create, list,
+properties, clear the flag);
 ``read`` one list call plus one ranged download; ``attempts`` one list call.
 
 Retention (``purge``): lists the container one page per call (resuming where the last call
@@ -36,12 +37,9 @@ a missing container reads as no output.
 
 from __future__ import annotations
 
-import functools
 import logging
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar, Union
-from urllib.parse import parse_qs, quote
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -53,10 +51,10 @@ from azure.core.exceptions import (
 )
 from azure.storage.blob import BlobProperties, ContainerClient
 
-from ..backends.azure_common import Scrubber, short
+from ..backends.azure_common import short
 from ..backends.storage_queue_util import error_code
 from .base import READ_LIMIT, AttemptKey, Chunk, OutputConfigError, OutputStoreError
-from .files import part
+from .blob_names import ATTEMPT, PART, attempt_base, blob_base, part_name, scrubber, segment
 
 log = logging.getLogger("jobq.output")
 T = TypeVar("T")
@@ -64,25 +62,8 @@ MAX_BLOCK = 4 << 20  # bytes per append_block call
 MAX_BLOCKS = 50_000  # committed blocks an append blob takes
 _NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
                           "AuthorizationFailure")
-_ATTEMPT = re.compile(r"(\d+)\.log(?:\.(\d+))?")
-_PART = re.compile(r"(?:\.(\d+))?")  # after ``<attempt>.log``
 _ERRORS = (AzureError, OSError, ValueError)  # what SDK calls raise
 _CACHED = 256  # attempts whose append position is remembered
-
-
-def segment(text: str) -> str:
-    """``text`` as one blob-name segment: files.part, plus a trailing ``.`` escaped (Azure
-    advises against names with dot-ended segments)."""
-    s = part(text)
-    return s[:-1] + "%2E" if s.endswith(".") else s
-
-
-def blob_base(key: AttemptKey) -> str:
-    return f"{segment(key.queue)}/{segment(key.task_id)}/{key.attempt}.log"
-
-
-def part_name(base: str, index: int) -> str:
-    return base if index == 0 else f"{base}.{index}"
 
 
 @dataclass
@@ -94,6 +75,7 @@ class _Tail:
     size: int = 0
     blocks: int = 0
     stale: bool = False  # read it afresh before the next append
+    complete: bool = False  # the last part says complete=1 (as last read)
     pending: Union[tuple[int, bytes], None] = None  # (logical start, bytes) of a call that raised
 
     @property
@@ -119,7 +101,7 @@ class BlobOutputStore:
         if bool(connection_string) == bool(account_url):
             raise OutputConfigError(
                 "output store: needs exactly one of a connection string or an account URL")
-        self.scrub = _scrubber(connection_string, account_url)
+        self.scrub = scrubber(connection_string, account_url)
         self.create = create
         self.max_block, self.max_blocks = max_block, max_blocks
         self.purge_max, self.page_size = purge_max, page_size
@@ -176,7 +158,7 @@ class BlobOutputStore:
         """The attempt's parts, in order (one list call)."""
         base = blob_base(key)
         found = [(int(m.group(1) or 0), blob) for blob in self._listing(base, metadata=True)
-                 if (m := _PART.fullmatch(blob.name[len(base):]))]
+                 if (m := PART.fullmatch(blob.name[len(base):]))]
         return sorted(found, key=lambda p: p[0])
 
     def _create_container(self) -> None:
@@ -207,8 +189,10 @@ class BlobOutputStore:
         """Read where the attempt's output ends from the service (list + properties)."""
         parts = self._parts(key)
         tail.part, tail.base, tail.size, tail.blocks = -1, 0, 0, 0
+        tail.complete = False
         if parts:
             tail.part = parts[-1][0]
+            tail.complete = (parts[-1][1].metadata or {}).get("complete") == "1"
             props = self._call("read blob", self._container.get_blob_client(
                 part_name(blob_base(key), tail.part)).get_blob_properties)
             tail.base, tail.size = sum(p.size for _, p in parts[:-1]), props.size
@@ -296,6 +280,20 @@ class BlobOutputStore:
             done += len(piece)
         tail.pending = None
 
+    def reopen(self, key: AttemptKey) -> int:
+        """Output-store thread, before a run's first append: create the first part (what the
+        first append would do); when it exists, read where the output ends and clear
+        ``complete`` on the last part."""
+        self._tails.pop(key, None)  # a tail this writer knew is from an earlier run
+        tail = self._tail(key)
+        if self._new_part(key, tail, 0):
+            return 0
+        if tail.complete:
+            blob = self._container.get_blob_client(part_name(blob_base(key), tail.part))
+            self._call("reopen", lambda: blob.set_blob_metadata({}))
+            tail.complete = False
+        return tail.end
+
     def finish(self, key: AttemptKey) -> None:
         """Output-store thread: metadata ``complete=1`` on the last part."""
         tail = self._tail(key)
@@ -334,7 +332,7 @@ class BlobOutputStore:
     def attempts(self, queue: str, task_id: str) -> list[int]:
         prefix = f"{segment(queue)}/{segment(task_id)}/"
         names = (b.name[len(prefix):] for b in self._listing(prefix))
-        return sorted({int(m.group(1)) for m in map(_ATTEMPT.fullmatch, names) if m})
+        return sorted({int(m.group(1)) for m in map(ATTEMPT.fullmatch, names) if m})
 
     # -------------------------------------------------------------------- housekeeping
     def purge(self, before: float) -> int:
@@ -351,11 +349,11 @@ class BlobOutputStore:
             raise self._error("purge", exc) from None
         groups: dict[str, list[BlobProperties]] = {}
         for blob in page:
-            base = _attempt_base(blob.name)
+            base = attempt_base(blob.name)
             if base is not None:
                 groups.setdefault(base, []).append(blob)
         if token and page:
-            last = _attempt_base(page[-1].name)
+            last = attempt_base(page[-1].name)
             if last is not None:  # its later parts may be on the next page: list them all
                 groups[last] = self._listing(last)
         deleted = deletes = 0
@@ -379,21 +377,3 @@ class BlobOutputStore:
 
     def close(self) -> None:
         self._container.close()
-
-
-def _attempt_base(name: str) -> Union[str, None]:
-    """``q/t/3.log.2`` -> ``q/t/3.log``; None for a blob that is not ours."""
-    head, _, leaf = name.rpartition("/")
-    m = _ATTEMPT.fullmatch(leaf)
-    return f"{head}/{m.group(1)}.log" if head and m else None
-
-
-def _scrubber(connection_string: Union[str, None],
-              account_url: Union[str, None]) -> Callable[[str], str]:
-    """Scrubber, plus a SAS signature as given and as the SDK re-encodes it."""
-    scrub = Scrubber(connection_string, account_url)
-    query = (account_url or "").partition("?")[2]
-    sigs = re.findall(r"(?:^|&)sig=([^&]+)", query)
-    sigs += [quote(v, safe="") for v in parse_qs(query).get("sig", [])]
-    sigs = sorted((s for s in sigs if len(s) >= 8), key=len, reverse=True)
-    return lambda text: functools.reduce(lambda t, sig: t.replace(sig, "***"), sigs, scrub(text))

@@ -5,6 +5,12 @@ complete (``finish``).  Readers address it by byte offset: ``read(key, offset)``
 follows ``offset``, the offset to read from next, and whether the writer has finished -- so a
 follower (``jobq-ctl logs -f``) polls ``read`` until ``complete``.
 
+An attempt released without counting it (preemption, a worker's stop) runs again later under
+the same key.  Each run's writer calls ``reopen`` before its first append: the output is no
+longer complete, and a run that finds earlier output writes ``RERUN`` before its own.  So
+``complete`` is not forever: a reader that saw it may see the output grow again, behind that
+marker (ctl_follow.py keeps following an attempt whose result says it was requeued).
+
 Writers: one output-store thread per worker (shipper.py) -- never the main loop, never the
 pump that reads the task's pipe.  Readers: jobq-ctl, the dashboard.  One instance per thread.
 
@@ -21,6 +27,7 @@ from typing import Protocol
 READ_LIMIT = 4 << 20  # bytes one read returns at most
 DROPPED = "\n[... {n} bytes dropped: output store unreachable ...]\n"
 TRUNCATED = "\n[... output truncated: more than {limit} bytes (--task-output-max) ...]\n"
+RERUN = "\n[... attempt {attempt} runs again (requeued without counting) ...]\n"
 
 
 class OutputStoreError(Exception):
@@ -56,6 +63,12 @@ class OutputStore(Protocol):
         A call that raised may or may not have stored ``data``; the store makes a retry of the
         same bytes at the same position not store them twice (the caller retries with exactly
         the bytes that raised)."""
+        ...
+
+    def reopen(self, key: AttemptKey) -> int:
+        """Before a run's first append: the attempt's output is live again -- no longer
+        complete -- and the bytes it holds already are returned (0: none, the usual case).
+        At most one store call when the attempt is new; may be retried (idempotent)."""
         ...
 
     def finish(self, key: AttemptKey) -> None:

@@ -15,10 +15,13 @@ slow or down, output is held up to ``buffer_limit`` bytes for the whole worker; 
 are dropped and counted until the held bytes are down to half of it, and the first read taken
 again is preceded by ``base.DROPPED`` with the count, at the place of the gap.  Each attempt
 stores at most ``output_max`` bytes of what the task printed, then ``base.TRUNCATED`` once;
-the rest is counted and ignored.  Failures back off (BACKOFF_MIN doubling to BACKOFF_MAX);
-an outage is logged once (a flapping store once a minute at most), its end once.  Old output
-is purged soon after the store opens, then every PURGE_EVERY.  At exit the rest gets
+the rest is counted and ignored.  Failures back off, logged once per outage (outage.py).  Old
+output is purged soon after the store opens, then every PURGE_EVERY.  At exit the rest gets
 STOP_BUDGET seconds; what is left then is counted in one line, and the exit goes on.
+
+Runs: an attempt released without counting (preemption, a stop) runs again under the same
+key, here or elsewhere.  Each run is its own ``_Attempt``, written after the last run's end;
+its first write is preceded by the store's ``reopen`` and, after earlier output, by RERUN.
 
 An attempt that printed nothing is not stored at all (no ``finish``): its result record says
 how it ended.  Creating its files cost a SQLite worker 20-50 % of its rate of short tasks on
@@ -38,7 +41,9 @@ import time
 from typing import TYPE_CHECKING, Callable, Union
 
 from ..threads import start_thread
-from .base import DROPPED, TRUNCATED, AttemptKey, OutputConfigError, OutputStore, OutputStoreError
+from . import base
+from .base import AttemptKey, OutputConfigError, OutputStore, OutputStoreError
+from .outage import BACKOFF_MAX, BACKOFF_MIN, Outage  # noqa: F401 - tests read them here
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -48,8 +53,6 @@ log = logging.getLogger("jobq.output")
 FLUSH_EVERY = 1.0  # s between two writes of an attempt that prints (the issue asks <= 2 s)
 FLUSH_SIZE = 1 << 20  # a buffer this big is written without waiting for the next tick
 CHUNK_MAX = 4 << 20  # bytes per store call
-BACKOFF_MIN, BACKOFF_MAX = 1.0, 30.0
-LOG_EVERY = 60.0  # one line per outage, and of a flapping store one a minute at most
 PURGE_FIRST = 5.0  # s after the store opened: not while the first tasks start
 PURGE_EVERY = 3600.0
 STOP_BUDGET = 5.0
@@ -59,9 +62,11 @@ Opener = Callable[[], Union[OutputStore, None]]
 
 
 class _Attempt:
-    """One attempt's buffers; every field is guarded by the shipper's lock."""
+    """One run of an attempt's buffers; every field but ``opened`` (the output-store
+    thread's own) is guarded by the shipper's lock."""
 
-    __slots__ = ("key", "pieces", "size", "inflight", "seen", "dropped", "capped", "ended")
+    __slots__ = ("key", "pieces", "size", "inflight", "seen", "dropped", "capped", "ended",
+                 "opened")
 
     def __init__(self, key: AttemptKey) -> None:
         self.key = key
@@ -72,6 +77,7 @@ class _Attempt:
         self.dropped = 0  # bytes dropped since the last marker
         self.capped = False
         self.ended = False
+        self.opened = False  # the store's reopen was called for this run
 
 
 class OutputShipper:
@@ -96,6 +102,7 @@ class OutputShipper:
         self.bytes_truncated = 0
         self._lock = threading.Lock()
         self._attempts: dict[AttemptKey, _Attempt] = {}
+        self._closing: list[_Attempt] = []  # ended runs whose key runs again: stored first
         self._buffered = 0  # bytes held (pieces and in flight) over all attempts
         self._dropping = False
         self._wake = threading.Event()
@@ -103,11 +110,7 @@ class OutputShipper:
         self._stop_by = math.inf
         self._next_flush = -math.inf
         self._next_purge = math.inf
-        self._retry_at = -math.inf
-        self._failures = 0
-        self._backoff = 0.0
-        self._last_logged = -math.inf
-        self._outage_logged = False
+        self._outage = Outage(clock, buffer_limit)
         self._thread: Union[threading.Thread, None] = None
 
     @classmethod
@@ -139,9 +142,7 @@ class OutputShipper:
         with self._lock:
             if self.disabled:
                 return
-            a = self._attempts.get(key)
-            if a is None:
-                a = self._attempts[key] = _Attempt(key)
+            a = self._run_of(key)
             if a.capped:
                 self.bytes_truncated += len(data)
                 return
@@ -165,7 +166,7 @@ class OutputShipper:
                 self._put(a, data)
             if over:
                 self._mark_gap(a)  # markers may pass the bound: a few dozen bytes each
-                self._put(a, TRUNCATED.format(limit=self.output_max).encode())
+                self._put(a, base.TRUNCATED.format(limit=self.output_max).encode())
                 a.capped = True
             wake = before < FLUSH_SIZE <= a.size  # once per crossing: no busy wake-ups
         if wake:
@@ -177,18 +178,25 @@ class OutputShipper:
         with self._lock:
             if self.disabled:
                 return
-            a = self._attempts.get(key)
-            if a is None:
-                a = self._attempts[key] = _Attempt(key)
+            a = self._run_of(key)
             self._mark_gap(a)
             a.ended = True
         # No wake-up: the next tick (within FLUSH_EVERY) writes and finishes every attempt
         # that ended since, in one go -- a wake-up per short task cost the worker ~10 % of
         # its task rate in thread switches.
 
+    def _run_of(self, key: AttemptKey) -> _Attempt:
+        """The key's current run; a new one when the last has ended (lock held)."""
+        a = self._attempts.get(key)
+        if a is None or a.ended:
+            if a is not None:  # runs again before its last run's end is stored
+                self._closing.append(a)
+            a = self._attempts[key] = _Attempt(key)
+        return a
+
     def _mark_gap(self, a: _Attempt) -> None:
         if a.dropped:
-            self._put(a, DROPPED.format(n=a.dropped).encode())
+            self._put(a, base.DROPPED.format(n=a.dropped).encode())
             a.dropped = 0
 
     def _put(self, a: _Attempt, data: bytes) -> None:
@@ -216,7 +224,7 @@ class OutputShipper:
     def unstored(self) -> int:
         """Bytes held or dropped and not yet marked (any thread)."""
         with self._lock:
-            return self._buffered + sum(a.dropped for a in self._attempts.values())
+            return self._buffered + sum(a.dropped for a in self._runs())
 
     def held(self) -> int:
         """Bytes held for the store now (any thread)."""
@@ -248,10 +256,10 @@ class OutputShipper:
         """Open the store if need be, write what is due, purge when due; the seconds until
         the next tick (output-store thread)."""
         now = self.clock()
-        if now < self._retry_at:
-            return self._retry_at - now
+        if now < self._outage.retry_at:
+            return self._outage.retry_at - now
         if self.store is None and not self._open():
-            return max(0.0, self._retry_at - self.clock())
+            return max(0.0, self._outage.retry_at - self.clock())
         due = now >= self._next_flush
         if due:
             self._next_flush = now + FLUSH_EVERY
@@ -261,9 +269,9 @@ class OutputShipper:
                 self._next_purge = self.clock() + PURGE_EVERY
                 self._purge()
         except OutputStoreError as exc:
-            self._failed("write", exc)
-            return max(0.0, self._retry_at - self.clock())
-        self._recovered()
+            self._outage.failed("write", exc)
+            return max(0.0, self._outage.retry_at - self.clock())
+        self._outage.recovered()
         return max(0.0, min(self._next_flush, self._next_purge) - self.clock())
 
     def drain(self) -> None:
@@ -273,10 +281,10 @@ class OutputShipper:
             try:
                 if not self._ship(True):
                     return
-                self._recovered()
+                self._outage.recovered()
             except OutputStoreError as exc:
-                self._failed("write", exc)
-                pause = min(self._backoff, self._stop_by - self.clock())
+                self._outage.failed("write", exc)
+                pause = min(self._outage.backoff, self._stop_by - self.clock())
                 if pause > 0:
                     threading.Event().wait(pause)  # the stop budget, not the stop flag
 
@@ -288,7 +296,7 @@ class OutputShipper:
             self._disable()
             return False
         except OutputStoreError as exc:
-            self._failed("open", exc)
+            self._outage.failed("open", exc)
             return False
         if store is None:  # --task-output auto and no store for this queue
             self._disable()
@@ -296,13 +304,14 @@ class OutputShipper:
         self.store = store
         self._next_purge = self.clock() + PURGE_FIRST
         log.debug("output store open: %r", store)
-        self._recovered()
+        self._outage.recovered()
         return True
 
     def _disable(self) -> None:
         with self._lock:
             self.disabled = True
             self._attempts.clear()
+            self._closing.clear()
             self._buffered = 0
 
     def _ship(self, everything: bool) -> bool:
@@ -314,8 +323,7 @@ class OutputShipper:
         started, did = self.clock(), False
         while True:
             with self._lock:
-                work = [a for a in self._attempts.values()
-                        if a.inflight is not None or a.ended
+                work = [a for a in self._runs(firsts=True) if a.inflight is not None or a.ended
                         or (a.size and (everything or a.size >= FLUSH_SIZE))]
                 for a in work:
                     if a.inflight is None and a.size:
@@ -326,6 +334,8 @@ class OutputShipper:
             for a in work:
                 finished = False
                 if a.inflight is not None:
+                    if not a.opened:
+                        self._reopen(store, a)
                     store.append(a.key, a.inflight)  # raises: a.inflight is retried as is
                     with self._lock:
                         self._buffered -= len(a.inflight)
@@ -339,9 +349,30 @@ class OutputShipper:
                     if a.seen:  # printed nothing: nothing stored (see the module's doc)
                         store.finish(a.key)
                     with self._lock:
-                        self._attempts.pop(a.key, None)
+                        if a in self._closing:
+                            self._closing.remove(a)
+                        elif self._attempts.get(a.key) is a:
+                            del self._attempts[a.key]
             if self.clock() - started >= SHIP_TURN:
                 return True  # a flood: let the caller look at the stop flag and the clock
+
+    def _runs(self, firsts: bool = False) -> list[_Attempt]:
+        """Every run held, oldest first; ``firsts``: only each key's oldest, the one to write
+        now -- a later run's bytes wait until it is finished (lock held)."""
+        runs = self._closing + list(self._attempts.values())
+        return list({a.key: a for a in reversed(runs)}.values())[::-1] if firsts else runs
+
+    def _reopen(self, store: OutputStore, a: _Attempt) -> None:
+        """Before a run's first write: its output is live again; a run after earlier output
+        (an uncounted release) starts with the RERUN marker, in its first chunk, so a retry
+        writes it with the same bytes (output-store thread; raises OutputStoreError)."""
+        if store.reopen(a.key):
+            mark = base.RERUN.format(attempt=a.key.attempt).encode()
+            with self._lock:
+                assert a.inflight is not None
+                a.inflight = mark + a.inflight
+                self._buffered += len(mark)
+        a.opened = True
 
     @staticmethod
     def _take(a: _Attempt) -> bytes:
@@ -365,26 +396,3 @@ class OutputShipper:
         if deleted:
             log.info("output store: purged the output of %d attempt(s) older than %gs",
                      deleted, self.retention)
-
-    def _failed(self, what: str, exc: Exception) -> None:
-        self._failures += 1
-        self._backoff = min(max(BACKOFF_MIN, self._backoff * 2), BACKOFF_MAX)
-        now = self.clock()
-        self._retry_at = now + self._backoff
-        if not self._outage_logged and now - self._last_logged >= LOG_EVERY:
-            self._last_logged = now
-            self._outage_logged = True
-            log.warning("output store unavailable: %s (%s failed, %d failure(s) so far; "
-                        "retrying in %.0fs; output is held up to %d bytes, then dropped with "
-                        "a marker; tasks and leases are not affected)", exc, what,
-                        self._failures, self._backoff, self.buffer_limit)
-
-    def _recovered(self) -> None:
-        # Only a logged outage gets its recovery line: a flapping store stays at one warning
-        # a minute.
-        if self._failures and self._outage_logged:
-            log.info("output store reachable again after %d failed call(s)", self._failures)
-        self._failures = 0
-        self._backoff = 0.0
-        self._retry_at = -math.inf
-        self._outage_logged = False

@@ -187,3 +187,23 @@ def test_calls_per_attempt(blob_store):
     assert len(calls) == 4, calls  # one append, one metadata write
     calls.clear()
     assert store.read(KEY).data == b"ab" and len(calls) == 2, calls  # list, download
+
+
+def test_reopen_costs_the_create_of_a_new_attempt_and_clears_complete_on_the_last_part(
+        blob_store):
+    calls: list[str] = []
+    store = blob_store(max_block=4, max_blocks=2, client_options={  # 8 bytes a part
+        "raw_request_hook": lambda r: calls.append(r.http_request.method)})
+    store.finish(AttemptKey("jobs", "warm-up", 1))  # creates the container
+    calls.clear()
+    assert store.reopen(KEY) == 0
+    store.append(KEY, b"0123456789abc")  # 13 bytes: parts 0 and 1
+    assert len(calls) == 6, calls  # create (reopen), 2 blocks, create part 1, 2 blocks
+    store.finish(KEY)
+    assert "jobs/t-1/1.log.1" in _names(blob_store)
+    again = blob_store(max_block=4, max_blocks=2)  # the next run: another worker
+    assert again.reopen(KEY) == 13
+    assert not again.read(KEY, 13).complete
+    again.append(KEY, b"XYZ")
+    again.finish(KEY)
+    assert _all(store, KEY, 5) == (b"0123456789abcXYZ", True)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from supervisor.outstore.base import AttemptKey, OutputStore
+from supervisor.outstore.base import AttemptKey, Chunk, OutputStore
 from supervisor.outstore.files import FileOutputStore, part
 
 pytestmark = pytest.mark.timeout(60)
@@ -98,3 +98,36 @@ def test_purge_deletes_old_attempts_only(store):
     assert store.attempts("default", "old") == [] and store.read(old).data == b""
     assert store.read(new).data == b"y"
     assert store.purge(before) == 0
+
+
+def test_reopen_after_finish_makes_the_output_live_again(store):
+    """A run after an uncounted release has the same key: reopen says what is there and
+    takes back ``complete`` until the new run's finish."""
+    key = AttemptKey("default", "rerun", 2)
+    assert store.reopen(key) == 0  # new: nothing there (the usual case)
+    store.append(key, b"first run\n")
+    store.finish(key)
+    assert _all(store, key) == (b"first run\n", True)
+    assert store.reopen(key) == 10
+    assert store.reopen(key) == 10  # idempotent: a retried reopen
+    assert store.read(key, 10) == Chunk(b"", 10, False)
+    assert _all(store, key) == (b"first run\n", False)
+    store.append(key, b"second\n")
+    assert _all(store, key) == (b"first run\nsecond\n", False)
+    store.finish(key)
+    assert _all(store, key) == (b"first run\nsecond\n", True)
+    assert store.attempts("default", "rerun") == [2]
+
+
+def test_reopen_of_output_never_finished_or_finished_empty(store):
+    live, empty = AttemptKey("default", "r", 1), AttemptKey("default", "r", 2)
+    store.append(live, b"abc")  # its worker died before finish
+    assert store.reopen(live) == 3
+    store.append(live, b"d")
+    assert _all(store, live) == (b"abcd", False)
+    store.finish(empty)  # ended without output
+    assert store.reopen(empty) == 0
+    assert not store.read(empty).complete
+    store.append(empty, b"x")
+    store.finish(empty)
+    assert _all(store, empty) == (b"x", True)

@@ -13,6 +13,7 @@ import pytest
 from supervisor.outstore import shipper as mod
 from supervisor.outstore.base import (
     DROPPED,
+    RERUN,
     TRUNCATED,
     AttemptKey,
     OutputConfigError,
@@ -64,6 +65,16 @@ class FakeStore:
         if self.fail:
             self._kept[key] = data
             raise OutputStoreError("fake store timed out after writing")
+
+    def reopen(self, key: AttemptKey) -> int:
+        self.entered.set()
+        self.gate.wait()
+        if self.fail and not self.store_then_fail:
+            raise OutputStoreError("fake store down")
+        self.calls.append(("reopen", key, 0))
+        if key in self.finished:
+            self.finished.remove(key)
+        return len(self.data.get(key, b""))
 
     def finish(self, key: AttemptKey) -> None:
         self.gate.wait()
@@ -347,3 +358,69 @@ def wait_until(cond, timeout: float = 10.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "timed out"
         threading.Event().wait(0.01)
+
+
+def test_each_run_reopens_once_and_a_rerun_after_earlier_output_is_marked():
+    """An attempt released without counting runs again under the same key: its output is
+    reopened before its first write (once per run, not per write) and starts with RERUN."""
+    sh, store, clock = make()
+    sh.tick()
+    sh.feed(K, b"first run\n")
+    clock.t += 1
+    sh.tick()
+    sh.feed(K, b"more\n")
+    sh.end(K)
+    sh.tick()
+    assert [c[0] for c in store.calls] == ["reopen", "append", "append", "finish"]
+    assert store.finished == [K]
+    store.calls.clear()
+    sh.feed(K, b"second run\n")  # the same key again, later (here or on another worker)
+    sh.end(K)
+    sh.tick()
+    assert [c[0] for c in store.calls] == ["reopen", "append", "finish"]
+    mark = RERUN.format(attempt=1).encode()
+    assert stored(store) == b"first run\nmore\n" + mark + b"second run\n"
+    assert mark.strip() == b"[... attempt 1 runs again (requeued without counting) ...]"
+    assert sh._attempts == {} and sh._closing == [] and sh.held() == 0
+
+
+def test_a_rerun_that_starts_before_the_last_runs_end_is_stored_waits_for_it():
+    sh, store, clock = make()
+    sh.tick()
+    store.fail = True
+    one = b"1" * (mod.CHUNK_MAX + 10)  # two writes: the next run's bytes must not go between
+    sh.feed(K, one)
+    sh.end(K)
+    clock.t += 1
+    sh.tick()  # the store is down: the first run is still held
+    sh.feed(K, b"two\n")  # the next run of the same key, on this worker
+    sh.end(K)
+    store.fail = False
+    clock.t += 60
+    sh.tick()
+    assert stored(store) == one + RERUN.format(attempt=1).encode() + b"two\n"
+    assert [c[0] for c in store.calls] == ["reopen", "append", "append", "finish",
+                                           "reopen", "append", "finish"]
+    assert sh._attempts == {} and sh._closing == [] and sh.held() == 0
+
+
+def test_a_failed_reopen_is_retried_and_the_marker_written_once():
+    sh, store, clock = make()
+    store.data[K] = bytearray(b"earlier\n")  # a run on another worker
+    store.finished.append(K)
+    sh.tick()
+    sh.feed(K, b"again\n")
+    store.fail = True
+    clock.t += 1
+    wait = sh.tick()
+    assert ("reopen", K, 0) not in store.calls  # it raised
+    store.store_then_fail = True  # reopens, then the append stores and times out
+    clock.t += wait
+    wait = sh.tick()
+    assert [c[0] for c in store.calls] == ["reopen", "append"]
+    store.fail = store.store_then_fail = False
+    clock.t += wait
+    sh.end(K)
+    sh.tick()
+    assert stored(store) == b"earlier\n" + RERUN.format(attempt=1).encode() + b"again\n"
+    assert store.finished == [K]
