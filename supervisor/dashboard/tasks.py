@@ -61,9 +61,10 @@ def output_attempts(data: DataSource, task_id: str) -> list[int]:
 # ----------------------------------------------------------------------------- failed
 def failed_json(data: DataSource) -> tuple[list[dict[str, Any]], int]:
     """(the failed and cancelled tasks, newest first, at most SHOWN; how many there are).
-    The backend's failed listing (SQLite keeps cancelled tasks there too) joined with the
-    control store's cheap listings of failed and cancelled result records, which also give
-    the cancelled tasks the backend does not keep."""
+    The backend's failed listing (every backend keeps cancelled tasks there too) joined with
+    the control store's cheap listings of failed and cancelled result records (who
+    cancelled, the worker, the tail where the backend has none).  A result record without a
+    backend record is not shown: the task was requeued or cleared since."""
     with data.using("queue"):
         records = data.backend().failed()
     results: dict[str, Any] = {}
@@ -89,14 +90,7 @@ def failed_json(data: DataSource) -> tuple[list[dict[str, Any]], int]:
                      "when": iso_or_none(f.failed_at or (r.finished if r else None)),
                      "cancelled_by": (r.cancelled_by or None) if r else None,
                      "tail": _last_lines(f.output_tail or (r.tail if r else "")),
-                     "requeue": True, "_t": f.failed_at or 0.0})
-    for r in results.values():  # ended for good, but the backend keeps no copy to requeue
-        if r.final:
-            rows.append({"id": r.task_id, "state": r.outcome, "attempts": r.attempt,
-                         "reason": r.reason, "command": None, "exit_status": r.exit_status,
-                         "worker": r.worker, "when": iso_or_none(r.finished or r.when),
-                         "cancelled_by": r.cancelled_by or None, "tail": _last_lines(r.tail),
-                         "requeue": False, "_t": r.finished or r.when})
+                     "_t": f.failed_at or 0.0})
     rows.sort(key=lambda row: float(row.pop("_t")), reverse=True)
     return rows[:SHOWN], len(rows)
 
