@@ -214,8 +214,9 @@ def fig_dashboard_azure_calls(b: Bench) -> None:
     b.results["dashboard_azure_calls"] = r
     m = r["per_minute"]
     b.row("Dashboard storage calls per minute, one open page (Azure)",
-          f"overview {m['overview']}, task page {m['task page (output being written)']} "
-          f"while output is written ({m['task page (output complete)']} after)",
+          f"overview {m['overview']}, workers {m['workers']}, failed {m['failed']}, task page "
+          f"{m['task page (output being written)']} while output is written "
+          f"({m['task page (output complete)']} after)",
           f"+ {m['sampler (one per dashboard)']} for the sampler, per dashboard", "")
 
 

@@ -212,6 +212,8 @@ def _count(tmp: Path, ports: dict[str, int], transport: Any) -> dict[str, Any]:
         for path in ("/", f"/tasks/{task_id}"):  # open every client once
             client.get(path)
         per = {"overview": cost(lambda: client.get("/")),
+               "workers": cost(lambda: client.get("/workers")),
+               "failed": cost(lambda: client.get("/failed")),
                "task page": cost(lambda: client.get(f"/tasks/{task_id}")),
                "output, first call": cost(lambda: client.get(
                    f"/api/task/{task_id}/output?attempt=1"))}
@@ -228,6 +230,8 @@ def _count(tmp: Path, ports: dict[str, int], transport: Any) -> dict[str, Any]:
     total = {k: sum(v.values()) for k, v in per.items()}
     minute = {
         "overview": round(total["overview"] * 60 / AZURE_REFRESH),
+        "workers": round(total["workers"] * 60 / AZURE_REFRESH),
+        "failed": round(total["failed"] * 60 / AZURE_REFRESH),
         "task page (output being written)": round(
             total["task page"] * 60 / AZURE_REFRESH
             + total["output poll, new lines"] * 60 / OUTPUT_POLL),
