@@ -53,7 +53,8 @@ def register(app: Flask, data: DataSource, auth: Auth, done: Callable[[str], Any
         except Unavailable as exc:
             stored, output_error = None, exc.text
         attempts = sorted({a["attempt"] for a in found["attempts"]} | set(stored or []))
-        return render_template("task.html", t=found, output_attempts=attempts,
+        chosen = _int_arg("attempt", 1, required=False)
+        return render_template("task.html", t=found, output_attempts=attempts, chosen=chosen,
                                output_error=output_error, cap_kib=tasks.CAP >> 10)
 
     @app.get("/api/task/<task_id>")

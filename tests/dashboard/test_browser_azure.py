@@ -43,6 +43,7 @@ def _check(sq, task_id: str, dashboard, browser, control: dict[str, str]) -> Non
     _reload_until(browser, lambda b: "running: 1" in _text(b, "worker-states")
                   and "w-az" in _text(b, "running"), 40,
                   what="the Azure worker and its task on the overview")
+    assert _text(browser, "count-pending").endswith("queued"), "Storage Queue counts"
     shoot(browser, "overview-azure")
     browser.get(d.url + f"/tasks/{task_id}")
     browser.execute_script("window.__same_page = 1")

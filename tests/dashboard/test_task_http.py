@@ -86,6 +86,15 @@ def test_task_page_shows_attempts_with_their_result_records(env):
     assert f'data-url="/api/task/{task_id}/output?attempt=1"' in html
     api = client.get(f"/api/task/{task_id}").get_json()
     assert api["attempts"][0]["cancelled_by"] == "bob@host"
+    FileOutputStore(output_dir(str(env.db))).append(AttemptKey(Q, task_id, 2), b"again\n")
+    html = client.get(f"/tasks/{task_id}").get_data(as_text=True)
+    assert f'data-url="/api/task/{task_id}/output?attempt=2"' in html, "the latest by default"
+    assert f'href="/tasks/{task_id}?attempt=1"' in html
+    html = client.get(f"/tasks/{task_id}?attempt=1").get_data(as_text=True)
+    assert f'data-url="/api/task/{task_id}/output?attempt=1"' in html
+    assert f'href="/tasks/{task_id}?attempt=2"' in html
+    for bad in ("0", "x", "-1"):
+        assert client.get(f"/tasks/{task_id}?attempt={bad}").status_code == 400
 
 
 def test_unknown_task_is_404_and_malformed_output_queries_400(env, dashboard):
