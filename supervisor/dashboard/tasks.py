@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..control.base import CANCEL_TTL
 from ..ctl import _forget_cancels, iso_or_none
 from ..ctl_fleet import cancel_tasks
 from ..ctl_output import _end as output_end
@@ -114,18 +115,12 @@ def cancel(data: DataSource, task_id: str, by: str) -> str | None:
             return None
     with data.using("control store"):
         live, taken = cancel_tasks(backend, data.store(), data.queue, [task_id], states,
-                                   "", GRACE, _ttl(), data.key, by)
+                                   "", GRACE, CANCEL_TTL, data.key, by)
     if not live:
         return None
     if task_id in taken:
         return "cancelled (it was pending and will not run)"
     return "cancel recorded: its worker stops it (SIGTERM, SIGKILL after 30s)"
-
-
-def _ttl() -> float:
-    from ..control.base import CANCEL_TTL
-
-    return float(CANCEL_TTL)
 
 
 def requeue(data: DataSource, ids: list[str] | None) -> int:
