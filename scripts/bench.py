@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 import psutil
+from bench_dashboard import azure_calls, render_times
 from bench_measure import (
     azurite_lock_loss,
     azurite_throughput,
@@ -208,6 +209,28 @@ def fig_output_store_blob(b: Bench) -> None:
           f"{rate['cat_file_mb_per_s']:.0f} MB/s", "Azurite on loopback, not Azure")
 
 
+def fig_dashboard(b: Bench) -> None:
+    r = render_times(b.tmp)
+    b.results["dashboard_render"] = r
+    worst = max(p["median_ms"] for p in r.values())
+    b.row("Dashboard render, overview / workers",
+          f"{r['/']['median_ms']:.0f} / {r['/workers']['median_ms']:.0f} ms median "
+          f"(max {r['/']['max_ms']:.0f} / {r['/workers']['max_ms']:.0f})",
+          "10,000 pending, 1,000 running, 50 workers (SQLite)",
+          "target <= 300 ms" + (" MISSED" if worst > 300 else ""))
+
+
+def fig_dashboard_azure_calls(b: Bench) -> None:
+    r = azure_calls(b.tmp)
+    b.results["dashboard_azure_calls"] = r
+    m = r["per_minute"]
+    b.row("Dashboard storage calls per minute, one open page (Azure)",
+          f"overview {m['overview']}, workers {m['workers']}, failed {m['failed']}, task page "
+          f"{m['task page (output being written)']} while output is written "
+          f"({m['task page (output complete)']} after)",
+          f"+ {m['sampler (one per dashboard)']} for the sampler, per dashboard", "")
+
+
 # The table's rows, in order.  Consecutive Azurite figures share one Azurite.
 FIGURES = [
     Figure(fig_sqlite_throughput),
@@ -222,6 +245,8 @@ FIGURES = [
     Figure(fig_output_rate),
     Figure(fig_output_store),
     Figure(fig_output_store_blob, azurite=True),  # skipped with --skip-azurite
+    Figure(fig_dashboard),
+    Figure(fig_dashboard_azure_calls, azurite=True),
 ]
 
 

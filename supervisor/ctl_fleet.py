@@ -168,35 +168,19 @@ def cmd_cancel(ns: Any, backend: Backend | None, store: ControlStore) -> int:
         raise UsageError(f"--cancel-ttl: must be more than 0 and at most "
                          f"{duration_text(CANCEL_TTL)} (the age at which cancels are purged)")
     ids = list(dict.fromkeys(ns.ids))
-    key = first_key(ns)
     states: dict[str, str] | None = None
     if backend is not None and backend.name == "sqlite":
-        from .backends.sqlite import SqliteBackend
-        from .backends.sqlite_fleet import cancel_pending, task_states
+        from .backends.sqlite_fleet import task_states
 
-        assert isinstance(backend, SqliteBackend)
-        states = task_states(backend, ids)
+        states = task_states(backend, ids)  # type: ignore[arg-type]
         unknown = [i for i in ids if i not in states]
         if unknown:
             print(f"jobq-ctl: error: cancel: no task {unknown[0]!r} in queue {ns.queue}"
                   + (f" (and {len(unknown) - 1} more unknown ids)" if len(unknown) > 1 else "")
                   + "; nothing cancelled", file=sys.stderr)
             return EXIT_NOT_FOUND
-    now = clock()
-    by = who()
-    live = [i for i in ids if states is None or states[i] in ("pending", "running")]
-    # The record first: a worker that claims a pending task between the two writes below
-    # finds the cancel at claim time.
-    for task_id in live:
-        # the default ttl is left out: the same record (and signature) older workers read
-        cancel = Cancel(queue=ns.queue, task_id=task_id, reason=ns.reason, who=by, when=now,
-                        grace=grace,
-                        ttl=None if ns.cancel_ttl == CANCEL_TTL else float(ns.cancel_ttl))
-        store.put_cancel(sign(cancel, key) if key is not None else cancel)
-    taken: set[str] = set()
-    if states is not None and live:
-        text = f"cancelled by {by}" + (f": {ns.reason}" if ns.reason else "")
-        taken = cancel_pending(backend, live, text, now)  # type: ignore[arg-type]
+    live, taken = cancel_tasks(backend, store, ns.queue, ids, states, ns.reason, grace,
+                               ns.cancel_ttl, first_key(ns), who())
     for task_id in ids:
         if states is not None and task_id not in live:
             print(f"{task_id}: already {states[task_id]}; nothing to cancel")
@@ -209,6 +193,30 @@ def cmd_cancel(ns: Any, backend: Backend | None, store: ControlStore) -> int:
             print(f"{task_id}: cancel recorded (kept {duration_text(ns.cancel_ttl)}): a "
                   f"worker running it stops it, a worker receiving it does not run it")
     return 0
+
+
+def cancel_tasks(backend: Backend | None, store: ControlStore, queue: str, ids: list[str],
+                 states: dict[str, str] | None, reason: str, grace: float, ttl: float,
+                 key: SigningKey | None, by: str) -> tuple[list[str], set[str]]:
+    """Cancel ``ids`` (``states``: their SQLite states, None on the other backends): (the
+    ids still live, so cancelled; those of them that were pending and will not run).  The
+    caller's thread (jobq-ctl's main thread, a dashboard request thread)."""
+    now = clock()
+    live = [i for i in ids if states is None or states[i] in ("pending", "running")]
+    # The record first: a worker that claims a pending task between the two writes below
+    # finds the cancel at claim time.
+    for task_id in live:
+        # the default ttl is left out: the same record (and signature) older workers read
+        cancel = Cancel(queue=queue, task_id=task_id, reason=reason, who=by, when=now,
+                        grace=grace, ttl=None if ttl == CANCEL_TTL else float(ttl))
+        store.put_cancel(sign(cancel, key) if key is not None else cancel)
+    taken: set[str] = set()
+    if states is not None and live:
+        from .backends.sqlite_fleet import cancel_pending
+
+        text = f"cancelled by {by}" + (f": {reason}" if reason else "")
+        taken = cancel_pending(backend, live, text, now)  # type: ignore[arg-type]
+    return live, taken
 
 
 # ----------------------------------------------------------------- pause / drain / stop

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from typing import Any
 
@@ -20,18 +19,11 @@ from .auth import NAME, Auth
 from .charts import depth_chart, finished_chart
 from .data import DataSource, Unavailable
 from .history import History
+from .task_views import id_or_400
+from .task_views import register as register_task_views
 
 log = logging.getLogger("jobq.dashboard")
-# Task and worker ids as push and the workers print them; anything else is a malformed query.
-ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}")
 ACTIONS = ("drain", "stop")
-
-
-def _id_or_400(value: str | None, what: str) -> str:
-    value = (value or "").strip()
-    if not ID.fullmatch(value):
-        abort(400, f"not a {what} id: {value[:60]!r}")
-    return value
 
 
 def _flag_arg(name: str) -> bool:
@@ -115,21 +107,14 @@ def create_app(data: DataSource, history: History | None = None, token: str | No
 
     @app.get("/workers/<worker_id>")
     def worker(worker_id: str) -> str:
-        found = data.worker(_id_or_400(worker_id, "worker"))
+        found = data.worker(id_or_400(worker_id, "worker"))
         if found is None:
             abort(404, f"no worker {worker_id!r} on queue {data.queue}")
         return render_template("worker.html", w=found)
 
-    @app.get("/tasks/<task_id>")
-    def task(task_id: str) -> str:
-        found = data.task(_id_or_400(task_id, "task"))
-        if found is None:
-            abort(404, f"no task {task_id!r} on queue {data.queue}")
-        return render_template("task.html", t=found)
-
     @app.get("/search")
     def search() -> Any:
-        return redirect(url_for("task", task_id=_id_or_400(request.args.get("id"), "task")))
+        return redirect(url_for("task", task_id=id_or_400(request.args.get("id"), "task")))
 
     # ------------------------------------------------------------------ JSON API
     @app.get("/api/status")
@@ -142,7 +127,7 @@ def create_app(data: DataSource, history: History | None = None, token: str | No
 
     @app.get("/api/worker/<worker_id>")
     def api_worker(worker_id: str) -> Any:
-        found = data.worker(_id_or_400(worker_id, "worker"))
+        found = data.worker(id_or_400(worker_id, "worker"))
         if found is None:
             abort(404, f"no worker {worker_id!r} on queue {data.queue}")
         return jsonify(found)
@@ -193,11 +178,12 @@ def create_app(data: DataSource, history: History | None = None, token: str | No
         auth.check_post()
         if action not in ACTIONS:
             abort(404, f"no worker action {action!r}")
-        worker_id = _id_or_400(worker_id, "worker")
+        worker_id = id_or_400(worker_id, "worker")
         if not data.command(worker_id, action, auth.who() or ""):
             abort(404, f"no live worker {worker_id!r} on queue {data.queue}")
         return _done(f"{action} {worker_id}")
 
+    register_task_views(app, data, auth, _done)
     return app
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from typing import Any
 
 from ..backends.base import Backend, BackendConfigError, BackendError
@@ -27,10 +26,12 @@ from ..ctl_fleet import (
     worker_view,
     workers_json,
 )
+from ..ctl_result import result_json
+from ..outstore.base import OutputStore, OutputStoreError
 from ..security import SigningKey
 from ..task import Task, TaskFormatError
 
-STORE_ERRORS = (BackendError, BackendConfigError, ControlStoreError)
+STORE_ERRORS = (BackendError, BackendConfigError, ControlStoreError, OutputStoreError)
 MASK = "********"
 
 
@@ -49,11 +50,13 @@ class DataSource:
 
     def __init__(self, queue: str, open_backend: Callable[[], Backend],
                  open_store: Callable[[], ControlStore | None],
-                 key: SigningKey | None = None) -> None:
+                 key: SigningKey | None = None,
+                 open_output: Callable[[], OutputStore | None] | None = None) -> None:
         self.queue = queue
         self._open_backend = open_backend
         self._open_store = open_store
-        self._key = key
+        self._open_output = open_output or (lambda: None)
+        self.key = key
         self._local = threading.local()
 
     # ------------------------------------------------------------------ clients
@@ -66,7 +69,7 @@ class DataSource:
         return getattr(self._local, name)
 
     @contextlib.contextmanager
-    def _using(self, what: str) -> Iterator[None]:
+    def using(self, what: str) -> Iterator[None]:
         try:
             yield
         except STORE_ERRORS as exc:
@@ -83,15 +86,22 @@ class DataSource:
             raise Unavailable("control store", "none is configured (see jobq-ctl workers)")
         return store
 
+    def output(self) -> OutputStore:
+        store = self._client("output", self._open_output, "output store")
+        if store is None:
+            raise Unavailable("output store", "none is configured: task output is kept "
+                              "beside the control store")
+        return store
+
     def close_thread(self) -> None:
         """Close this thread's clients (the sampler when it stops; after an error)."""
-        for name in ("store", "backend"):
+        for name in ("output", "store", "backend"):
             thing = self._local.__dict__.pop(name, None)
             if thing is not None:
                 with contextlib.suppress(Exception):  # closing a broken client
                     thing.close()
 
-    def _optional_store(self) -> ControlStore | None:
+    def optional_store(self) -> ControlStore | None:
         try:
             return self.store()
         except Unavailable:
@@ -100,13 +110,13 @@ class DataSource:
     # ------------------------------------------------------------------ reads
     def status(self) -> dict[str, Any]:
         """``jobq-ctl status --json``; the control store's part is null when it is down."""
-        with self._using("queue"):
-            data, _ = status_json(self.backend(), self._optional_store(), self.queue)
+        with self.using("queue"):
+            data, _ = status_json(self.backend(), self.optional_store(), self.queue)
         return data
 
     def counts(self) -> dict[str, int]:
         """Counts per state (the sampler's thread)."""
-        with self._using("queue"):
+        with self.using("queue"):
             return dict(self.backend().status().counts)
 
     def cancelled(self) -> int | None:
@@ -114,7 +124,7 @@ class DataSource:
         backend = self.backend()
         if backend.name != "sqlite":
             return None
-        with self._using("queue"):
+        with self.using("queue"):
             rows = backend._query(  # type: ignore[attr-defined]
                 "SELECT COUNT(*) FROM jobs WHERE queue=? AND status='failed' AND reason "
                 "LIKE 'cancelled%'", (self.queue,))
@@ -122,13 +132,13 @@ class DataSource:
 
     def workers(self, show_all: bool = False) -> list[dict[str, Any]]:
         """``jobq-ctl workers --json`` (``--all`` with ``show_all``)."""
-        with self._using("control store"):
+        with self.using("control store"):
             return workers_json(self.store(), self.queue, show_all)
 
     def fleet(self) -> tuple[dict[str, int], dict[str, Any] | None]:
         """(worker count by state, the queue's pause flag) from one workers listing and one
         poll."""
-        with self._using("control store"):
+        with self.using("control store"):
             now, shown, _, flag = worker_view(self.store(), self.queue, True)
         states: dict[str, int] = {}
         for r in shown:
@@ -149,12 +159,14 @@ class DataSource:
                                  "lease_expires": None, "attempts": []}
         backend = self.backend()
         if backend.name == "sqlite":
-            with self._using("queue"):
+            with self.using("queue"):
                 rows = backend._query(  # type: ignore[attr-defined]
                     "SELECT status, attempt, body, reason, locked_by, locked_until FROM jobs "
                     "WHERE queue=? AND id=?", (self.queue, task_id))
             if rows:
                 status, attempt, body, reason, by, until = rows[0]
+                if status == "failed" and (reason or "").startswith("cancelled"):
+                    status = "cancelled"  # SQLite keeps a cancelled task as failed
                 found.update(state=status, attempt=attempt, reason=reason,
                              worker=by if status == "running" else None,
                              lease_expires=iso_or_none(until) if status == "running" else None)
@@ -163,15 +175,15 @@ class DataSource:
                     found.update(cmd=task.cmd, env={k: MASK for k in task.env})
                 except TaskFormatError:
                     found["cmd"] = "(invalid body)"
-        store = self._optional_store()
+        store = self.optional_store()
         if store is not None:
-            with self._using("control store"):
+            with self.using("control store"):
                 results = store.results_of(self.queue, task_id)
                 now = clock()
                 running = [(r, t) for r in store.workers(self.queue)
                            if worker_state(r, now) != "lost" for t in r.tasks
                            if t.id == task_id]
-            found["attempts"] = [_result_json(r) for r in results]
+            found["attempts"] = [result_json(r, now) for r in results]
             if running:
                 rec, info = running[0]
                 found.update(worker=rec.id, state=found["state"] or "running",
@@ -180,27 +192,23 @@ class DataSource:
                              lease_expires=iso_or_none(info.lease_expires))
             elif results and found["state"] is None:
                 found["state"] = results[-1].outcome
+            if results:
+                found["attempt"] = max(found["attempt"] or 0, results[-1].attempt)
         if found["state"] is None and not found["attempts"]:
             return None
         return found
 
     # ------------------------------------------------------------------ writes
     def pause(self, paused: bool, by: str) -> None:
-        with self._using("control store"):
-            put_pause(self.store(), self.queue, paused, self._key, by)
+        with self.using("control store"):
+            put_pause(self.store(), self.queue, paused, self.key, by)
 
     def command(self, worker_id: str, action: str, by: str) -> bool:
         """Send drain/stop to a live worker; False when there is no such live worker."""
-        with self._using("control store"):
+        with self.using("control store"):
             store = self.store()
             if worker_id not in live_worker_ids(store, self.queue):
                 return False
-            put_commands(store, self.queue, [worker_id], action, self._key, by)
+            put_commands(store, self.queue, [worker_id], action, self.key, by)
         return True
 
-
-def _result_json(r: Any) -> dict[str, Any]:
-    out = asdict(r)
-    for k in ("when", "started", "finished"):
-        out[k] = iso_or_none(out[k])
-    return out

@@ -56,6 +56,7 @@ def run(ns: Any, settings: Any) -> int:
     from ..backends import open_backend
     from ..control.open import open_control_store
     from ..ctl import first_key
+    from ..outstore.open import open_output_store
     from .app import create_app
     from .auth import read_token
     from .data import DataSource
@@ -75,7 +76,8 @@ def run(ns: Any, settings: Any) -> int:
     logging.getLogger("jobq.dashboard").setLevel(logging.INFO)
     data = DataSource(settings.queue,
                       lambda: open_backend(settings, for_ctl=True, create=False),
-                      lambda: open_control_store(settings, create=token is not None), key)
+                      lambda: open_control_store(settings, create=token is not None), key,
+                      lambda: open_output_store(settings, create=False))
     history = History()
     sampler = Sampler(data, history, interval=getattr(ns, "sample_interval", SAMPLE_INTERVAL))
     # Azure bills (and throttles) per call: an open page refreshes less often there

@@ -24,7 +24,8 @@ SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
 class Dashboard:
     """A ``jobq-ctl dashboard`` subprocess; ``url`` is read from its first stderr line."""
 
-    def __init__(self, db: Path, tmp: Path, *args: str, token: bool = False) -> None:
+    def __init__(self, db: Path, tmp: Path, *args: str, token: bool = False,
+                 base: list[str] | None = None, env: dict[str, str] | None = None) -> None:
         self.err_path = tmp / f"dashboard-{os.getpid()}-{id(self)}.err"
         self._err = open(self.err_path, "wb")
         extra = list(args)
@@ -33,9 +34,10 @@ class Dashboard:
             token_file.write_text(TOKEN + "\n")
             extra += ["--token-file", str(token_file)]
         self.proc = subprocess.Popen(
-            [*command("jobq-ctl"), "--sqlite-path", str(db), "dashboard", "--bind",
-             "127.0.0.1:0", "--sample-interval", "1", *extra],
-            stdout=subprocess.DEVNULL, stderr=self._err, cwd=tmp, start_new_session=True)
+            [*command("jobq-ctl"), *(base or ["--sqlite-path", str(db)]), "dashboard",
+             "--bind", "127.0.0.1:0", "--sample-interval", "1", *extra],
+            stdout=subprocess.DEVNULL, stderr=self._err, cwd=tmp, start_new_session=True,
+            env={**os.environ, **(env or {})})
         found = wait_for(lambda: self._url() or self.proc.poll() is not None, 30,
                          what="the dashboard's URL line")
         if not isinstance(found, str):
@@ -64,8 +66,9 @@ class Dashboard:
 def dashboard(env):
     started: list[Dashboard] = []
 
-    def start(*args: str, token: bool = False) -> Dashboard:
-        d = Dashboard(env.db, env.tmp, *args, token=token)
+    def start(*args: str, token: bool = False, base: list[str] | None = None,
+              environ: dict[str, str] | None = None) -> Dashboard:
+        d = Dashboard(env.db, env.tmp, *args, token=token, base=base, env=environ)
         started.append(d)
         return d
 
@@ -121,6 +124,15 @@ def shoot(driver, name: str) -> None:
             assert width <= w, f"{name}: the page scrolls sideways at {w} px ({width} px)"
         driver.save_screenshot(str(ARTIFACTS / f"{name}-{w}x{h}.png"))
     set_viewport(driver, *SIZES["desktop"])
+
+
+def login(driver, url: str, name: str = "alice") -> None:
+    """Log in through the login form with the test token."""
+    driver.get(url + "/login")
+    driver.find_element("id", "name").send_keys(name)
+    driver.find_element("id", "token").send_keys(TOKEN)
+    driver.find_element("id", "login-submit").click()
+    wait_for(lambda: driver.find_elements("css selector", ".who form"), 10, what="logged in")
 
 
 def set_viewport(driver, w: int, h: int) -> None:

@@ -1,0 +1,120 @@
+"""The task and failed pages, the output API and their actions (cancel, requeue, clear),
+registered on the app by create_app (app.py).  Every view runs on one of waitress's request
+threads; the reads and writes are in tasks.py."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask, abort, jsonify, render_template, request
+
+from . import tasks
+from .auth import Auth
+from .data import DataSource, Unavailable
+
+# Task and worker ids as push and the workers print them; anything else is a malformed query.
+ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}")
+NUMBER = re.compile(r"[0-9]{1,15}")
+
+
+def id_or_400(value: str | None, what: str) -> str:
+    value = (value or "").strip()
+    if not ID.fullmatch(value):
+        abort(400, f"not a {what} id: {value[:60]!r}")
+    return value
+
+
+def _int_arg(name: str, low: int, required: bool) -> int | None:
+    value = request.args.get(name)
+    if value is None and not required:
+        return None
+    if value is None or not NUMBER.fullmatch(value) or int(value) < low:
+        abort(400, f"?{name}= takes a whole number of at least {low}")
+    return int(value)
+
+
+def register(app: Flask, data: DataSource, auth: Auth, done: Callable[[str], Any]) -> None:
+    """Add the views (main thread, before serving)."""
+
+    def _task_or_404(task_id: str) -> dict[str, Any]:
+        found = data.task(id_or_400(task_id, "task"))
+        if found is None:
+            abort(404, f"no task {task_id!r} on queue {data.queue}")
+        return found
+
+    @app.get("/tasks/<task_id>")
+    def task(task_id: str) -> str:
+        found = _task_or_404(task_id)
+        try:
+            stored: list[int] | None = tasks.output_attempts(data, found["id"])
+            output_error = None
+        except Unavailable as exc:
+            stored, output_error = None, exc.text
+        attempts = sorted({a["attempt"] for a in found["attempts"]} | set(stored or []))
+        chosen = _int_arg("attempt", 1, required=False)
+        return render_template("task.html", t=found, output_attempts=attempts, chosen=chosen,
+                               output_error=output_error, cap_kib=tasks.CAP >> 10)
+
+    @app.get("/api/task/<task_id>")
+    def api_task(task_id: str) -> Any:
+        return jsonify(_task_or_404(task_id))
+
+    @app.get("/api/task/<task_id>/output")
+    def api_output(task_id: str) -> Any:
+        task_id = id_or_400(task_id, "task")
+        attempt = _int_arg("attempt", 1, required=True)
+        offset = _int_arg("offset", 0, required=False)
+        assert attempt is not None
+        if offset is None:  # the first call of a page: is there such a task at all?
+            _task_or_404(task_id)
+        return jsonify(tasks.output_json(data, task_id, attempt, offset))
+
+    @app.get("/failed")
+    def failed() -> str:
+        rows, total = tasks.failed_json(data)
+        return render_template("failed.html", rows=rows, total=total)
+
+    @app.get("/api/failed")
+    def api_failed() -> Any:
+        rows, total = tasks.failed_json(data)
+        return jsonify({"tasks": rows, "total": total})
+
+    # ------------------------------------------------------------------ actions
+    @app.post("/tasks/<task_id>/cancel")
+    def task_cancel(task_id: str) -> Any:
+        auth.check_post()
+        task_id = id_or_400(task_id, "task")
+        if tasks.cancel(data, task_id, auth.who() or "") is None:
+            abort(409, f"task {task_id} has already ended: nothing to cancel")
+        return done(f"cancel {task_id}")
+
+    @app.post("/tasks/<task_id>/requeue")
+    def task_requeue(task_id: str) -> Any:
+        auth.check_post()
+        task_id = id_or_400(task_id, "task")
+        if tasks.requeue(data, [task_id]) == 0:
+            abort(409, f"task {task_id} is not failed or cancelled: nothing to requeue")
+        return done(f"requeue {task_id}")
+
+    @app.post("/failed/requeue")
+    def failed_requeue() -> Any:
+        auth.check_post()
+        ids = [id_or_400(i, "task") for i in request.form.getlist("id")]
+        if not ids:
+            abort(400, "no task ids given")
+        n = tasks.requeue(data, ids)
+        return done(f"requeue {n} of {len(ids)} shown failed tasks")
+
+    @app.route("/failed/clear", methods=["GET", "POST"])
+    def failed_clear() -> Any:
+        if request.method == "GET":  # the confirmation step
+            if not auth.context()["can_act"]:
+                abort(403, "log in to clear failed tasks")
+            return render_template("clear.html", total=tasks.failed_count(data))
+        auth.check_post()
+        if request.form.get("confirm") != "yes":
+            abort(400, "clearing needs confirm=yes (the confirmation page sends it)")
+        n = tasks.clear_failed(data)
+        return done(f"clear {n} failed tasks")

@@ -1,0 +1,146 @@
+"""The task and failed pages' reads and writes (waitress's request threads): an attempt's
+output read by offset from the output store, the failed and cancelled listing, and the
+cancel / requeue / clear actions with ``jobq-ctl``'s semantics (the same functions of
+ctl_fleet.py, ctl.py and ctl_output.py, each thread with its own clients from DataSource).
+
+The output API never sends more than CAP bytes per call: a reader that is further behind (a
+task printing 200 MB) jumps to the last CAP bytes and is told how many it skipped, so an open
+page costs at most CAP bytes per poll whatever the task prints.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..control.base import CANCEL_TTL
+from ..ctl import _forget_cancels, iso_or_none
+from ..ctl_fleet import cancel_tasks
+from ..ctl_output import _end as output_end
+from ..outstore.base import AttemptKey
+from .data import DataSource, Unavailable
+
+CAP = 256 << 10  # bytes of output one API call returns at most (and the page keeps)
+GRACE = 30.0  # s between SIGTERM and SIGKILL on cancel: jobq-ctl cancel's --grace default
+SHOWN = 500  # failed tasks one page lists
+
+
+def output_json(data: DataSource, task_id: str, attempt: int, offset: int | None
+                ) -> dict[str, Any]:
+    """The attempt's output after ``offset`` (None: the last CAP bytes), cut at the last
+    complete line while the attempt is still written, decoded as UTF-8 (bad bytes replaced).
+    ``skipped``: bytes between ``offset`` and what ``data`` starts with."""
+    store = data.output()
+    key = AttemptKey(data.queue, task_id, attempt)
+    asked = offset or 0
+    with data.using("output store"):
+        start = asked
+        if offset is None:
+            start = max(0, output_end(store, key) - CAP)
+        chunk = store.read(key, start, CAP + 1)
+        if len(chunk.data) > CAP:  # behind by more than CAP: the tail only
+            start = max(start, output_end(store, key) - CAP)
+            chunk = store.read(key, start, CAP)
+    body, complete = chunk.data[:CAP], chunk.complete and len(chunk.data) <= CAP
+    if start > asked and b"\n" in body[:-1]:
+        cut = body.index(b"\n") + 1  # whole lines only after a jump
+        body, start = body[cut:], start + cut
+    if not complete and b"\n" in body and not body.endswith(b"\n"):
+        body = body[:body.rindex(b"\n") + 1]  # the partial last line comes with the next poll
+    return {"task_id": task_id, "attempt": attempt, "offset": start,
+            "next_offset": start + len(body), "skipped": start - asked,
+            "complete": complete and start + len(body) == chunk.offset,
+            "data": body.decode("utf-8", "replace")}
+
+
+def output_attempts(data: DataSource, task_id: str) -> list[int]:
+    """The attempts with stored output; Unavailable when the output store is down."""
+    store = data.output()
+    with data.using("output store"):
+        return store.attempts(data.queue, task_id)
+
+
+# ----------------------------------------------------------------------------- failed
+def failed_json(data: DataSource) -> tuple[list[dict[str, Any]], int]:
+    """(the failed and cancelled tasks, newest first, at most SHOWN; how many there are).
+    The backend's failed listing (every backend keeps cancelled tasks there too) joined with
+    the control store's cheap listings of failed and cancelled result records (who
+    cancelled, the worker, the tail where the backend has none).  A result record without a
+    backend record is not shown: the task was requeued or cleared since."""
+    with data.using("queue"):
+        records = data.backend().failed()
+    results: dict[str, Any] = {}
+    store = data.optional_store()
+    if store is not None:
+        try:
+            with data.using("control store"):
+                for outcome in ("failed", "cancelled"):
+                    for r in store.results(data.queue, outcome):
+                        if r.task_id not in results or r.when >= results[r.task_id].when:
+                            results[r.task_id] = r
+        except Unavailable:
+            results = {}
+    rows: list[dict[str, Any]] = []
+    for f in records:
+        r = results.pop(f.id, None)
+        cancelled = (r is not None and r.outcome == "cancelled") or \
+            f.reason.startswith("cancelled")
+        rows.append({"id": f.id, "state": "cancelled" if cancelled else "failed",
+                     "attempts": f.attempts, "reason": f.reason or (r.reason if r else ""),
+                     "command": f.command, "exit_status": f.exit_status,
+                     "worker": f.worker or (r.worker if r else None),
+                     "when": iso_or_none(f.failed_at or (r.finished if r else None)),
+                     "cancelled_by": (r.cancelled_by or None) if r else None,
+                     "tail": _last_lines(f.output_tail or (r.tail if r else "")),
+                     "_t": f.failed_at or 0.0})
+    rows.sort(key=lambda row: float(row.pop("_t")), reverse=True)
+    return rows[:SHOWN], len(rows)
+
+
+def _last_lines(text: str, n: int = 10) -> str:
+    return "\n".join(text.splitlines()[-n:])
+
+
+# ---------------------------------------------------------------------------- actions
+def cancel(data: DataSource, task_id: str, by: str) -> str | None:
+    """``jobq-ctl cancel ID`` with the default grace: what happened, or None when the task
+    is known to have ended already (SQLite tells; elsewhere the cancel is recorded)."""
+    backend = data.backend()
+    states = None
+    if backend.name == "sqlite":
+        from ..backends.sqlite_fleet import task_states
+
+        with data.using("queue"):
+            states = task_states(backend, [task_id])  # type: ignore[arg-type]
+        if task_id not in states:
+            return None
+    with data.using("control store"):
+        live, taken = cancel_tasks(backend, data.store(), data.queue, [task_id], states,
+                                   "", GRACE, CANCEL_TTL, data.key, by)
+    if not live:
+        return None
+    if task_id in taken:
+        return "cancelled (it was pending and will not run)"
+    return "cancel recorded: its worker stops it (SIGTERM, SIGKILL after 30s)"
+
+
+def requeue(data: DataSource, ids: list[str] | None) -> int:
+    """``jobq-ctl requeue IDS`` (None: ``--all-failed``): how many came back; their cancel
+    records are forgotten so that the next worker runs them."""
+    with data.using("queue"):
+        backend = data.backend()
+        known = [f.id for f in backend.failed()] if ids is None else ids
+        n = backend.requeue(ids)
+    _forget_cancels(data.queue, known, data.optional_store())
+    return n
+
+
+def failed_count(data: DataSource) -> int:
+    """How many failed tasks the queue keeps (what clear deletes)."""
+    with data.using("queue"):
+        return len(data.backend().failed())
+
+
+def clear_failed(data: DataSource) -> int:
+    """``jobq-ctl clear --failed``: how many failed tasks were deleted."""
+    with data.using("queue"):
+        return data.backend().clear(failed=True)

@@ -1,0 +1,61 @@
+"""The dashboard in a real headless Chromium against Azurite: a Storage Queue worker whose
+control store is Azure Table Storage and whose output store is Azure Blob Storage (one
+control connection string with TableEndpoint= and BlobEndpoint=).  The overview shows the
+running worker, the task page the task's output growing from the blob store."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.azure.conftest import azurite, queue_name  # noqa: F401 (fixtures)
+from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
+from tests.azurite import ACCOUNT, ACCOUNT_KEY
+from tests.conftest import wait_for
+from tests.control.conftest import azurite_table  # noqa: F401 (fixture)
+from tests.dashboard.conftest import shoot
+from tests.dashboard.test_browser import _reload_until, _text
+from tests.outstore.conftest import azurite_blob  # noqa: F401 (fixture)
+
+pytestmark = [pytest.mark.azure, pytest.mark.timeout(150)]
+FAST = ("--control-interval", "1", "--heartbeat-interval", "1", "--poll-interval", "0.2")
+
+
+def test_overview_and_live_output_on_storage_queue_table_and_blob(  # noqa: F811
+        sq, azurite_table, azurite_blob, dashboard, browser):  # noqa: F811
+    control = {"JOBQ_CONTROL_CONNECTION_STRING": (
+        f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
+        f"TableEndpoint=http://127.0.0.1:{azurite_table}/{ACCOUNT};"
+        f"BlobEndpoint=http://127.0.0.1:{azurite_blob}/{ACCOUNT}")}
+    release = sq.tmp / "release"
+    (task_id,) = sq.ctl("push", "-c", f"i=0; while [ ! -e {release} ]; do echo az-line-$i; "
+                        f"i=$((i+1)); sleep 0.2; done").stdout.split()
+    sup = sq.supervisor("--worker-id", "w-az", *FAST, env=control)
+    try:
+        _check(sq, task_id, dashboard, browser, control)
+    finally:
+        release.touch()
+    sup.stop()
+
+
+def _check(sq, task_id: str, dashboard, browser, control: dict[str, str]) -> None:  # noqa: F811
+    d = dashboard(base=sq.base_args(), environ={**sq.secret_env(), **control})
+    browser.get(d.url + "/")
+    _reload_until(browser, lambda b: "running: 1" in _text(b, "worker-states")
+                  and "w-az" in _text(b, "running"), 40,
+                  what="the Azure worker and its task on the overview")
+    assert _text(browser, "count-pending").endswith("queued"), "Storage Queue counts"
+    shoot(browser, "overview-azure")
+    browser.get(d.url + f"/tasks/{task_id}")
+    browser.execute_script("window.__same_page = 1")
+
+    def lines() -> int:
+        return _text(browser, "output").count("az-line-")
+    wait_for(lambda: lines() >= 3, 40, what="output from the blob store")
+    seen = lines()
+    wait_for(lambda: lines() >= seen + 5, 40, what="new lines without a reload")
+    assert browser.execute_script("return window.__same_page") == 1
+    assert "w-az" in _text(browser, "attempts")
+    shoot(browser, "task-azure")
+    (sq.tmp / "release").touch()
+    wait_for(lambda: _text(browser, "output-status") == "complete", 40,
+             what="the attempt's output complete")

@@ -1,0 +1,79 @@
+"""The task and failed pages in a real headless Chromium (Selenium) with two real SQLite
+workers: a running task's output grows on the open page without a reload (and is shown as
+text, never as HTML), the cancel button cancels it, the requeue button on the failed page
+brings a failed task back and it runs again; screenshots of both pages at 1280x800 and
+390x844 (no sideways scroll on the phone)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.dashboard.conftest import login, shoot
+from tests.dashboard.test_browser import FAST, _click, _reload_until, _text
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def _lines(driver) -> list[str]:
+    return [line for line in _text(driver, "output").splitlines() if line.startswith("line-")]
+
+
+def test_live_output_cancel_and_requeue_in_the_browser(env, dashboard, browser):
+    fixed = env.tmp / "fixed"
+    (chatty,) = env.push("echo '<b>not bold</b>'; i=0; while true; do echo line-$i; "
+                         "i=$((i+1)); sleep 0.2; done")
+    (flaky,) = env.push(f"if [ -e {fixed} ]; then echo fixed-now; else echo boom; exit 3; fi",
+                        extra=("--max-attempts", "1"))
+    env.supervisor("--worker-id", "w-a", *FAST)
+    env.supervisor("--worker-id", "w-b", *FAST)
+    wait_for(lambda: env.job(chatty)["status"] == "running"
+             and env.job(flaky)["status"] == "failed", 30,
+             what="the chatty task running and the flaky one failed")
+    d = dashboard(token=True)
+    login(browser, d.url)
+
+    # the live output: new lines arrive while the page stays loaded
+    browser.get(d.url + f"/tasks/{chatty}")
+    browser.execute_script("window.__same_page = 1")
+    wait_for(lambda: len(_lines(browser)) >= 3, 30, what="the first output lines")
+    seen = len(_lines(browser))
+    wait_for(lambda: len(_lines(browser)) >= seen + 5, 30, what="new lines without a reload")
+    assert browser.execute_script("return window.__same_page") == 1, "the page was reloaded"
+    assert "<b>not bold</b>" in _text(browser, "output"), "output is shown as text"
+    assert not browser.find_elements("css selector", "#output b")
+    assert "running" in _text(browser, "task-state")
+    shoot(browser, "task-live")
+
+    # cancel with the button: the worker stops it, the page says cancelled
+    _click(browser, "cancel")
+    wait_for(lambda: env.job(chatty)["status"] == "failed", 30, what="the task cancelled")
+    assert env.job(chatty)["reason"].startswith("cancelled by alice@dashboard")
+    _reload_until(browser, lambda b: "cancelled" in _text(b, "task-state"), 20,
+                  what="cancelled on the task page")
+    wait_for(lambda: _text(browser, "output-status") == "complete", 20,
+             what="the output marked complete")
+    wait_for(lambda: "alice@dashboard" in _text(browser, "attempts"), 20,
+             what="cancelled by alice in the attempts table")
+
+    # requeue the failed task from the failed page: it runs again (and succeeds this time)
+    browser.get(d.url + "/failed")
+    cards = {e.get_attribute("data-id") for e in browser.find_elements("css selector",
+                                                                          ".card")}
+    assert cards == {chatty, flaky}
+    assert "boom" in browser.find_element("css selector", f'.card[data-id="{flaky}"]').text
+    shoot(browser, "failed")
+    fixed.touch()
+    _click(browser, f"requeue-{flaky}")
+    wait_for(lambda: env.job(flaky)["status"] == "succeeded", 30, what="the requeued task ran")
+    browser.get(d.url + f"/tasks/{flaky}")
+    # SQLite's requeue starts the attempts again at 1, whose output (complete) then grows:
+    # reload until the output thread has written it
+    _reload_until(browser, lambda b: wait_for(lambda: _text(b, "output-status"), 10)
+                  and "fixed-now" in _text(b, "output"), 20, what="its new output")
+    assert "succeeded" in _text(browser, "task-state")
+    shoot(browser, "task-done")
+    browser.get(d.url + "/failed")
+    assert {e.get_attribute("data-id") for e in browser.find_elements("css selector",
+                                                                       ".card")} == {chatty}
+    assert f"action requeue {flaky} on queue default by alice@dashboard" in d.stderr()

@@ -1,0 +1,204 @@
+"""The task and failed pages over plain HTTP (no browser): the output API (offsets, the size
+cap, whole lines, the jump to the tail), bad input, an output store that is down, and the
+cancel / requeue / clear actions -- a real ``jobq-ctl dashboard`` process where the wiring
+matters, the Flask test client where a store must fail on cue."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from supervisor.backends.sqlite import SqliteBackend
+from supervisor.control import SqliteControlStore
+from supervisor.control.records import ResultRecord
+from supervisor.dashboard.app import create_app
+from supervisor.dashboard.data import DataSource
+from supervisor.dashboard.tasks import CAP
+from supervisor.outstore.base import AttemptKey, OutputStoreError
+from supervisor.outstore.files import FileOutputStore, output_dir
+from tests.dashboard.conftest import TOKEN
+from tests.dashboard.test_http import _csrf, _login, get
+
+pytestmark = pytest.mark.timeout(90)
+Q = "default"
+
+
+def _data(env, output=None) -> DataSource:
+    return DataSource(Q, lambda: SqliteBackend(str(env.db), Q, "dash"),
+                      lambda: SqliteControlStore(str(env.db)), None,
+                      output or (lambda: FileOutputStore(output_dir(str(env.db)))))
+
+
+def _out(client, task_id: str, attempt: int = 1, offset: int | None = None) -> dict:
+    url = f"/api/task/{task_id}/output?attempt={attempt}"
+    resp = client.get(url + ("" if offset is None else f"&offset={offset}"))
+    assert resp.status_code == 200, resp.data
+    return resp.get_json()
+
+
+def test_output_api_sends_the_tail_then_what_follows_in_whole_lines(env):
+    (task_id,) = env.push("true")
+    store = FileOutputStore(output_dir(str(env.db)))
+    key = AttemptKey(Q, task_id, 1)
+    line = b"x" * 99 + b"\n"
+    for _ in range(10):  # 1,000,000 bytes, far more than one call may send
+        store.append(key, line * 1000)
+    client = create_app(_data(env)).test_client()
+    first = _out(client, task_id)
+    assert 0 < len(first["data"]) <= CAP and first["next_offset"] == 1_000_000
+    assert first["skipped"] == first["offset"] > 1_000_000 - CAP
+    assert first["data"].startswith("x" * 99 + "\n"), "whole lines after the jump"
+    assert first["complete"] is False
+    store.append(key, b"<b>new</b> line\npartial")
+    nxt = _out(client, task_id, offset=first["next_offset"])
+    assert nxt["data"] == "<b>new</b> line\n" and nxt["skipped"] == 0
+    store.append(key, b" end\n")
+    store.finish(key)
+    last = _out(client, task_id, offset=nxt["next_offset"])
+    assert last["data"] == "partial end\n" and last["complete"] is True
+    behind = _out(client, task_id, offset=0)  # a reader far behind jumps to the tail
+    assert behind["skipped"] > 0 and len(behind["data"]) <= CAP
+    assert behind["next_offset"] == 1_000_000 + len(b"<b>new</b> line\npartial end\n")
+    assert behind["complete"] is True
+    none = _out(client, task_id, attempt=2)
+    assert none == {**none, "data": "", "complete": False, "offset": 0, "skipped": 0}
+
+
+def test_task_page_shows_attempts_with_their_result_records(env):
+    (task_id,) = env.push("echo hi")
+    store = SqliteControlStore(str(env.db))
+    try:
+        store.put_result(ResultRecord(
+            queue=Q, task_id=task_id, attempt=1, outcome="cancelled", reason="by test",
+            tail="", exit_status=None, signal=15, worker="w-x", when=100.0, started=90.0,
+            finished=100.0, final=True, max_attempts=3, cancelled_by="bob@host"))
+    finally:
+        store.close()
+    FileOutputStore(output_dir(str(env.db))).append(AttemptKey(Q, task_id, 1), b"hi\n")
+    client = create_app(_data(env)).test_client()
+    html = client.get(f"/tasks/{task_id}").get_data(as_text=True)
+    row = html[html.index('data-attempt="1"'):]
+    row = row[:row.index("</tr>")]
+    for text in ("1/3", "cancelled", "signal 15", "w-x", "bob@host", "by test", "10s"):
+        assert text in row, text
+    assert f"jobq-ctl logs {task_id} --attempt 1" in html
+    assert f'data-url="/api/task/{task_id}/output?attempt=1"' in html
+    api = client.get(f"/api/task/{task_id}").get_json()
+    assert api["attempts"][0]["cancelled_by"] == "bob@host"
+    FileOutputStore(output_dir(str(env.db))).append(AttemptKey(Q, task_id, 2), b"again\n")
+    html = client.get(f"/tasks/{task_id}").get_data(as_text=True)
+    assert f'data-url="/api/task/{task_id}/output?attempt=2"' in html, "the latest by default"
+    assert f'href="/tasks/{task_id}?attempt=1"' in html
+    html = client.get(f"/tasks/{task_id}?attempt=1").get_data(as_text=True)
+    assert f'data-url="/api/task/{task_id}/output?attempt=1"' in html
+    assert f'href="/tasks/{task_id}?attempt=2"' in html
+    for bad in ("0", "x", "-1"):
+        assert client.get(f"/tasks/{task_id}?attempt={bad}").status_code == 400
+
+
+def test_unknown_task_is_404_and_malformed_output_queries_400(env, dashboard):
+    (task_id,) = env.push("true")
+    d = dashboard()
+    for path in ("/tasks/no-such-task", "/api/task/no-such-task",
+                 "/api/task/no-such-task/output?attempt=1"):
+        code, body = get(d.url + path)
+        assert code == 404 and "Traceback" not in body, path
+    base = f"/api/task/{task_id}/output"
+    for query in ("", "?attempt=", "?attempt=0", "?attempt=x", "?attempt=1&offset=-1",
+                  "?attempt=1&offset=1e3", "?attempt=99999999999999999999",
+                  "?attempt=1&offset=%3Cscript%3E"):
+        code, body = get(d.url + base + query)
+        assert code == 400, query
+        assert "error" in json.loads(body) and "<script>" not in body
+    code, body = get(d.url + base + "?attempt=1&offset=0")
+    assert code == 200 and json.loads(body)["data"] == ""
+    assert get(d.url + "/failed")[0] == 200
+
+
+def test_without_token_the_task_actions_are_403(env, dashboard):
+    (task_id,) = env.push("true")
+    d = dashboard()
+    for path in (f"/tasks/{task_id}/cancel", f"/tasks/{task_id}/requeue", "/failed/requeue",
+                 "/failed/clear"):
+        code, body = get(d.url + path, b"csrf=x&confirm=yes&id=" + task_id.encode())
+        assert code == 403 and "Traceback" not in body, path
+    assert get(d.url + "/failed/clear")[0] == 403
+    html = get(d.url + f"/tasks/{task_id}")[1]
+    assert 'id="cancel"' not in html and 'id="requeue"' not in html
+    assert env.job(task_id)["status"] == "pending"
+
+
+class _DownOutput:
+    """An output store whose every call fails, as an unreachable blob service does."""
+
+    name = "blob"
+
+    def __getattr__(self, name: str):
+        def fail(*args, **kwargs):
+            raise OutputStoreError("output store: connection refused (test)")
+        return fail
+
+
+def test_an_output_store_that_is_down_is_said_on_the_task_page_and_503_in_the_api(env):
+    (task_id,) = env.push("true")
+    client = create_app(_data(env, _DownOutput)).test_client()
+    resp = client.get(f"/api/task/{task_id}/output?attempt=1")
+    assert resp.status_code == 503 and "connection refused" in resp.get_json()["error"]
+    resp = client.get(f"/tasks/{task_id}")
+    assert resp.status_code == 200
+    assert b"output store unavailable" in resp.data and b"Traceback" not in resp.data
+    for path in ("/", "/workers", "/failed", "/api/status"):
+        assert client.get(path).status_code == 200, path
+
+    def unconfigured():
+        return None
+    client = create_app(_data(env, unconfigured)).test_client()
+    assert client.get(f"/api/task/{task_id}/output?attempt=1").status_code == 503
+
+
+def test_cancel_requeue_and_clear_with_a_login(env):
+    pending, other, third = env.push("echo a", "echo b", "echo c")
+    client = create_app(_data(env), token=TOKEN).test_client()
+    assert _login(client) == 302
+    page = client.get(f"/tasks/{pending}").get_data(as_text=True)
+    assert 'id="cancel"' in page and 'id="requeue"' not in page
+    resp = client.post(f"/tasks/{pending}/cancel",
+                       data={"csrf": _csrf(client), "back": f"/tasks/{pending}"})
+    assert resp.status_code == 302 and resp.headers["Location"] == f"/tasks/{pending}"
+    assert env.job(pending)["status"] == "failed"
+    assert env.job(pending)["reason"].startswith("cancelled by alice@dashboard")
+    store = SqliteControlStore(str(env.db))
+    try:
+        (cancel,) = store.cancels(Q)
+    finally:
+        store.close()
+    assert (cancel.task_id, cancel.who, cancel.grace) == (pending, "alice@dashboard", 30.0)
+    page = client.get(f"/tasks/{pending}").get_data(as_text=True)
+    assert "state-cancelled" in page and 'id="requeue"' in page and 'id="cancel"' not in page
+    assert client.post(f"/tasks/{pending}/cancel",
+                       data={"csrf": _csrf(client)}).status_code == 409
+    failed = client.get("/failed").get_data(as_text=True)
+    assert f'data-id="{pending}"' in failed and "requeue-all" in failed
+    assert client.post(f"/tasks/{pending}/requeue", data={"csrf": _csrf(client)}).status_code \
+        == 302
+    assert env.job(pending)["status"] == "pending"
+    store = SqliteControlStore(str(env.db))
+    try:
+        assert store.cancels(Q) == [], "requeue forgets the cancel, as jobq-ctl requeue does"
+    finally:
+        store.close()
+    assert client.post(f"/tasks/{other}/requeue", data={"csrf": _csrf(client)}).status_code \
+        == 409
+    for task_id in (pending, other):
+        client.post(f"/tasks/{task_id}/cancel", data={"csrf": _csrf(client)})
+    resp = client.post("/failed/requeue", data={"csrf": _csrf(client), "id": [pending, other]})
+    assert resp.status_code == 302
+    assert {env.job(t)["status"] for t in (pending, other)} == {"pending"}
+    client.post(f"/tasks/{third}/cancel", data={"csrf": _csrf(client)})
+    confirm = client.get("/failed/clear").get_data(as_text=True)
+    assert "all 1 failed" in confirm and 'id="clear-confirm"' in confirm
+    assert client.post("/failed/clear", data={"csrf": _csrf(client)}).status_code == 400
+    assert client.post("/failed/clear", data={"csrf": _csrf(client), "confirm": "yes"}
+                       ).status_code == 302
+    assert [r[0] for r in env.rows()] == [pending, other]
