@@ -27,7 +27,8 @@ from typing import Protocol
 READ_LIMIT = 4 << 20  # bytes one read returns at most
 DROPPED = "\n[... {n} bytes dropped: output store unreachable ...]\n"
 TRUNCATED = "\n[... output truncated: more than {limit} bytes (--task-output-max) ...]\n"
-RERUN = "\n[... attempt {attempt} runs again (requeued without counting) ...]\n"
+# A preemption, a stop, or jobq-ctl requeue (which starts the count again) ran it before.
+RERUN = "\n[... attempt {attempt} runs again: requeued ...]\n"
 
 
 class OutputStoreError(Exception):

@@ -380,7 +380,7 @@ def test_each_run_reopens_once_and_a_rerun_after_earlier_output_is_marked():
     assert [c[0] for c in store.calls] == ["reopen", "append", "finish"]
     mark = RERUN.format(attempt=1).encode()
     assert stored(store) == b"first run\nmore\n" + mark + b"second run\n"
-    assert mark.strip() == b"[... attempt 1 runs again (requeued without counting) ...]"
+    assert mark.strip() == b"[... attempt 1 runs again: requeued ...]"
     assert sh._attempts == {} and sh._closing == [] and sh.held() == 0
 
 
