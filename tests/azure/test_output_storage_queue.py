@@ -219,3 +219,21 @@ def test_an_attempt_older_than_the_retention_is_purged_by_a_worker(sq, stores): 
         assert sup.wait(30) == 0
     finally:
         reader.close()
+
+
+def test_logs_of_an_unreachable_blob_store_is_one_line_within_10s(sq, stores):  # noqa: F811
+    """The table answers; the blob service accepts connections and never answers."""
+    task_id = _push(sq, stores.env(), "echo out")
+    with FaultProxy(("127.0.0.1", stores.blob_port)) as proxy:
+        proxy.blackhole()
+        for args in (("logs", task_id), ("logs", "-f", task_id)):
+            t0 = time.monotonic()
+            res = sq.ctl(*args, check=False, env=stores.env(blob_port=proxy.port))
+            took = time.monotonic() - t0
+            print(f"jobq-ctl {' '.join(args[:-1])} of a black-holed blob store: exit "
+                  f"{res.returncode} in {took:.1f}s: {res.stderr.strip()}")
+            assert res.returncode == 1 and res.stdout == ""
+            lines = res.stderr.splitlines()
+            assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+            assert lines[0].startswith("jobq-ctl: error:") and "output store" in lines[0]
+            assert took < 10, took
