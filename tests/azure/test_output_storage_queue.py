@@ -15,8 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import TableClient
 
-from supervisor.control.azure_table import AzureTableControlStore
+from supervisor.control.azure_table import DEFAULT_TABLE
 from supervisor.outstore.azure_blob import BlobOutputStore
 from supervisor.outstore.base import DROPPED, AttemptKey
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
@@ -57,9 +59,15 @@ class Stores:
 @pytest.fixture
 def stores(azurite_table, azurite_blob) -> Iterator[Stores]:  # noqa: F811
     s = Stores(azurite_table, azurite_blob, "t" + uuid.uuid4().hex[:20])
-    # The control table exists, as after any worker ran: a read-only jobq-ctl (logs -f)
-    # on an account where no worker ever ran fails on the missing table instead of waiting.
-    AzureTableControlStore(connection_string=table_connection_string(azurite_table)).close()
+    # A fresh account, where no worker made the control table yet: a read-only jobq-ctl
+    # (logs -f before any worker started) must read that as no records, and wait.
+    table = TableClient.from_connection_string(table_connection_string(azurite_table),
+                                               DEFAULT_TABLE)
+    try:
+        table.delete_table()
+    except ResourceNotFoundError:
+        pass
+    table.close()
     yield s
     from azure.storage.blob import ContainerClient
 
