@@ -1,8 +1,9 @@
 """Issue 16 acceptance on a Storage Queue worker (Azurite's queue service) whose control store
 is Azurite's table service and whose output store is Azurite's blob service, both named by one
 JOBQ_CONTROL_CONNECTION_STRING (TableEndpoint= and BlobEndpoint=): ``logs -f`` live
-(acceptance 1), the blob path black-holed while a task prints (acceptance 3), and an
-attempt's blob purged past a tiny retention by a worker (acceptance 5)."""
+(acceptance 1), the blob path black-holed while a task prints (acceptance 3), an attempt's
+blob purged past a tiny retention by a worker, and ``jobq-ctl logs`` of a black-holed blob
+store (acceptance 5).  Each test starts from a fresh account: no control table yet."""
 
 from __future__ import annotations
 
