@@ -27,6 +27,8 @@ EXIT_INTERRUPTED = 130
 PROBE = 1 << 20  # tail: the end of an attempt is found to within this many bytes ...
 TAIL_STEP = 256 << 10  # ... then read backwards in steps of this size ...
 TAIL_MAX = 16 << 20  # ... for at most this much (the last lines of a huge one-line output)
+# s per blob call: with start-up, an unreachable (black-holed) store is exit 1 within 10 s
+READ_TIMEOUT = 5.0
 
 
 # --------------------------------------------------------------------------------- stores
@@ -48,7 +50,8 @@ def open_sources(ns: Any, settings: Any, backend: Any) -> Sources:
     control = open_store(name, settings)  # None is a UsageError: which option to set
     assert control is not None
     try:
-        output = open_output_store(settings, create=False) if needs_output else None
+        output = (open_output_store(settings, create=False, read_timeout=READ_TIMEOUT)
+                  if needs_output else None)
     except BaseException:
         control.close()
         raise

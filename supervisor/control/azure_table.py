@@ -14,7 +14,8 @@ the polls of the next few seconds again (readers keep what they acted on).
 
 Threads: one instance per thread (SDK clients are not documented thread-safe).  No SDK
 retries and explicit connect/read timeouts: a dead store raises ControlStoreError within
-``connect_timeout``/``read_timeout`` instead of retrying for a minute.
+``connect_timeout``/``read_timeout`` instead of retrying for a minute.  ``create=False``
+(read-only jobq-ctl commands): a table no worker made yet reads as no records.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from azure.core.exceptions import (
     AzureError,
     ClientAuthenticationError,
     ResourceExistsError,
+    ResourceNotFoundError,
 )
 from azure.data.tables import TableClient, UpdateMode
 
@@ -140,6 +142,7 @@ class AzureTableControlStore:
                 f"control store: bad connection string or account URL: "
                 f"{self.scrub(str(exc))}") from None
         self.endpoint = self.scrub(self._client.url.split("?", 1)[0])
+        self.create = create
         if create:
             self._create()
 
@@ -186,8 +189,15 @@ class AzureTableControlStore:
 
     def _query(self, what: str, query: str, params: dict[str, Any],
                select: Union[list[str], None] = None) -> list[Any]:
-        return self._call(what, lambda: list(self._client.query_entities(
-            query, parameters=params, select=select)))
+        def query_() -> list[Any]:
+            try:
+                return list(self._client.query_entities(query, parameters=params,
+                                                        select=select))
+            except ResourceNotFoundError:
+                if self.create:
+                    raise
+                return []  # jobq-ctl before any worker made the table: no records yet
+        return self._call(what, query_)
 
     def _decode(self, entity: Any, kind: Union[str, None] = None) -> Union[Record, None]:
         where = (str(entity.get("PartitionKey")), str(entity.get("RowKey")))

@@ -59,9 +59,11 @@ def blob_connection_string(conn: str) -> Union[str, None]:
     return conn
 
 
-def open_output_store(settings: Settings, create: bool = True) -> Union[OutputStore, None]:
+def open_output_store(settings: Settings, create: bool = True,
+                      read_timeout: float = 10.0) -> Union[OutputStore, None]:
     """The output store these settings name, or None (main thread; raises OutputConfigError
-    for a configuration that can never work).  ``create=False``: nothing is created."""
+    for a configuration that can never work).  ``create=False``: nothing is created.
+    ``read_timeout``: per blob call (jobq-ctl passes less, to fail within 10 s in all)."""
     if settings.control == "off":
         return None
     url = settings.control_account_url
@@ -81,20 +83,22 @@ def open_output_store(settings: Settings, create: bool = True) -> Union[OutputSt
             log.info("output store: off -- cannot tell the blob endpoint of %s",
                      url.split("?", 1)[0])
             return None
-        return _blob_store(settings, create, account_url=blob_url)
+        return _blob_store(settings, create, read_timeout, account_url=blob_url)
     if conn:
         blob_conn = blob_connection_string(conn)
         if blob_conn is None:
             log.info("output store: off -- the connection string names no blob endpoint "
                      "(add BlobEndpoint=)")
             return None
-        return _blob_store(settings, create, connection_string=blob_conn)
+        return _blob_store(settings, create, read_timeout, connection_string=blob_conn)
     return None
 
 
-def _blob_store(settings: Settings, create: bool, account_url: Union[str, None] = None,
+def _blob_store(settings: Settings, create: bool, read_timeout: float,
+                account_url: Union[str, None] = None,
                 connection_string: Union[str, None] = None) -> OutputStore:
     from .azure_blob import BlobOutputStore
 
     return BlobOutputStore(account_url=account_url, connection_string=connection_string,
-                           container=settings.task_log_container, create=create)
+                           container=settings.task_log_container, create=create,
+                           read_timeout=read_timeout)

@@ -1,0 +1,248 @@
+"""Issue 16 acceptance on a Storage Queue worker (Azurite's queue service) whose control store
+is Azurite's table service and whose output store is Azurite's blob service, both named by one
+JOBQ_CONTROL_CONNECTION_STRING (TableEndpoint= and BlobEndpoint=): ``logs -f`` live
+(acceptance 1), the blob path black-holed while a task prints (acceptance 3), an attempt's
+blob purged past a tiny retention by a worker, and ``jobq-ctl logs`` of a black-holed blob
+store (acceptance 5).  Each test starts from a fresh account: no control table yet."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import TableClient
+
+from supervisor.control.azure_table import DEFAULT_TABLE
+from supervisor.outstore.azure_blob import BlobOutputStore
+from supervisor.outstore.base import DROPPED, AttemptKey
+from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
+from tests.conftest import wait_for
+from tests.control.conftest import azurite_table, table_connection_string  # noqa: F401
+from tests.faults.proxy import FaultProxy
+from tests.integration.test_output_e2e import Follow, check_live_follow
+from tests.outstore.conftest import ACCOUNT, ACCOUNT_KEY, azurite_blob, blob_connection_string  # noqa: F401
+
+pytestmark = [pytest.mark.azure, pytest.mark.timeout(150)]
+
+MIB = 1 << 20
+GAP = re.compile(re.escape(DROPPED).replace(r"\{n\}", r"(\d+)").encode())
+
+
+@dataclass
+class Stores:
+    """The table and blob services of one test, with a container of its own (a worker's
+    purge lists the whole container)."""
+
+    table_port: int
+    blob_port: int
+    container: str
+
+    def env(self, blob_port: int | None = None) -> dict[str, str]:
+        """The control connection string (blob through ``blob_port`` when given)."""
+        conn = (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
+                f"TableEndpoint=http://127.0.0.1:{self.table_port}/{ACCOUNT};"
+                f"BlobEndpoint=http://127.0.0.1:{blob_port or self.blob_port}/{ACCOUNT}")
+        return {"JOBQ_CONTROL_CONNECTION_STRING": conn,
+                "JOBQ_TASK_LOG_CONTAINER": self.container}
+
+    def reader(self) -> BlobOutputStore:
+        return BlobOutputStore(connection_string=blob_connection_string(self.blob_port),
+                               container=self.container, create=False)
+
+
+@pytest.fixture
+def stores(azurite_table, azurite_blob) -> Iterator[Stores]:  # noqa: F811
+    s = Stores(azurite_table, azurite_blob, "t" + uuid.uuid4().hex[:20])
+    # A fresh account, where no worker made the control table yet: a read-only jobq-ctl
+    # (logs -f before any worker started) must read that as no records, and wait.
+    table = TableClient.from_connection_string(table_connection_string(azurite_table),
+                                               DEFAULT_TABLE)
+    try:
+        table.delete_table()
+    except ResourceNotFoundError:
+        pass
+    table.close()
+    yield s
+    from azure.storage.blob import ContainerClient
+
+    raw = ContainerClient.from_connection_string(blob_connection_string(azurite_blob),
+                                                 container_name=s.container)
+    try:
+        raw.delete_container()
+    except Exception:  # noqa: BLE001 - a test that never stored anything
+        pass
+    raw.close()
+
+
+def _read_all(store: BlobOutputStore, queue: str, task_id: str,
+              attempt: int = 1) -> tuple[bytes, bool]:
+    out, offset = bytearray(), 0
+    while True:
+        chunk = store.read(AttemptKey(queue, task_id, attempt), offset)
+        out += chunk.data
+        if not chunk.data:
+            return bytes(out), chunk.complete
+        offset = chunk.offset
+
+
+def _push(sq, control: dict[str, str], cmd: str, *extra: str) -> str:  # noqa: F811
+    (task_id,) = sq.ctl("push", *extra, "-c", cmd, env=control).stdout.split()
+    return task_id
+
+
+def test_logs_follow_is_live_on_storage_queue(sq, stores):  # noqa: F811
+    control = stores.env()
+    started: list[Follow] = []
+
+    def start(*args: str) -> Follow:
+        env = {**os.environ, **sq.secret_env(), **control}
+        started.append(Follow([*sq.base_args(), *args], env, str(sq.tmp)))
+        return started[-1]
+
+    try:
+        check_live_follow(start, lambda cmd: _push(sq, control, cmd, "--max-attempts", "1"),
+                          lambda: sq.supervisor("--poll-interval", "0.2", env=control))
+    finally:
+        for f in started:
+            f.stop()
+
+
+LOUD_LINES, LOUD_WIDTH = 30, 100_000  # ~3 MB printed in ~3 s: three times the buffer
+
+
+def _loud(d) -> str:
+    """A task that prints a line, waits for ``go``, prints ~3 MB at its own pace (the time it
+    took goes to ``printed``), then waits for ``release`` and prints a last line."""
+    return (f"echo $JOBQ_ATTEMPT >> {d}/runs; echo before; touch {d}/stage; "
+            f"while [ ! -e {d}/go ]; do sleep 0.1; done; t0=$(date +%s.%N); "
+            f"for i in $(seq 1 {LOUD_LINES}); do head -c {LOUD_WIDTH} /dev/zero | tr '\\0' y; "
+            f"echo; sleep 0.1; done; echo $t0 $(date +%s.%N) > {d}/printed.tmp; "
+            f"mv {d}/printed.tmp {d}/printed; "
+            f"while [ ! -e {d}/release ]; do sleep 0.1; done; echo after-fix")
+
+
+def _printing_time(d) -> float:
+    wait_for((d / "printed").exists, 60, what=f"{d}/printed")
+    t0, t1 = map(float, (d / "printed").read_text().split())
+    return t1 - t0
+
+
+def test_a_black_holed_blob_store_slows_neither_the_task_nor_its_lease(sq, stores):  # noqa: F811
+    proxy = FaultProxy(("127.0.0.1", stores.blob_port))
+    reader = stores.reader()
+    try:
+        control = stores.env(blob_port=proxy.port)
+        base, hole = sq.tmp / "base", sq.tmp / "hole"
+        for d in (base, hole):
+            d.mkdir()
+        for name in ("go", "release"):
+            (base / name).touch()
+        sup = sq.supervisor("--task-log-buffer", "1M", "--visibility-timeout", "6",
+                            "--renew-interval", "1", "--poll-interval", "0.2", env=control)
+        base_id = _push(sq, control, _loud(base))
+        normal = _printing_time(base)
+        wait_for(lambda: _read_all(reader, sq.queue, base_id)[1], 60,
+                 what="the baseline attempt stored whole")
+
+        task_id = _push(sq, control, _loud(hole))
+        wait_for(lambda: _read_all(reader, sq.queue, task_id)[0] == b"before\n", 60,
+                 what="the first line stored")
+        proxy.blackhole()
+        t_hole = time.monotonic()
+        (hole / "go").touch()
+        other = sq.client()
+        seen = []
+        while not (hole / "printed").exists() and time.monotonic() < t_hole + 60:
+            # a second worker polling the queue: the task's message must stay hidden
+            seen += list(other.receive_messages(max_messages=32, visibility_timeout=1))
+            time.sleep(0.2)
+        took = _printing_time(hole)
+        print(f"printing ~3 MB: {normal:.2f}s with the store up, {took:.2f}s black-holed")
+        assert took < 2 * normal + 3.0, (normal, took)
+        sup.wait_log("output store unavailable", 60)
+        # the lease is renewed all along: the message stays hidden from another worker
+        t_end = time.monotonic() + 8
+        while time.monotonic() < t_end:
+            seen += list(other.receive_messages(max_messages=32, visibility_timeout=1))
+            time.sleep(0.2)
+        assert seen == [], "another worker saw the leased message"
+        proxy.restore()
+        sup.wait_log("output store reachable again", 90)
+        (hole / "release").touch()
+        data, _ = wait_for(lambda: (lambda r: r if r[1] else None)(
+            _read_all(reader, sq.queue, task_id)), 60, what="the attempt complete after it")
+        stored = sq.ctl("logs", task_id, env=stores.env()).stdout.encode()
+        assert stored == data
+        gaps = [int(n) for n in GAP.findall(data)]
+        assert gaps and b"bytes dropped: output store unreachable" in data, data[-300:]
+        kept = GAP.sub(b"", data)
+        assert kept.startswith(b"before\n") and kept.endswith(b"after-fix\n")
+        printed = len(b"before\n") + LOUD_LINES * (LOUD_WIDTH + 1) + len(b"after-fix\n")
+        assert len(kept) + sum(gaps) == printed
+        assert len(kept) < printed - MIB, "the outage dropped (a buffer of 1 MiB)"
+        wait_for(lambda: sq.count() == 0, 30, what="the message deleted")
+        t_term = time.monotonic()
+        sup.signal(signal.SIGTERM)
+        assert sup.wait(30) == 0
+        exit_took = time.monotonic() - t_term
+        print(f"worker exit after SIGTERM: {exit_took:.2f}s")
+        assert exit_took < 10, exit_took
+        log = sup.log()
+        assert "lock lost" not in log.lower()
+        assert log.count("output store unavailable") == 1
+        assert log.count("started pid=") == 2, "each task ran once"
+        assert (hole / "runs").read_text() == "1\n" and (base / "runs").read_text() == "1\n"
+        assert "succeeded=2" in log and "failed=0" in log
+        assert sq.count() == 0 and sq.failed_records() == []
+    finally:
+        proxy.close()
+        reader.close()
+
+
+def test_an_attempt_older_than_the_retention_is_purged_by_a_worker(sq, stores):  # noqa: F811
+    control = stores.env()
+    reader = stores.reader()
+    try:
+        task_id = _push(sq, control, "echo old-out")
+        first = sq.supervisor("--poll-interval", "0.2", "--exit-when-empty", env=control)
+        assert first.wait(60) == 0
+        wait_for(lambda: _read_all(reader, sq.queue, task_id) == (b"old-out\n", True), 30,
+                 what="the attempt stored")
+        assert "purged" not in first.log()
+        # a worker with a 2 s retention purges 5 s after it opens the store: by then the
+        # attempt's blob is older than 2 s
+        sup = sq.supervisor("--poll-interval", "0.2", "--task-output-retention", "2s",
+                            env=control)
+        sup.wait_log("purged the output of 1 attempt(s)", 60)
+        assert reader.attempts(sq.queue, task_id) == []
+        res = sq.ctl("logs", task_id, check=False, env=control)
+        assert "old-out" not in res.stdout
+        sup.signal(signal.SIGTERM)
+        assert sup.wait(30) == 0
+    finally:
+        reader.close()
+
+
+def test_logs_of_an_unreachable_blob_store_is_one_line_within_10s(sq, stores):  # noqa: F811
+    """The table answers; the blob service accepts connections and never answers."""
+    task_id = _push(sq, stores.env(), "echo out")
+    with FaultProxy(("127.0.0.1", stores.blob_port)) as proxy:
+        proxy.blackhole()
+        for args in (("logs", task_id), ("logs", "-f", task_id)):
+            t0 = time.monotonic()
+            res = sq.ctl(*args, check=False, env=stores.env(blob_port=proxy.port))
+            took = time.monotonic() - t0
+            print(f"jobq-ctl {' '.join(args[:-1])} of a black-holed blob store: exit "
+                  f"{res.returncode} in {took:.1f}s: {res.stderr.strip()}")
+            assert res.returncode == 1 and res.stdout == ""
+            lines = res.stderr.splitlines()
+            assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+            assert lines[0].startswith("jobq-ctl: error:") and "output store" in lines[0]
+            assert took < 10, took

@@ -1,0 +1,39 @@
+"""Issue 16 acceptance 1 on a Service Bus worker (the project's AMQP test broker) whose control
+store (Azurite's table service) and output store (Azurite's blob service) are named by one
+JOBQ_CONTROL_CONNECTION_STRING: ``jobq-ctl logs -f`` in another process shows each line
+within 3 s of its printing, started before the task starts and while it prints."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.azure.test_output_storage_queue import stores  # noqa: F401 (fixture)
+from tests.control.conftest import azurite_table  # noqa: F401 (fixture)
+from tests.integration.test_output_e2e import Follow, check_live_follow
+from tests.outstore.conftest import azurite_blob  # noqa: F401 (fixture)
+
+pytestmark = [pytest.mark.servicebus, pytest.mark.timeout(150)]
+
+
+def test_logs_follow_is_live_on_servicebus(sb_env, stores):  # noqa: F811
+    control = stores.env()
+    started: list[Follow] = []
+
+    def start(*args: str) -> Follow:
+        env = {**os.environ, **sb_env._env(control)}
+        started.append(Follow(["--backend", "servicebus", "--queue", sb_env.queue, *args], env,
+                              str(sb_env.tmp)))
+        return started[-1]
+
+    def push(cmd: str) -> str:
+        (task_id,) = sb_env.ctl("push", "--max-attempts", "1", "-c", cmd,
+                                env=control).stdout.split()
+        return task_id
+
+    try:
+        check_live_follow(start, push, lambda: sb_env.supervisor(env=control))
+    finally:
+        for f in started:
+            f.stop()
