@@ -92,6 +92,8 @@ def _why_no_browser() -> str | None:
 def browser(tmp_path):
     why = _why_no_browser()
     if why:
+        if os.environ.get("CI"):  # CI must run them: scripts/test installs both
+            pytest.fail(f"browser tests: {why}")
         pytest.skip(f"browser tests: {why}")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
