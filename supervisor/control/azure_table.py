@@ -24,7 +24,6 @@ import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, TypeVar, Union
-from urllib.parse import urlsplit, urlunsplit
 
 from azure.core.exceptions import (
     AzureError,
@@ -45,6 +44,8 @@ from .base import (
     OnceLog,
     PurgeCounts,
     after_prefix,
+    audit_key,
+    audit_partition,
     cancel_key,
     command_key,
     command_prefix,
@@ -60,6 +61,7 @@ from .base import (
     worker_partition,
 )
 from .records import (
+    AuditRecord,
     Cancel,
     Command,
     QueueFlag,
@@ -82,17 +84,6 @@ READ_TIMEOUT = 6.0
 TRANSACTION_MAX = 100  # entities in one batch transaction (the service's limit)
 _NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
                           "AuthorizationFailure")
-
-
-def table_endpoint(queue_account_url: str) -> str:
-    """https://ACCOUNT.queue.core.windows.net[/...] -> https://ACCOUNT.table.core.windows.net"""
-    parts = urlsplit(queue_account_url)
-    host = parts.netloc
-    labels = host.split(".")
-    if len(labels) > 2 and labels[1] == "queue":
-        labels[1] = "table"
-        host = ".".join(labels)
-    return urlunsplit((parts.scheme, host, "", parts.query, ""))
 
 
 class AzureTableControlStore:
@@ -188,9 +179,15 @@ class AzureTableControlStore:
         self._call(what, lambda: self._client.delete_entity(part, row))
 
     def _query(self, what: str, query: str, params: dict[str, Any],
-               select: Union[list[str], None] = None) -> list[Any]:
+               select: Union[list[str], None] = None,
+               page: Union[int, None] = None) -> list[Any]:
+        """Every match, or with ``page`` only the first ``page`` in key order (one call)."""
         def query_() -> list[Any]:
             try:
+                if page is not None:
+                    return list(next(self._client.query_entities(
+                        query, parameters=params, select=select,
+                        results_per_page=min(page, 1000)).by_page(), []))
                 return list(self._client.query_entities(query, parameters=params,
                                                         select=select))
             except ResourceNotFoundError:
@@ -335,6 +332,14 @@ class AzureTableControlStore:
         return sorted((r for r in records if outcome is None or r.outcome == outcome),
                       key=lambda r: r.when)
 
+    def put_audit(self, record: AuditRecord) -> None:
+        self._put(audit_partition(record.queue), audit_key(record), record, record.when)
+
+    def audits(self, queue: str, limit: int = 100) -> list[AuditRecord]:
+        found = self._query("list actions", "PartitionKey eq @pk",
+                            {"pk": audit_partition(queue)}, page=limit) if limit > 0 else []
+        return self._records(found, "audit")[:limit]
+
     def results_of(self, queue: str, task_id: str) -> list[ResultRecord]:
         prefix = key_part(task_id) + ":"
         found = self._query("read results", "PartitionKey eq @pk and RowKey ge @lo and "
@@ -355,7 +360,8 @@ class AzureTableControlStore:
             self._delete("purge", entity["PartitionKey"], entity["RowKey"])
             counts[entity["kind"]] += 1
         return PurgeCounts(workers=counts["worker"], cancels=counts["cancel"],
-                           commands=counts["cmd"], results=counts["result"])
+                           commands=counts["cmd"], results=counts["result"],
+                           audits=counts["audit"])
 
     def close(self) -> None:
         self._client.close()

@@ -10,6 +10,7 @@ Layout (the same keys in both stores; see docs/architecture.rst, "The fleet laye
     partition "x:<queue>"   row "<state>:<task id>:<attempt>"
                                                         the same record, again, for the
                                                         states of INDEXED_STATES only
+    partition "a:<queue>"   row "<newest first>"        AuditRecord (audit_key)
 
 A worker's whole poll is one range query on its queue's "q:" partition; worker records and
 results live in partitions of their own so that a fleet of busy workers (1,000 tasks each)
@@ -32,7 +33,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, Union
 
-from .records import CANCEL_TTL, Cancel, Command, QueueFlag, ResultRecord, WorkerRecord
+from .records import (
+    CANCEL_TTL,
+    AuditRecord,
+    Cancel,
+    Command,
+    QueueFlag,
+    ResultRecord,
+    WorkerRecord,
+)
 
 log = logging.getLogger("jobq.control")
 
@@ -42,6 +51,7 @@ LOST_AFTER = 3  # heartbeat intervals without an upsert: shown as "lost"
 WORKER_PURGE_AGE = 86_400.0  # s: older worker records are deleted
 COMMAND_TTL = 86_400.0  # s an unconsumed command is kept (its worker is gone)
 RESULT_TTL = 7 * 86_400.0
+AUDIT_TTL = 90 * 86_400.0  # s an operator action is kept
 # Result states listed often and rare enough to be kept twice ("x:" partition, see above).
 INDEXED_STATES = ("failed", "cancelled")
 INDEX_KIND = "rindex"  # the stored kind of an "x:" row (its document is a result record)
@@ -75,6 +85,7 @@ class PurgeCounts:
     cancels: int = 0
     commands: int = 0
     results: int = 0
+    audits: int = 0
 
 
 class ControlStore(Protocol):
@@ -116,6 +127,10 @@ class ControlStore(Protocol):
         """The result records of ``queue`` by time; of one state only if ``outcome`` is
         given (one of INDEXED_STATES: a read of the "x:" partition alone)."""
         ...
+    def put_audit(self, record: AuditRecord) -> None: ...
+    def audits(self, queue: str, limit: int = 100) -> list[AuditRecord]:
+        """The newest ``limit`` operator actions on ``queue``, newest first."""
+        ...
     def results_of(self, queue: str, task_id: str) -> list[ResultRecord]:
         """The result records of one task's attempts, by attempt (one range query)."""
         ...
@@ -136,7 +151,7 @@ def purge_cutoffs(now: float) -> dict[str, float]:
     """Per kind, the ``at`` below which a record is purged."""
     return {"worker": now - WORKER_PURGE_AGE, "cancel": now - CANCEL_TTL,
             "cmd": now - COMMAND_TTL, "result": now - RESULT_TTL,
-            INDEX_KIND: now - RESULT_TTL}
+            INDEX_KIND: now - RESULT_TTL, "audit": now - AUDIT_TTL}
 
 
 # ----------------------------------------------------------------------------------- keys
@@ -184,6 +199,16 @@ def index_partition(queue: str) -> str:
 def index_key(outcome: str, result: ResultRecord) -> str:
     """The "x:" row of ``result`` as if its state were ``outcome``."""
     return f"{outcome}:{result_key(result)}"
+
+
+def audit_partition(queue: str) -> str:
+    return "a:" + key_part(queue)
+
+
+def audit_key(record: AuditRecord) -> str:
+    """Newest first in key order (a range query returns the newest page first): the
+    milliseconds counted down from year 2286, then the seq."""
+    return f"{10**13 - int(record.when * 1000):013d}:{key_part(record.seq)}"
 
 
 def after_prefix(prefix: str) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 from typing import TYPE_CHECKING, Union
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from .base import ControlConfigError, ControlStore
 
@@ -55,6 +55,17 @@ def _table_conn(conn: str) -> Union[str, None]:
         return conn if host.endswith(".queue.core.windows.net") and "accountname" in f \
             else None
     return conn if "accountname" in f and "usedevelopmentstorage" not in f else None
+
+
+def table_endpoint(queue_account_url: str) -> str:
+    """https://ACCOUNT.queue.core.windows.net[/...] -> https://ACCOUNT.table.core.windows.net"""
+    parts = urlsplit(queue_account_url)
+    host = parts.netloc
+    labels = host.split(".")
+    if len(labels) > 2 and labels[1] == "queue":
+        labels[1] = "table"
+        host = ".".join(labels)
+    return urlunsplit((parts.scheme, host, "", parts.query, ""))
 
 
 def control_store_description(settings: Settings) -> str:
@@ -94,8 +105,6 @@ def open_control_store(settings: Settings, create: bool = True) -> Union[Control
                 log.info("control store: off -- cannot tell the table endpoint of %s (set "
                          "--control-account-url)", settings.account_url)
                 return None
-            from .azure_table import table_endpoint
-
             url = table_endpoint(settings.account_url)
         elif settings.connection_string:
             conn = _table_conn(settings.connection_string)

@@ -141,9 +141,23 @@ class ResultRecord:
     kind = "result"
 
 
-Record = Union[WorkerRecord, Cancel, QueueFlag, Command, ResultRecord]
+@dataclass(frozen=True)
+class AuditRecord:
+    """One operator action (the dashboard's: pause, cancel, requeue, clear...), kept for
+    AUDIT_TTL: who did what, when, from where."""
+
+    queue: str
+    seq: str  # new_seq(when): unique, sorts by time
+    who: str
+    action: str  # "pause", "cancel", "requeue", "clear failed", ...
+    detail: str  # what it applied to (task ids, worker ids), one line
+    when: float
+    kind = "audit"
+
+
+Record = Union[WorkerRecord, Cancel, QueueFlag, Command, ResultRecord, AuditRecord]
 KINDS: dict[str, Any] = {c.kind: c for c in (WorkerRecord, Cancel, QueueFlag, Command,
-                                              ResultRecord)}
+                                              ResultRecord, AuditRecord)}
 
 
 # ----------------------------------------------------------------------------- encoding
@@ -231,7 +245,7 @@ def decode(text: Any, kind: str | None = None) -> Record:
 
 
 _STR = ("id", "queue", "host", "version", "state", "task_id", "reason", "who", "worker",
-        "seq", "action", "outcome", "tail", "cmd", "cancelled_by")
+        "seq", "action", "outcome", "tail", "cmd", "cancelled_by", "detail")
 _INT = ("pid", "slots_used", "slots_total", "tasks_omitted", "attempt")
 _FLOAT = ("started", "heartbeat", "interval", "when", "grace")
 _OPT_INT = ("exit_status", "signal", "max_attempts")

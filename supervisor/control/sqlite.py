@@ -236,6 +236,16 @@ class SqliteControlStore:
             r for _, r in self._decode(rows, "result")]  # type: ignore[misc]
         return [r for r in found if outcome is None or r.outcome == outcome]
 
+    def put_audit(self, record: records.AuditRecord) -> None:
+        self._put(base.audit_partition(record.queue), base.audit_key(record), record,
+                  record.when)
+
+    def audits(self, queue: str, limit: int = 100) -> list[records.AuditRecord]:
+        rows = self._select("list actions", "SELECT part, row, kind, rev, doc FROM "
+                            "control_records WHERE part=? ORDER BY row LIMIT ?",
+                            (base.audit_partition(queue), max(0, limit)))
+        return [r for _, r in self._decode(rows, "audit")]  # type: ignore[misc]
+
     def results_of(self, queue: str, task_id: str) -> list[records.ResultRecord]:
         prefix = base.key_part(task_id) + ":"
         rows = self._select("read results", "SELECT part, row, kind, rev, doc FROM "
@@ -254,11 +264,13 @@ class SqliteControlStore:
                 "DELETE FROM control_records WHERE (kind='worker' AND at<?) OR "
                 "(kind='cancel' AND (at<? OR at + CASE WHEN json_valid(doc) THEN "
                 "json_extract(doc, '$.ttl') END < ?)) OR (kind='cmd' AND at<?) OR "
-                "(kind='result' AND at<?) OR (kind=? AND at<?) RETURNING kind",
+                "(kind='result' AND at<?) OR (kind=? AND at<?) OR (kind='audit' AND at<?) "
+                "RETURNING kind",
                 (cut["worker"], cut["cancel"], now, cut["cmd"], cut["result"],
-                 base.INDEX_KIND, cut[base.INDEX_KIND]))]
+                 base.INDEX_KIND, cut[base.INDEX_KIND], cut["audit"]))]
         return PurgeCounts(workers=kinds.count("worker"), cancels=kinds.count("cancel"),
-                           commands=kinds.count("cmd"), results=kinds.count("result"))
+                           commands=kinds.count("cmd"), results=kinds.count("result"),
+                           audits=kinds.count("audit"))
 
     def close(self) -> None:
         self._conn.close()

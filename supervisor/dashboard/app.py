@@ -14,6 +14,7 @@ from typing import Any
 from flask import Flask, Response, abort, jsonify, redirect, render_template, request, url_for
 from werkzeug.exceptions import HTTPException
 
+from ..ctl import iso_or_none
 from ..ctl_fleet import duration_text
 from .auth import NAME, Auth
 from .charts import depth_chart, finished_chart
@@ -24,6 +25,7 @@ from .task_views import register as register_task_views
 
 log = logging.getLogger("jobq.dashboard")
 ACTIONS = ("drain", "stop")
+ACTIONS_SHOWN = 100  # operator actions on the actions page
 
 
 def _flag_arg(name: str) -> bool:
@@ -99,6 +101,19 @@ def create_app(data: DataSource, history: History | None = None, token: str | No
             depth=depth_chart(samples, now, history.window),
             finished=finished_chart(history.finished_per_minute(), now, history.window))
 
+    @app.get("/actions")
+    def actions() -> str:
+        try:
+            found, store_error = _audit_json(data.audits_or_raise(ACTIONS_SHOWN)), None
+        except Unavailable as exc:
+            found, store_error = [], str(exc)
+        return render_template("actions.html", actions=found, store_error=store_error,
+                               limit=ACTIONS_SHOWN)
+
+    @app.get("/api/actions")
+    def api_actions() -> Any:
+        return jsonify(_audit_json(data.audits_or_raise(ACTIONS_SHOWN)))
+
     @app.get("/workers")
     def workers() -> str:
         show_all = _flag_arg("all")
@@ -159,9 +174,13 @@ def create_app(data: DataSource, history: History | None = None, token: str | No
 
     # ------------------------------------------------------------------ actions
     def _done(what: str) -> Any:
-        who = auth.who()
-        # the record in the control store carries who and when; this line is the audit log
+        who = auth.who() or ""
+        # The audit trail: this line, and an audit record in the control store (jobq-ctl
+        # has none of its own: its user runs it, the shell's history is theirs).
         log.warning("dashboard: action %s on queue %s by %s", what, data.queue, who)
+        if not data.audit(what, who, time.time()):
+            log.warning("dashboard: action %s by %s not kept in the control store (down)",
+                        what, who)
         back = request.form.get("back") or ""
         return redirect(back if _local(back) else url_for("overview"))
 
@@ -185,6 +204,11 @@ def create_app(data: DataSource, history: History | None = None, token: str | No
 
     register_task_views(app, data, auth, _done)
     return app
+
+
+def _audit_json(records: list[Any]) -> list[dict[str, Any]]:
+    return [{"when": iso_or_none(a.when), "who": a.who, "action": a.action,
+             "detail": a.detail} for a in records]
 
 
 def _local(target: str) -> bool:

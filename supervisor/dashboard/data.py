@@ -16,6 +16,7 @@ from typing import Any
 
 from ..backends.base import Backend, BackendConfigError, BackendError
 from ..control.base import ControlStore, ControlStoreError, worker_state
+from ..control.records import AuditRecord, new_seq
 from ..ctl import iso_or_none
 from ..ctl_fleet import (
     clock,
@@ -202,6 +203,24 @@ class DataSource:
     def pause(self, paused: bool, by: str) -> None:
         with self.using("control store"):
             put_pause(self.store(), self.queue, paused, self.key, by)
+
+    def audit(self, what: str, by: str, when: float) -> bool:
+        """Keep one operator action in the control store (a request thread); False when the
+        store is down -- the action is done and logged anyway."""
+        action, _, detail = what.partition(" ")
+        try:
+            with self.using("control store"):
+                self.store().put_audit(AuditRecord(queue=self.queue, seq=new_seq(when),
+                                                   who=by, action=action, detail=detail,
+                                                   when=when))
+        except Unavailable:
+            return False
+        return True
+
+    def audits_or_raise(self, limit: int) -> list[AuditRecord]:
+        """The newest operator actions, newest first (Unavailable when the store is down)."""
+        with self.using("control store"):
+            return self.store().audits(self.queue, limit)
 
     def command(self, worker_id: str, action: str, by: str) -> bool:
         """Send drain/stop to a live worker; False when there is no such live worker."""

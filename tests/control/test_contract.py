@@ -20,7 +20,7 @@ from supervisor.control import (
     worker_state,
 )
 from supervisor.control.base import DAY, WORKER_PURGE_AGE, queue_partition, worker_partition
-from supervisor.control.records import CMD_CHARS
+from supervisor.control.records import CMD_CHARS, AuditRecord
 from supervisor.control.signing import Gate, sign, verify
 from supervisor.security import SigningKey, key_id
 
@@ -361,3 +361,20 @@ def test_indexed_results_are_purged_and_counted_once(kit: Kit) -> None:
                    _result("c", 1, "succeeded")])
     assert s.purge(NOW + 8 * DAY).results == 3
     assert s.results(QUEUE) == [] and s.results(QUEUE, "failed") == []
+
+
+def test_audit_records_newest_first_and_purged_after_90_days(kit: Kit) -> None:
+    s = kit.store
+    for i, (action, detail) in enumerate((("pause", ""), ("cancel", "t1 t2"),
+                                           ("requeue", "t1"))):
+        s.put_audit(AuditRecord(queue=QUEUE, seq=new_seq(NOW + i), who="alice@dashboard",
+                                action=action, detail=detail, when=NOW + i))
+    s.put_audit(AuditRecord(queue="other", seq=new_seq(NOW), who="bob", action="clear",
+                            detail="", when=NOW))
+    assert [(a.action, a.detail) for a in s.audits(QUEUE)] == [
+        ("requeue", "t1"), ("cancel", "t1 t2"), ("pause", "")]
+    assert [a.action for a in s.audits(QUEUE, limit=2)] == ["requeue", "cancel"]
+    assert s.audits(QUEUE, limit=0) == [] and [a.who for a in s.audits("other")] == ["bob"]
+    assert s.purge(NOW + 89 * DAY).audits == 0
+    assert s.purge(NOW + 91 * DAY).audits == 4
+    assert s.audits(QUEUE) == []

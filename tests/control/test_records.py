@@ -7,7 +7,6 @@ import json
 import pytest
 
 from supervisor.control import Cancel, Command, QueueFlag, TaskInfo, WorkerRecord, new_seq
-from supervisor.control.azure_table import table_endpoint
 from supervisor.control.base import (
     OnceLog,
     after_prefix,
@@ -15,6 +14,7 @@ from supervisor.control.base import (
     command_prefix,
     key_part,
 )
+from supervisor.control.open import table_endpoint
 from supervisor.control.records import (
     SHORT_CMD_CHARS,
     WORKER_DOC_BYTES,

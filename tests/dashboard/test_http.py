@@ -240,6 +240,12 @@ def test_actions_need_a_login_and_the_csrf_token(env):
     assert (cmd.action, cmd.worker, cmd.who) == ("stop", "w-live", "alice@dashboard")
     assert client.post("/workers/w-live/reboot", data={"csrf": _csrf(client)}).status_code \
         == 404
+    # Every action done is kept in the control store, newest first; refused ones are not.
+    actions = client.get("/api/actions").get_json()
+    assert [(a["who"], a["action"], a["detail"]) for a in actions] == [
+        ("alice@dashboard", "stop", "w-live"), ("alice@dashboard", "pause", "")]
+    page = client.get("/actions").get_data(as_text=True)
+    assert page.count('class="audit"') == 2 and "w-live" in page
 
 
 def test_non_loopback_bind_without_a_token_exits_2_with_one_line(env):
