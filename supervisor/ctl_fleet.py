@@ -103,6 +103,7 @@ def worker_json(r: WorkerRecord, now: float, paused: bool | None) -> dict[str, A
         "started": iso(r.started), "last_heartbeat": iso(r.heartbeat),
         "heartbeat_interval_s": r.interval, "queue_paused": paused,
         "tasks_omitted": r.tasks_omitted,
+        "finished": {"succeeded": r.succeeded, "failed": r.failed},
         "tasks": [{"id": t.id, "attempt": t.attempt, "pid": t.pid, "started": iso(t.started),
                    "running_s": round(max(0.0, now - t.started), 1),
                    "lease_expires": iso_or_none(t.lease_expires), "cmd": t.cmd}

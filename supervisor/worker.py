@@ -152,10 +152,11 @@ class Worker:
     def _helper_pids(self) -> set[int]:
         return {self.lifeline.pid} if self.lifeline is not None else set()
 
-    def _control_view(self) -> tuple[str, tuple[RunningTask, ...], int]:
-        """State, a snapshot (copy) of the tasks, slots: the worker record (control thread)."""
+    def _control_view(self) -> tuple[str, tuple[RunningTask, ...], int, dict[str, int]]:
+        """State, snapshots (copies) of the tasks and the outcome counts, slots: the worker
+        record (control thread)."""
         state = self.state.value if self.state is not State.PREEMPTING else "stopping"
-        return state, tuple(self.active), self.s.num_workers
+        return state, tuple(self.active), self.s.num_workers, dict(self.settlement.counts)
 
     def _teardown(self, clean: bool) -> None:
         self.launcher.stop()

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 log = logging.getLogger("jobq.control")
+# (state, tasks, slots total, outcome counts): what the worker record shows (ControlAgent)
+View = tuple[str, Sequence[Any], int, dict[str, int]]
 
 BACKOFF_MAX = 60.0
 LOG_EVERY = 60.0  # an outage is logged at most this often
@@ -59,13 +61,13 @@ class ControlAgent:
     ``acted``/``result`` are called from the main thread; ``paused`` and ``cancels`` are
     written by the control thread only and read anywhere.
 
-    ``view`` returns (state, tasks, slots total) for the heartbeat: state is one of
+    ``view`` returns (state, tasks, slots total, outcome counts) for the heartbeat: state is one of
     records.WORKER_STATES, tasks a snapshot (a tuple) of the worker's running tasks, never
     mutated here except for setting ``cancel`` once on a task."""
 
     def __init__(self, *, queue_name: str, worker_id: str, opener: Callable[[], Any],
                  events: queue.SimpleQueue[Event], wake_watchdog: Callable[[], None],
-                 view: Callable[[], tuple[str, Sequence[Any], int]],
+                 view: Callable[[], View],
                  keys: Sequence[SigningKey] = (), heartbeat_interval: float = 15.0,
                  control_interval: float = 5.0,
                  clock: Callable[[], float] = time.monotonic,
@@ -108,7 +110,7 @@ class ControlAgent:
     @classmethod
     def for_worker(cls, settings: Settings, events: queue.SimpleQueue[Event],
                    wake_watchdog: Callable[[], None],
-                   view: Callable[[], tuple[str, Sequence[Any], int]],
+                   view: Callable[[], View],
                    keys: Sequence[SigningKey]) -> Union[ControlAgent, None]:
         """The worker's agent, or None with ``--control off`` (main thread).  Whether a store
         exists is found out on the control thread, which opens it."""
@@ -353,7 +355,7 @@ class ControlAgent:
 
     def record(self) -> WorkerRecord:
         """The worker record as of now (control thread)."""
-        state, tasks, slots = self.view()
+        state, tasks, slots, counts = self.view()
         mono, wall = self.clock(), self.wall()
         infos = []
         for rt in tasks:
@@ -370,7 +372,9 @@ class ControlAgent:
                             pid=os.getpid(), version=__version__, state=state,
                             slots_used=len(infos), slots_total=slots,
                             started=self.started_wall, heartbeat=wall,
-                            interval=self.heartbeat_interval, tasks=tuple(infos))
+                            interval=self.heartbeat_interval, tasks=tuple(infos),
+                            succeeded=counts.get("succeeded", 0),
+                            failed=counts.get("failed", 0) + counts.get("dead_lettered", 0))
 
     def _purge(self) -> None:
         assert self.store is not None

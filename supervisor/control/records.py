@@ -68,6 +68,8 @@ class WorkerRecord:
     interval: float = 15.0  # heartbeat interval, so readers know when it is lost
     tasks: tuple[TaskInfo, ...] = ()
     tasks_omitted: int = 0
+    succeeded: int = 0  # tasks this worker finished, since it started (the dashboard's chart)
+    failed: int = 0  # ... and those that failed for good
     kind = "worker"
 
 
@@ -246,7 +248,7 @@ def decode(text: Any, kind: str | None = None) -> Record:
 
 _STR = ("id", "queue", "host", "version", "state", "task_id", "reason", "who", "worker",
         "seq", "action", "outcome", "tail", "cmd", "cancelled_by", "detail")
-_INT = ("pid", "slots_used", "slots_total", "tasks_omitted", "attempt")
+_INT = ("pid", "slots_used", "slots_total", "tasks_omitted", "attempt", "succeeded", "failed")
 _FLOAT = ("started", "heartbeat", "interval", "when", "grace")
 _OPT_INT = ("exit_status", "signal", "max_attempts")
 _OPT_FLOAT = ("lease_expires", "ttl", "finished")

@@ -1,7 +1,8 @@
 """The dashboard's depth sampler: one thread that reads the queue's counts every ~15 s and
 keeps the last hour, for the overview's charts (queue depth; tasks finished per minute from
-the growth of the succeeded/failed counts, where the backend counts them).  It stops on an
-Event and uses clients of its own (DataSource is per thread)."""
+the growth of the succeeded/failed counts -- the backend's where it counts them (SQLite),
+else the sum of the workers' own counters in their records (Azure)).  It stops on an Event
+and uses clients of its own (DataSource is per thread)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class Sample:
     when: float  # wall clock, epoch seconds
     pending: int
     running: int
-    succeeded: int | None  # None: the backend does not count them (Azure)
+    succeeded: int | None  # None: unknown (no backend count, no control store)
     failed: int | None
 
 
@@ -74,6 +75,10 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name="dashboard-sampler",
                                         daemon=True)
         self._failing = False
+        # Workers' finished counters: the last seen per worker id, and the growth summed
+        # since the dashboard started (a restarted worker's counters start again at 0).
+        self._last: dict[str, tuple[int, int]] = {}
+        self._grown = [0, 0]
 
     def start(self) -> None:
         self._thread.start()
@@ -92,10 +97,31 @@ class Sampler:
             self._failing = True
             return
         self._failing = False
+        succeeded, failed = counts.get("succeeded"), counts.get("failed")
+        if succeeded is None or failed is None:
+            succeeded, failed = self._workers_finished()
         self.history.add(Sample(when=self.clock(), pending=counts.get("pending", 0),
                                 running=counts.get("running", 0),
-                                succeeded=counts.get("succeeded"),
-                                failed=counts.get("failed")))
+                                succeeded=succeeded, failed=failed))
+
+    def _workers_finished(self) -> tuple[int | None, int | None]:
+        """Tasks finished since the dashboard started, from the worker records (sampler
+        thread); (None, None) while the control store cannot be read."""
+        try:
+            workers = self.data.workers(show_all=True)
+        except Unavailable:
+            return None, None
+        seen: dict[str, tuple[int, int]] = {}
+        for w in workers:
+            done = w.get("finished") or {}
+            now = (int(done.get("succeeded", 0)), int(done.get("failed", 0)))
+            before = self._last.get(w["id"])
+            if before is not None:  # a worker's first sight counts nothing: that was before
+                for i in (0, 1):
+                    self._grown[i] += now[i] - before[i] if now[i] >= before[i] else now[i]
+            seen[w["id"]] = now
+        self._last = seen  # purged workers drop out
+        return self._grown[0], self._grown[1]
 
     def _run(self) -> None:
         try:

@@ -54,7 +54,7 @@ def test_worker_record_schema_has_no_secrets() -> None:
     doc = json.loads(encode(_worker(1, "x")))
     assert set(doc) == {"v", "kind", "id", "queue", "host", "pid", "version", "state",
                         "slots_used", "slots_total", "started", "heartbeat", "interval",
-                        "tasks", "tasks_omitted"}
+                        "tasks", "tasks_omitted", "succeeded", "failed"}
     assert set(doc["tasks"][0]) == {"id", "attempt", "pid", "started", "lease_expires", "cmd"}
 
 

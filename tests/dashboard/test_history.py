@@ -15,7 +15,14 @@ pytestmark = pytest.mark.timeout(30)
 class FakeData:
     def __init__(self) -> None:
         self.counts_seq: list[dict[str, int] | Exception] = []
+        self.workers_seq: list[list[dict] | Exception] = []
         self.closed = 0
+
+    def workers(self, show_all: bool = False) -> list[dict]:
+        item = self.workers_seq.pop(0) if self.workers_seq else Unavailable("store", "off")
+        if isinstance(item, Exception):
+            raise item
+        return item
 
     def counts(self) -> dict[str, int]:
         item = self.counts_seq.pop(0)
@@ -74,3 +81,30 @@ def test_charts_are_svg_without_script_and_scale_to_the_data():
     assert "no samples yet" in str(depth_chart([], now=0, window=3600))
     bars = str(finished_chart([(960.0, 3, 1)], now=1000.0, window=3600))
     assert "3 succeeded" in bars and "1 failed" in bars
+
+
+def _w(worker_id: str, ok: int, bad: int) -> dict:
+    return {"id": worker_id, "finished": {"succeeded": ok, "failed": bad}}
+
+
+def test_without_backend_counts_finished_comes_from_the_workers_counters():
+    """Azure counts neither: the chart sums the growth of each worker's own counters; what a
+    worker finished before the dashboard saw it is not counted, a restart starts again."""
+    data = FakeData()
+    data.counts_seq = [{"pending": 1, "running": 1}] * 5
+    data.workers_seq = [
+        [_w("a", 10, 1)],  # a first sight counts nothing
+        [_w("a", 13, 1), _w("b", 4, 4)],  # a +3
+        [_w("a", 15, 2), _w("b", 6, 4)],  # a +2/+1, b +2
+        [_w("a", 1, 0), _w("b", 6, 5)],  # a restarted: +1; b +0/+1
+        Unavailable("control store", "down"),
+    ]
+    now = [960.0]
+    h = History()
+    s = Sampler(data, h, interval=15, clock=lambda: now[0])  # type: ignore[arg-type]
+    for _ in range(5):
+        s.sample_once()
+        now[0] += 15
+    assert [(x.succeeded, x.failed) for x in h.samples()] == [
+        (0, 0), (3, 0), (7, 1), (8, 2), (None, None)]
+    assert h.finished_per_minute() == [(960.0, 8, 2)]

@@ -118,13 +118,16 @@ class Task_:
     cmd = "echo " + "x" * 300
 
 
+COUNTS = {"succeeded": 7, "failed": 2, "dead_lettered": 1, "retried": 5}
+
+
 def agent_for(store: Any, clock: FakeClock, tasks: list | None = None, **kw: Any
               ) -> tuple[ControlAgent, queue.SimpleQueue, list[int]]:
     events: queue.SimpleQueue = queue.SimpleQueue()
     wakes: list[int] = []
     agent = ControlAgent(queue_name="q", worker_id="w1", opener=lambda: store, events=events,
                          wake_watchdog=lambda: wakes.append(1),
-                         view=lambda: ("running", tuple(tasks or ()), 4), clock=clock,
+                         view=lambda: ("running", tuple(tasks or ()), 4, COUNTS), clock=clock,
                          wall=lambda: 1e9 + clock.now - T0, control_interval=1.0,
                          heartbeat_interval=5.0, **kw)
     agent.store = store
@@ -146,6 +149,7 @@ def test_heartbeat_record_lists_tasks_with_wall_clock_times(store) -> None:
     agent._heartbeat()
     (rec,) = store.workers("q")
     assert (rec.id, rec.state, rec.slots_used, rec.slots_total) == ("w1", "running", 1, 4)
+    assert (rec.succeeded, rec.failed) == (7, 3), "finished for good; a retry is not"
     (info,) = rec.tasks
     assert (info.id, info.attempt, info.pid) == ("t1", 2, rt.proc.pid)
     assert info.started == pytest.approx(1e9)  # started 10 s ago by the monotonic clock
