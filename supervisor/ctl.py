@@ -15,7 +15,7 @@ from .backends.base import Backend
 from .control.base import ControlStoreError
 from .security import SecurityConfigError, SigningKey, load_key, sign_task, split_paths
 from .settings import parse_duration
-from .task import MAX_PRIORITY, Task, TaskFormatError
+from .task import DEFAULT_PRIORITY, MAX_PRIORITY, Task, TaskFormatError
 from .usage import UsageError
 
 if TYPE_CHECKING:
@@ -196,16 +196,33 @@ def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None) -> int:
     return 0
 
 
+def _schedule_text(task: Task, now: float) -> str:
+    """What peek shows besides id and command: a priority other than the default, a time
+    it waits for (pushed with --delay/--not-before), its own time limit."""
+    parts = []
+    if task.not_before is not None and task.not_before > now:
+        parts.append(f"delayed until {iso(task.not_before)}")
+    if task.priority != DEFAULT_PRIORITY:
+        parts.append(f"priority {task.priority}")
+    if task.timeout is not None:
+        parts.append(f"timeout {task.timeout:g}s")
+    return f"[{', '.join(parts)}]  " if parts else ""
+
+
 def cmd_peek(ns: Any, backend: Backend) -> int:
     items = backend.peek(ns.n)
+    now = time.time()
     if ns.json:
         print(dumps([{"id": t.id, "cmd": t.cmd, "env": t.env, "cwd": t.cwd,
-                      "max_attempts": t.max_attempts} if isinstance(t, Task)
-                     else {"invalid_body": t} for t in items]))
+                      "max_attempts": t.max_attempts, "priority": t.priority,
+                      "not_before": iso_or_none(t.not_before),
+                      "delayed": t.not_before is not None and t.not_before > now,
+                      "timeout": t.timeout, "unique_key": t.unique_key}
+                     if isinstance(t, Task) else {"invalid_body": t} for t in items]))
         return 0
     for t in items:
         if isinstance(t, Task):
-            print(f"{t.id}  {t.cmd}")
+            print(f"{t.id}  {_schedule_text(t, now)}{t.cmd}")
         else:
             print(f"(invalid body)  {t[:200]!r}")
     return 0
