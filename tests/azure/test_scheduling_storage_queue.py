@@ -8,11 +8,20 @@ import time
 
 import pytest
 
-from tests.azure.test_storage_queue_worker import SqEnv, sq  # noqa: F401 (fixture)
-from tests.conftest import wait_for
+from tests.azure.test_storage_queue_worker import SqEnv
+from tests.conftest import wait_for, wait_for_no_marked
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 POLL = 0.5
+
+
+@pytest.fixture
+def sq(tmp_path, azurite, queue_name):
+    e = SqEnv(tmp_path, azurite.port, queue_name)
+    e.ctl("clear")  # creates the queues, as any first writing command does
+    yield e
+    e.cleanup()
+    assert not wait_for_no_marked(timeout=10)
 
 
 def one_usage_line(res, option: str) -> str:
@@ -60,5 +69,5 @@ def test_seven_days_is_the_most(sq: SqEnv) -> None:
 def test_what_the_service_cannot_do_is_refused(sq: SqEnv, args: tuple[str, ...], option: str,
                                                words: str) -> None:
     line = one_usage_line(sq.ctl("push", "-c", "true", *args, check=False), option)
-    assert "storage-queue" in line
+    assert "storage-queue" in line and words in line
     assert sq.count() == 0
