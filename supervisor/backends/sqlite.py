@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from ..task import Task, parse_or_body
 from .base import BackendBase, BackendConfigError, BackendError, FailedRecord, QueueStatus
 from .common import command_of
-from .sqlite_db import connect, is_lock_error, is_readonly_error, set_up
+from .sqlite_db import connect, is_lock_error, is_readonly_error, missing_columns, set_up
 from .sqlite_lease import SqliteLease
 
 __all__ = ["SqliteBackend", "SqliteLease"]
@@ -78,6 +78,7 @@ class SqliteBackend(BackendBase):
         self._lease_lock = threading.Lock()
         self._lease_busy_ms = 0
         self._quick = threading.local()  # .on: this thread's lease writes may not wait
+        self._order = "priority DESC, seq"  # receive's order (peek's after the ready ones)
         if not create and not os.path.isfile(path):
             raise BackendError(f"SQLite database {path} does not exist (nothing was pushed "
                                f"there yet?)")
@@ -93,6 +94,8 @@ class SqliteBackend(BackendBase):
                                         "AND name='jobs'").fetchone():
                 raise BackendError(f"SQLite database {path} holds no jobq queue (no jobs "
                                    f"table)")
+            # a read-only command changes no schema: an older database has no priorities
+            self._order = "priority DESC, seq" if not missing_columns(self._conn) else "seq"
             self._lease_conn = connect(path, busy_timeout, setup=create)
         except BaseException as exc:
             self.close()
@@ -308,7 +311,7 @@ class SqliteBackend(BackendBase):
         # in receive order, the ready ones before those not visible yet (an operator's
         # command: the sort over every pending job is fine)
         for (body,) in self._query("SELECT body FROM jobs WHERE queue=? AND status='pending' "
-                                   "ORDER BY visible_at > ?, priority DESC, seq LIMIT ?",
+                                   f"ORDER BY visible_at > ?, {self._order} LIMIT ?",
                                    (self.queue, time.time(), n)):
             out.append(parse_or_body(body))
         return out
@@ -345,8 +348,9 @@ class SqliteBackend(BackendBase):
 
     def requeue(self, ids: Sequence[str] | None) -> int:
         now = time.time()
-        sql = ("UPDATE jobs SET status='pending', attempt=0, visible_at=?, reason=NULL, "
-               "updated_at=? WHERE queue=? AND status='failed'")
+        # OR IGNORE: a failed task whose unique key a live task holds stays failed
+        sql = ("UPDATE OR IGNORE jobs SET status='pending', attempt=0, visible_at=?, "
+               "reason=NULL, updated_at=? WHERE queue=? AND status='failed'")
         args: tuple = (now, now, self.queue)
         if ids is not None:
             if not ids:
@@ -354,8 +358,7 @@ class SqliteBackend(BackendBase):
             sql += f" AND id IN ({','.join('?' * len(ids))})"
             args += tuple(ids)
         with self._tx() as conn:
-            # OR IGNORE: a failed task whose unique key a live task holds stays failed
-            return conn.execute(sql.replace("UPDATE", "UPDATE OR IGNORE", 1), args).rowcount
+            return conn.execute(sql, args).rowcount
 
     def clear(self, failed: bool) -> int:
         state = "failed" if failed else "pending"

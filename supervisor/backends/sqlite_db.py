@@ -57,10 +57,10 @@ def set_up(conn: sqlite3.Connection) -> None:
     open, main thread).  The check and the ALTERs are one write transaction: two workers
     opening an old database at once add each column once."""
     conn.executescript(SCHEMA)
-    if _missing_columns(conn):
+    if missing_columns(conn):
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for name, decl in _missing_columns(conn):
+            for name, decl in missing_columns(conn):
                 conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -69,7 +69,7 @@ def set_up(conn: sqlite3.Connection) -> None:
     conn.executescript(INDEXES)
 
 
-def _missing_columns(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+def missing_columns(conn: sqlite3.Connection) -> list[tuple[str, str]]:
     have = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
     return [(name, decl) for name, decl in COLUMNS if name not in have]
 

@@ -4,7 +4,9 @@ priorities, delays, per-task time limits, unique tasks, bad input, and an old da
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 
 from supervisor.backends.sqlite import SqliteBackend
 from supervisor.task import Task
-from tests.conftest import Env, wait_for
+from tests.conftest import Env, command, wait_for
 
 POLL = 0.5
 
@@ -205,6 +207,10 @@ def test_an_old_database_is_migrated_and_keeps_working(env: Env) -> None:
                       .to_json(), now, now))
     conn.commit()
     conn.close()
+    # the commands that only look change nothing, and still work
+    assert len(json.loads(env.ctl("peek", "--json").stdout)) == 3
+    assert json.loads(env.ctl("status", "--json").stdout)["counts"]["pending"] == 3
+    assert "priority" not in {r[1] for r in env.rows("PRAGMA table_info(jobs)")}
     [urgent] = env.push(f"echo urgent >> {env.tmp}/order", extra=("--priority", "7"))
     cols = {r[1] for r in env.rows("PRAGMA table_info(jobs)")}
     assert {"priority", "unique_key"} <= cols
@@ -218,3 +224,18 @@ def test_an_old_database_is_migrated_and_keeps_working(env: Env) -> None:
     # opening it again changes nothing
     SqliteBackend(str(env.db), "default", "again").close()
     assert len({r[1] for r in env.rows("PRAGMA table_info(jobs)")}) == len(cols)
+
+
+@pytest.mark.timeout(120)
+def test_writers_opening_an_old_database_at_once_migrate_it_once(env: Env) -> None:
+    conn = sqlite3.connect(env.db)
+    conn.executescript(OLD_SCHEMA)
+    conn.close()
+    procs = [subprocess.Popen([*command("jobq-ctl"), "--sqlite-path", str(env.db), "push",
+                               "-c", f"echo {i}", "--priority", str(i)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ))
+             for i in range(4)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, outs
+    assert sorted(r[0] for r in env.rows("SELECT priority FROM jobs")) == [0, 1, 2, 3]
