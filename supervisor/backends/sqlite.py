@@ -279,8 +279,9 @@ class SqliteBackend(BackendBase):
                         "INSERT INTO jobs (id, queue, body, status, max_attempts, created_at, "
                         "updated_at, visible_at, priority, unique_key) "
                         "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?)",
-                        (task.id, self.queue, task.to_json(), task.max_attempts, now, now,
-                         task.not_before or 0, task.priority, task.unique_key))
+                        (task.id, self.queue, task.to_json(), task.max_attempts,
+                         max(now, task.not_before or 0), now, task.not_before or 0,
+                         task.priority, task.unique_key))
                     ids.append(task.id)
         except sqlite3.IntegrityError:
             raise BackendError("a task with one of these ids is already in the queue; "

@@ -46,8 +46,12 @@ def cancel_pending(backend: SqliteBackend, ids: Sequence[str], reason: str,
 
 
 def oldest_pending_age(backend: SqliteBackend, now: float) -> float | None:
-    """Seconds since the oldest pending task was pushed (the lowest seq: one index step), or
-    None when nothing is pending."""
+    """Seconds since the oldest pending task that a worker could take now was queued (the
+    lowest seq among the visible ones: jobs_ready, stepping over those not visible yet), or
+    None when none is.  A task pushed with a delay counts as queued at its time (push sets
+    its created_at so), not when it was pushed: the autoscaling gauge must not read a task
+    delayed a day as a day of backlog.  Like Storage Queue's, a task backing off before a
+    retry is not waiting for a worker and is not counted."""
     rows = backend._query("SELECT created_at FROM jobs WHERE queue=? AND status='pending' "
-                          "ORDER BY seq LIMIT 1", (backend.queue,))
+                          "AND visible_at<=? ORDER BY seq LIMIT 1", (backend.queue, now))
     return max(0.0, now - rows[0][0]) if rows else None

@@ -240,7 +240,11 @@ class StorageQueueBackend(BackendBase):
         messages = self._call("peek", lambda: self._main.peek_messages(max_messages=1))
         for message in messages:
             if message.inserted_on is not None:
-                return max(0.0, now - message.inserted_on.timestamp())
+                # a delayed task (push --delay) is queued from its time, not from its push
+                task = parse_or_body(message_text(message.content))
+                since = max(message.inserted_on.timestamp(), getattr(task, "not_before", 0)
+                            or 0)
+                return max(0.0, now - since)
         return None
 
     def status(self) -> QueueStatus:

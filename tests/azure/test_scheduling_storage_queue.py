@@ -71,3 +71,16 @@ def test_what_the_service_cannot_do_is_refused(sq: SqEnv, args: tuple[str, ...],
     line = one_usage_line(sq.ctl("push", "-c", "true", *args, check=False), option)
     assert "storage-queue" in line and words in line
     assert sq.count() == 0
+
+
+def test_a_delayed_task_is_queued_from_its_time(sq: SqEnv) -> None:
+    """The oldest pending age (status, the autoscaling gauge) of a delayed message that just
+    became visible is counted from its time, not from its push 3 s before."""
+    t0 = time.time()
+    sq.ctl("push", "-c", "true", "--delay", "3s")
+    wait_for(lambda: json.loads(sq.ctl("peek", "--json").stdout), 30,
+             what="the delayed message to become visible")
+    age = json.loads(sq.ctl("status", "--json").stdout)["oldest_pending_age_s"]
+    since_push = time.time() - t0
+    # from its time (>= t0 + 3), give or take the 0.1 s the output rounds to
+    assert age is not None and age <= since_push - 3 + 0.1, (age, since_push)

@@ -91,6 +91,28 @@ def test_not_before_and_peek_json(env: Env) -> None:
     assert (counts["pending"], counts["delayed"]) == (2, 1)
 
 
+def test_the_oldest_pending_age_counts_a_delayed_task_from_its_time(env: Env) -> None:
+    """The autoscaling gauge: a task waiting for its time is no backlog, and one whose time
+    came is queued from then on, not from its push."""
+    [later] = env.push("true", extra=("--not-before", "2099-01-01T00:00:00Z"))
+    [ready] = env.push("true")
+    conn = sqlite3.connect(env.db)
+    with conn:
+        conn.execute("UPDATE jobs SET created_at=created_at-3600 WHERE id=?", (ready,))
+    age = json.loads(env.ctl("status", "--json").stdout)["oldest_pending_age_s"]
+    assert 3600 <= age < 3700  # the ready one's, behind the delayed one
+    with conn:  # an hour on: the delayed one's time came an hour after it was pushed
+        conn.execute("DELETE FROM jobs WHERE id=?", (ready,))
+    [soon] = env.push("true", extra=("--delay", "1h"))
+    with conn:
+        conn.execute("UPDATE jobs SET created_at=created_at-3600, visible_at=visible_at-3600 "
+                     "WHERE id=?", (soon,))
+    conn.close()
+    age = json.loads(env.ctl("status", "--json").stdout)["oldest_pending_age_s"]
+    assert age < 60, age  # queued at its time (now), not at its push (an hour ago)
+    assert env.job(later)["status"] == "pending"
+
+
 # ------------------------------------------------------------------------ per-task timeouts
 TERM_SCRIPT = ("date +%s.%N > {d}/start.{n}; trap 'date +%s.%N > {d}/term.{n}; exit 3' TERM; "
                "sleep 30 & wait")
