@@ -15,7 +15,7 @@ from .backends.base import Backend
 from .control.base import ControlStoreError
 from .security import SecurityConfigError, SigningKey, load_key, sign_task, split_paths
 from .settings import parse_duration
-from .task import DEFAULT_PRIORITY, MAX_PRIORITY, Task, TaskFormatError
+from .task import DEFAULT_PRIORITY, MAX_NOT_BEFORE, MAX_PRIORITY, Task, TaskFormatError
 from .usage import UsageError
 
 if TYPE_CHECKING:
@@ -125,8 +125,10 @@ def push_schedule(ns: Any, backend: Backend, tasks: list[Task], now: float) -> l
     not_before = _not_before(ns, now)
     if not_before is not None and not_before > now:
         ahead = not_before - now
+        option = "--delay" if ns.delay is not None else "--not-before"
+        if not_before >= MAX_NOT_BEFORE:
+            raise UsageError(f"{option}: later than the year 5000")
         if backend.max_delay is not None and ahead > backend.max_delay:
-            option = "--delay" if ns.delay is not None else "--not-before"
             raise UsageError(f"{option}: {name} can hold a task back at most "
                              f"{backend.max_delay / 86400:g} days, this is {ahead / 86400:.1f}")
         changes["not_before"] = round(not_before, 3)

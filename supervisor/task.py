@@ -31,6 +31,7 @@ MAX_ATTEMPTS = 1000
 _KWARGS_KEYS = {"cmd", "env", "cwd", "bg_dirsync_to"}
 DEFAULT_PRIORITY = 5
 MAX_PRIORITY = 9
+MAX_NOT_BEFORE = 95_617_584_000.0  # 5000-01-01 UTC, epoch seconds: later is a mistake
 MAX_UNIQUE_KEY = 128  # Service Bus message ids hold at most 128 characters
 
 
@@ -257,7 +258,7 @@ def _validate_schedule(priority: Any, not_before: Any, timeout: Any, unique_key:
             or not 0 <= priority <= MAX_PRIORITY:
         raise TaskFormatError(f"priority must be an integer from 0 to {MAX_PRIORITY}")
     if not_before is not None and (not isinstance(not_before, float)
-                                   or not 0 <= not_before < 1e11):
+                                   or not 0 <= not_before < MAX_NOT_BEFORE):
         raise TaskFormatError("not-before must be epoch seconds")
     if timeout is not None and (not isinstance(timeout, float) or not 0 < timeout < 1e9):
         raise TaskFormatError("timeout must be a number of seconds above 0")

@@ -111,6 +111,7 @@ def test_unique_hashes_command_env_and_cwd_not_the_id() -> None:
     (ns(not_before="next tuesday"), "--not-before"), (ns(timeout="0"), "--timeout"),
     (ns(timeout="0s"), "--timeout"), (ns(timeout="-3s"), "--timeout"),
     (ns(unique_key="k"), "--unique-key"),  # with two tasks (below)
+    (ns(delay=1e12), "--delay"), (ns(not_before="9999-01-01T00:00:00Z"), "--not-before"),
 ])
 def test_bad_input_is_one_line_naming_the_option(args: SimpleNamespace, option: str) -> None:
     assert refusal(args, n=2).startswith(option)
