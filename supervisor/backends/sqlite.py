@@ -78,7 +78,7 @@ class SqliteBackend(BackendBase):
         self._lease_lock = threading.Lock()
         self._lease_busy_ms = 0
         self._quick = threading.local()  # .on: this thread's lease writes may not wait
-        self._order = "priority DESC, seq"  # receive's order (peek's after the ready ones)
+        self.priorities_known = True  # False: an older database opened read-only
         if not create and not os.path.isfile(path):
             raise BackendError(f"SQLite database {path} does not exist (nothing was pushed "
                                f"there yet?)")
@@ -95,7 +95,7 @@ class SqliteBackend(BackendBase):
                 raise BackendError(f"SQLite database {path} holds no jobq queue (no jobs "
                                    f"table)")
             # a read-only command changes no schema: an older database has no priorities
-            self._order = "priority DESC, seq" if not missing_columns(self._conn) else "seq"
+            self.priorities_known = not missing_columns(self._conn)
             self._lease_conn = connect(path, busy_timeout, setup=create)
         except BaseException as exc:
             self.close()
@@ -312,7 +312,9 @@ class SqliteBackend(BackendBase):
         # in receive order, the ready ones before those not visible yet (an operator's
         # command: the sort over every pending job is fine)
         for (body,) in self._query("SELECT body FROM jobs WHERE queue=? AND status='pending' "
-                                   f"ORDER BY visible_at > ?, {self._order} LIMIT ?",
+                                   "ORDER BY visible_at > ?, "
+                                   f"{'priority DESC, ' if self.priorities_known else ''}seq "
+                                   "LIMIT ?",
                                    (self.queue, time.time(), n)):
             out.append(parse_or_body(body))
         return out
