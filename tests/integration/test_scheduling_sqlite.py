@@ -53,6 +53,16 @@ def test_a_thousand_mixed_priorities_start_in_order_fifo_within(env: Env) -> Non
     assert started == expected
 
 
+def test_one_receive_returns_its_leases_in_priority_order(env: Env) -> None:
+    backend = SqliteBackend(str(env.db), "default", "test")
+    try:
+        ids = backend.push([Task(cmd="true", priority=p) for p in (1, 9, 5, 9, 1, 0)])
+        leases = backend.receive(5, 60)
+        assert [lease.message_id for lease in leases] == [ids[i] for i in (1, 3, 2, 0, 4)]
+    finally:
+        backend.close()
+
+
 # ---------------------------------------------------------------------------------- delays
 @pytest.mark.timeout(120)
 def test_a_delayed_task_starts_after_its_delay_within_one_poll(env: Env) -> None:
