@@ -84,3 +84,16 @@ def test_a_delayed_task_is_queued_from_its_time(sq: SqEnv) -> None:
     since_push = time.time() - t0
     # from its time (>= t0 + 3), give or take the 0.1 s the output rounds to
     assert age is not None and age <= since_push - 3 + 0.1, (age, since_push)
+
+
+def test_a_task_timeout_fails_the_attempt_at_its_limit(sq: SqEnv) -> None:
+    start, term = sq.tmp / "start", sq.tmp / "term"
+    sq.ctl("push", "-c", f"date +%s.%N > {start}; trap 'date +%s.%N > {term}; exit 3' TERM; "
+           "sleep 30 & wait", "--timeout", "2s", "--max-attempts", "1")
+    sup = sq.supervisor("--task-time-limit", "20", "--kill-timeout", "2", "--exit-when-empty",
+                        "--poll-interval", "0.2")
+    assert sup.wait(60) == 4, sup.log()[-3000:]
+    ran = float(term.read_text().split()[0]) - float(start.read_text().split()[0])
+    assert 1.8 <= ran <= 3.5, ran
+    [rec] = sq.failed_records()
+    assert rec["reason"].startswith("time limit 2s exceeded"), rec["reason"]

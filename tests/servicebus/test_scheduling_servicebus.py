@@ -68,3 +68,16 @@ def test_priorities_are_refused(sb_env, value: str) -> None:
     [line] = res.stderr.splitlines()
     assert line.startswith("jobq-ctl: error: --priority: servicebus") and "queue" in line
     assert sb_env.broker.messages("work") == []
+
+
+def test_a_task_timeout_fails_the_attempt_at_its_limit(sb_env) -> None:
+    start, term = sb_env.tmp / "start", sb_env.tmp / "term"
+    sb_env.ctl("push", "-c", f"date +%s.%N > {start}; trap 'date +%s.%N > {term}; exit 3' "
+               "TERM; sleep 30 & wait", "--timeout", "2s", "--max-attempts", "1")
+    sup = sb_env.supervisor("--task-time-limit", "20", "--kill-timeout", "2",
+                            "--exit-when-empty")
+    assert sup.wait(60) == 4, sup.log()[-3000:]
+    ran = float(term.read_text().split()[0]) - float(start.read_text().split()[0])
+    assert 1.8 <= ran <= 3.5, ran
+    [rec] = sb_env.failed_json()
+    assert rec["reason"].startswith("time limit 2s exceeded"), rec["reason"]
