@@ -37,6 +37,7 @@ from bench_measure import (
     sqlite_throughput,
 )
 from bench_output import blob_store_rate, output_rate, store_rate
+from bench_receive import receive_time
 from benchlib import Azurite, Bench, Figure, Row, pct
 
 
@@ -231,6 +232,17 @@ def fig_dashboard_azure_calls(b: Bench) -> None:
           f"+ {m['sampler (one per dashboard)']} for the sampler, per dashboard", "")
 
 
+def fig_receive_depth(b: Bench) -> None:
+    # Alternating depths, ratio per pair, as the throughput figures.
+    deep = 20_000 if b.quick else 100_000
+    pairs = [(receive_time(b.tmp, 1000), receive_time(b.tmp, deep)) for _ in range(b.runs)]
+    shallow_s, deep_s, ratio = paired_medians(pairs)
+    b.results.update(receive_s_at_1000=shallow_s, receive_s_deep=deep_s, receive_depth=deep,
+                     receive_ratios=[d / s for s, d in pairs])
+    b.row(f"SQLite receive, {deep:,} pending (priorities 0-9)", f"{deep_s * 1e6:.0f} us",
+          f"at 1,000 pending: {shallow_s * 1e6:.0f} us", f"{ratio:.2f}x (target <= 2x)")
+
+
 # The table's rows, in order.  Consecutive Azurite figures share one Azurite.
 FIGURES = [
     Figure(fig_sqlite_throughput),
@@ -247,6 +259,7 @@ FIGURES = [
     Figure(fig_output_store_blob, azurite=True),  # skipped with --skip-azurite
     Figure(fig_dashboard),
     Figure(fig_dashboard_azure_calls, azurite=True),
+    Figure(fig_receive_depth),
 ]
 
 

@@ -3,15 +3,19 @@ sub-command (the fleet ones are in ctl_fleet.py).  Main thread."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
+from dataclasses import replace
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend
 from .control.base import ControlStoreError
 from .security import SecurityConfigError, SigningKey, load_key, sign_task, split_paths
-from .task import Task, TaskFormatError
+from .settings import parse_duration
+from .task import DEFAULT_PRIORITY, MAX_NOT_BEFORE, MAX_PRIORITY, Task, TaskFormatError
 from .usage import UsageError
 
 if TYPE_CHECKING:
@@ -81,6 +85,80 @@ def first_key(ns: Any) -> SigningKey | None:
         raise UsageError(str(exc)) from None
 
 
+def _not_before(ns: Any, now: float) -> float | None:
+    """--delay or --not-before as wall-clock epoch seconds (None: neither given)."""
+    if ns.delay is not None:
+        return now + ns.delay if ns.delay > 0 else None
+    if ns.not_before is None:
+        return None
+    text = ns.not_before.strip()
+    try:  # Python < 3.11 reads no "Z"
+        when = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in "zZ" and text
+                                      else text)
+    except ValueError:
+        raise UsageError(f"--not-before: {ns.not_before!r} is not an ISO-8601 time (e.g. "
+                         "2026-11-24T18:00:00Z)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()
+
+
+def _unique_key(task: Task) -> str:
+    """--unique: a hash of what the task runs (command, env, cwd), not of its id."""
+    what = json.dumps([task.cmd, sorted(task.env.items()), task.cwd])
+    return "sha256:" + hashlib.sha256(what.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
+def push_schedule(ns: Any, backend: Backend, tasks: list[Task], now: float) -> list[Task]:
+    """The tasks with --priority, --delay/--not-before, --timeout and --unique(-key) applied,
+    or a UsageError naming the option (bad value, or what ``backend`` cannot do)."""
+    name = backend.name
+    changes: dict[str, Any] = {}
+    if ns.priority is not None:
+        if not 0 <= ns.priority <= MAX_PRIORITY:
+            raise UsageError(f"--priority: must be 0..{MAX_PRIORITY} (higher first), got "
+                             f"{ns.priority}")
+        if not backend.priorities:
+            raise UsageError(f"--priority: {name} has no message priority; push urgent tasks "
+                             "to a queue of their own and give the worker several queues")
+        changes["priority"] = ns.priority
+    not_before = _not_before(ns, now)
+    if not_before is not None and not_before > now:
+        ahead = not_before - now
+        option = "--delay" if ns.delay is not None else "--not-before"
+        if not_before >= MAX_NOT_BEFORE:
+            raise UsageError(f"{option}: later than the year 5000")
+        if backend.max_delay is not None and ahead > backend.max_delay:
+            raise UsageError(f"{option}: {name} can hold a task back at most "
+                             f"{backend.max_delay / 86400:g} days, this is {ahead / 86400:.1f}")
+        changes["not_before"] = round(not_before, 3)
+    if ns.timeout is not None:
+        try:
+            timeout = parse_duration(ns.timeout)
+        except ValueError as exc:
+            raise UsageError(f"--timeout: {exc}") from None
+        if timeout <= 0:
+            raise UsageError(f"--timeout: must be more than 0, got {ns.timeout!r}")
+        changes["timeout"] = timeout
+    if ns.unique_key is not None or ns.unique:
+        option = "--unique-key" if ns.unique_key is not None else "--unique"
+        if not backend.unique_tasks:
+            raise UsageError(f"{option}: {name} cannot find a pending or running task by key "
+                             "(the service has no index of its messages)")
+        if ns.unique_key is not None and len(tasks) > 1:
+            raise UsageError("--unique-key: one key for several tasks would push only the "
+                             "first; use --unique (a key per command)")
+    try:
+        tasks = [replace(t, **changes) for t in tasks]
+        if ns.unique_key is not None:
+            tasks = [replace(t, unique_key=ns.unique_key) for t in tasks]
+        elif ns.unique:
+            tasks = [replace(t, unique_key=_unique_key(t)) for t in tasks]
+    except TaskFormatError as exc:
+        raise UsageError(f"push: {exc}") from None
+    return tasks
+
+
 def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None) -> int:
     """``sources``: given for --wait/--follow (opened before anything is pushed)."""
     commands = list(ns.commands)
@@ -99,15 +177,19 @@ def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None) -> int:
     try:
         tasks = [Task(cmd=c, env=env, cwd=ns.cwd, max_attempts=ns.task_max_attempts)
                  for c in commands]
+        now = time.time()
+        tasks = push_schedule(ns, backend, tasks, now)
         if key is not None:
-            now = time.time()
             tasks = [sign_task(t, key, now) for t in tasks]
         for t in tasks:
             t.to_json()
     except TaskFormatError as exc:
         raise UsageError(f"push: {exc}") from None
     ids = backend.push(tasks)
-    for task_id in ids:
+    for task, task_id in zip(tasks, ids):
+        if task_id != task.id:  # skipped: stdout keeps one id per task, the live one's
+            print(f"jobq-ctl: skipped: unique key {task.unique_key!r} is held by pending or "
+                  f"running task {task_id}", file=sys.stderr)
         print(task_id)
     if sources is not None:
         from .ctl_output import after_push
@@ -116,16 +198,33 @@ def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None) -> int:
     return 0
 
 
+def _schedule_text(task: Task, now: float) -> str:
+    """What peek shows besides id and command: a priority other than the default, a time
+    it waits for (pushed with --delay/--not-before), its own time limit."""
+    parts = []
+    if task.not_before is not None and task.not_before > now:
+        parts.append(f"delayed until {iso(task.not_before)}")
+    if task.priority != DEFAULT_PRIORITY:
+        parts.append(f"priority {task.priority}")
+    if task.timeout is not None:
+        parts.append(f"timeout {task.timeout:g}s")
+    return f"[{', '.join(parts)}]  " if parts else ""
+
+
 def cmd_peek(ns: Any, backend: Backend) -> int:
     items = backend.peek(ns.n)
+    now = time.time()
     if ns.json:
         print(dumps([{"id": t.id, "cmd": t.cmd, "env": t.env, "cwd": t.cwd,
-                      "max_attempts": t.max_attempts} if isinstance(t, Task)
-                     else {"invalid_body": t} for t in items]))
+                      "max_attempts": t.max_attempts, "priority": t.priority,
+                      "not_before": iso_or_none(t.not_before),
+                      "delayed": t.not_before is not None and t.not_before > now,
+                      "timeout": t.timeout, "unique_key": t.unique_key}
+                     if isinstance(t, Task) else {"invalid_body": t} for t in items]))
         return 0
     for t in items:
         if isinstance(t, Task):
-            print(f"{t.id}  {t.cmd}")
+            print(f"{t.id}  {_schedule_text(t, now)}{t.cmd}")
         else:
             print(f"(invalid body)  {t[:200]!r}")
     return 0

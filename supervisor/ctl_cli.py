@@ -56,6 +56,23 @@ def ctl_parser() -> _Parser:
                            "variables the worker sets)")
     push.add_argument("--cwd", default=None,
                       help="working directory of the tasks (default: the worker's)")
+    # -- scheduling (ctl.py push_schedule; README "Scheduling" says which backend has which)
+    push.add_argument("--priority", type=int, default=None, metavar="N",
+                      help="0..9, higher first (default 5); SQLite only")
+    when = push.add_mutually_exclusive_group()
+    when.add_argument("--delay", type=_duration, default=None, metavar="DURATION",
+                      help="start no sooner than this long after the push (e.g. 90s, 2h)")
+    when.add_argument("--not-before", default=None, metavar="ISO-8601",
+                      help="start no sooner than this time (no zone: UTC)")
+    push.add_argument("--timeout", default=None, metavar="DURATION",
+                      help="this task's time limit; the worker applies the smaller of it and "
+                           "its --task-time-limit")
+    once = push.add_mutually_exclusive_group()
+    once.add_argument("--unique-key", default=None, metavar="KEY",
+                      help="skip the push while a task with this key is pending or running "
+                           "(prints that task's id)")
+    once.add_argument("--unique", action="store_true",
+                      help="--unique-key of a hash of each task's command, env and cwd")
     # -- task output (ctl_output.py): push --wait/--follow, logs
     push.add_argument("--wait", action="store_true",
                       help="after printing the ids, wait until every task ended for good; "

@@ -242,10 +242,10 @@ class Launcher:
         if self.lifeline is not None:
             self.lifeline.register(proc.pgid, proc.marker, keeper)  # with its lease deadline
         now = self.clock()
+        limit = time_limit(task.timeout, self.s.task_time_limit)
         rt = RunningTask(task_id=task_id, attempt=lease.attempt, proc=proc, keeper=keeper,
-                         started=now, lease=lease, task=task,
-                         time_limit_at=now + self.s.task_time_limit
-                         if self.s.task_time_limit else None)
+                         started=now, lease=lease, task=task, time_limit=limit,
+                         time_limit_at=None if limit is None else now + limit)
         if proc.output is None:  # attach() failed on the spawner thread (a bug): do it here
             self.attach(job)
         self.metrics.task_started()
@@ -278,6 +278,13 @@ class Launcher:
     def _output_closed(self) -> None:
         """A task's output reached EOF: wake the main loop (pump thread)."""
         self.events.put(WAKE)
+
+
+def time_limit(task_timeout: float | None, worker_limit: float | None) -> float | None:
+    """The smaller of the task's own timeout (push --timeout) and --task-time-limit (0 or
+    None: none); None when neither applies."""
+    limits = [t for t in (task_timeout, worker_limit) if t]
+    return min(limits) if limits else None
 
 
 def _task_id(lease: Lease) -> str:

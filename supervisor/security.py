@@ -40,7 +40,7 @@ from typing import Any
 
 from .limits import TaskLimits, TaskUserIds
 from .settings import Settings
-from .task import Task
+from .task import DEFAULT_PRIORITY, Task
 
 log = logging.getLogger("jobq.security")
 
@@ -95,8 +95,17 @@ def load_keys(values: Sequence[str] | None) -> list[SigningKey]:
 
 # --------------------------------------------------------------------------- signatures
 def canonical(task: Task, iat: int) -> bytes:
-    """The bytes the MAC covers: sorted-key, whitespace-free JSON of cmd, env, cwd, id, iat."""
-    doc = {"cmd": task.cmd, "env": dict(task.env), "cwd": task.cwd, "id": task.id, "iat": iat}
+    """The bytes the MAC covers: sorted-key, whitespace-free JSON of cmd, env, cwd, id, iat,
+    and of the scheduling fields a task carries (priority, not_before, timeout, unique_key),
+    each only when set -- so a task without them signs as before, and one with them cannot
+    have them changed (made to wait, or to jump the queue) without breaking the signature."""
+    doc: dict[str, object] = {"cmd": task.cmd, "env": dict(task.env), "cwd": task.cwd,
+                              "id": task.id, "iat": iat}
+    if task.priority != DEFAULT_PRIORITY:
+        doc["priority"] = task.priority
+    for name in ("not_before", "timeout", "unique_key"):
+        if getattr(task, name) is not None:
+            doc[name] = getattr(task, name)
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 

@@ -247,7 +247,9 @@ class Settlement:
             self.consecutive_failures = 0
             return
         if rt.term_reason == "time limit":
-            reason = f"task time limit of {self.s.task_time_limit:g}s exceeded ({status})"
+            # one text for push --timeout and --task-time-limit: the limit that applied
+            reason = f"time limit {rt.time_limit or self.s.task_time_limit or 0:g}s exceeded " \
+                     f"({status})"
         else:
             reason = status if rt.term_reason else self.guard.annotate_failure(
                 status, rc, tail, rt.proc.marker)

@@ -5,11 +5,15 @@ Wire format is the ai4s-jobq v1 envelope (plain JSON text)::
     {"version": 1, "reply_requested": false, "num_retries": 0, "id": "<hex>",
      "kwargs": "<JSON string of {cmd, env?, cwd?}>",
      "jobq_max_attempts": 5, "jobq_preemptions": 0,
-     "jobq_sig": {"kid": "...", "iat": 1700000000, "mac": "<hex>"}}   # only when signed
+     "jobq_sig": {"kid": "...", "iat": 1700000000, "mac": "<hex>"},   # only when signed
+     "jobq_priority": 7, "jobq_not_before": 1700000000.0, "jobq_timeout": 2.0,
+     "jobq_unique_key": "..."}   # scheduling (docs/architecture.rst): each only when set
 
 ai4s-jobq's worker rejects unknown keys inside ``kwargs``, so our own fields live at the top
-level, where it ignores them.  Our simpler own format ``{"cmd": ..., "env": ..., "cwd": ...}``
-is accepted on input too.  Nothing here raises anything but TaskFormatError.
+level, where it ignores them; a body without one of them reads as its default (an older
+jobq-ctl's or ai4s-jobq's), and an older reader ignores them.  Our simpler own format
+``{"cmd": ..., "env": ..., "cwd": ...}`` is accepted on input too.  Nothing here raises
+anything but TaskFormatError.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ MAX_COMMAND_BYTES = 32 * 1024
 # A message asking for billions of attempts would keep a failing task cycling forever.
 MAX_ATTEMPTS = 1000
 _KWARGS_KEYS = {"cmd", "env", "cwd", "bg_dirsync_to"}
+DEFAULT_PRIORITY = 5
+MAX_PRIORITY = 9
+MAX_NOT_BEFORE = 95_617_584_000.0  # 5000-01-01 UTC, epoch seconds: later is a mistake
+MAX_UNIQUE_KEY = 128  # Service Bus message ids hold at most 128 characters
 
 
 class TaskFormatError(ValueError):
@@ -48,9 +56,15 @@ class Task:
     # top-level "jobq_sig" as received or as added by security.sign_task; verified (and its
     # shape checked) only by security.py, so a malformed one is a refusal, not poison
     signature: Any = field(default=None, compare=False)
+    # scheduling (jobq-ctl push): 0..9, higher first (SQLite orders by it)
+    priority: int = DEFAULT_PRIORITY
+    not_before: float | None = None  # wall-clock epoch seconds it was pushed to wait for
+    timeout: float | None = None  # seconds; the worker applies min(this, --task-time-limit)
+    unique_key: str | None = None  # a push while a task with this key lives is skipped
 
     def __post_init__(self) -> None:
         _validate(self.cmd, self.env, self.cwd, self.max_attempts, self.id)
+        _validate_schedule(self.priority, self.not_before, self.timeout, self.unique_key)
 
     def with_preemption(self) -> Task:
         return replace(self, preemptions=self.preemptions + 1)
@@ -74,6 +88,12 @@ class Task:
         }
         if self.signature is not None:
             body["jobq_sig"] = self.signature
+        if self.priority != DEFAULT_PRIORITY:
+            body["jobq_priority"] = self.priority
+        for key, value in (("jobq_not_before", self.not_before), ("jobq_timeout", self.timeout),
+                           ("jobq_unique_key", self.unique_key)):
+            if value is not None:
+                body[key] = value
         text = json.dumps(body)
         if len(text.encode("utf-8")) > MAX_BODY_BYTES:
             raise TaskFormatError(f"task body is {len(text)} bytes, more than {MAX_BODY_BYTES}")
@@ -166,6 +186,10 @@ class Task:
             preemptions=preemptions,
             num_retries=num_retries,
             signature=signature,
+            priority=data.get("jobq_priority", DEFAULT_PRIORITY),
+            not_before=_number(data.get("jobq_not_before")),
+            timeout=_number(data.get("jobq_timeout")),
+            unique_key=data.get("jobq_unique_key"),
         )
 
 
@@ -220,6 +244,28 @@ def _validate(cmd: Any, env: Any, cwd: Any, max_attempts: Any, task_id: Any) -> 
         or not 1 <= max_attempts <= MAX_ATTEMPTS
     ):
         raise TaskFormatError(f"max attempts must be an integer from 1 to {MAX_ATTEMPTS}")
+
+
+def _number(value: Any) -> Any:
+    """An integer where a float is meant reads as that float (others: _validate_schedule)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _validate_schedule(priority: Any, not_before: Any, timeout: Any, unique_key: Any) -> None:
+    if not isinstance(priority, int) or isinstance(priority, bool) \
+            or not 0 <= priority <= MAX_PRIORITY:
+        raise TaskFormatError(f"priority must be an integer from 0 to {MAX_PRIORITY}")
+    if not_before is not None and (not isinstance(not_before, float)
+                                   or not 0 <= not_before < MAX_NOT_BEFORE):
+        raise TaskFormatError("not-before must be epoch seconds")
+    if timeout is not None and (not isinstance(timeout, float) or not 0 < timeout < 1e9):
+        raise TaskFormatError("timeout must be a number of seconds above 0")
+    if unique_key is not None and (not isinstance(unique_key, str) or not unique_key
+                                   or len(unique_key) > MAX_UNIQUE_KEY
+                                   or not unique_key.isprintable()):
+        raise TaskFormatError(f"unique key must be 1..{MAX_UNIQUE_KEY} printable characters")
 
 
 def _short(exc: BaseException) -> str:

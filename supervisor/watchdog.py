@@ -48,6 +48,7 @@ class RunningTask:
     keeper: LeaseKeeper
     started: float
     time_limit_at: float | None = None
+    time_limit: float | None = None  # s: min(the task's timeout, --task-time-limit)
     lease: Any = None
     task: Any = None
     # requests (main)

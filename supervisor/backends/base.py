@@ -131,10 +131,20 @@ class Backend(Protocol):
     # ``oldest_pending_age(now)`` can tell how long the oldest pending task has waited
     # (jobq-ctl status, the autoscaling gauge).  Default False (then it is never asked).
     tells_age: bool
+    # Scheduling at push (jobq-ctl push, README "Scheduling"): ``priorities`` -- receive
+    # honours Task.priority; ``max_delay`` -- the longest Task.not_before ahead the service
+    # takes (None: no limit); ``unique_tasks`` -- push skips a task whose unique_key matches
+    # a pending or running one and returns that one's id in its place.  Defaults: none.
+    priorities: bool
+    max_delay: float | None
+    unique_tasks: bool
 
     def receive(self, max_messages: int, lock_duration: float) -> Sequence[Lease]: ...
 
-    def push(self, tasks: Sequence[Task]) -> list[str]: ...
+    def push(self, tasks: Sequence[Task]) -> list[str]:
+        """Queue the tasks; their ids, in order.  With ``unique_tasks``, a task skipped for
+        its unique_key has the live task's id in its place (a different id tells it)."""
+        ...
 
     def size(self) -> int: ...
 
@@ -182,6 +192,9 @@ class BackendBase:
     change_probe: bool = False
     quick_settle: bool = False
     tells_age: bool = False
+    priorities: bool = False
+    max_delay: float | None = None
+    unique_tasks: bool = False
 
     def changed(self) -> bool:
         """Without a probe the answer is always "maybe" (never asked: ``change_probe``)."""

@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
@@ -67,6 +67,7 @@ class ServiceBusBackend(BackendBase):
     # A lapsed lock makes the message available again; our estimate of the broker's expiry
     # can be early by a renewal's transit, and an idle receiver may hold it for a moment.
     lost_lease_return_delay = 5.0
+    unique_tasks = True  # by message id, with the queue's duplicate detection (push)
 
     def __init__(self, queue: str, *, connection_string: str | None = None,
                  namespace: str | None = None, credential: Any = None, worker_id: str = "",
@@ -235,13 +236,22 @@ class ServiceBusBackend(BackendBase):
             sender.send_messages(messages, timeout=timeout)
 
     def push(self, tasks: Sequence[Task]) -> list[str]:
-        """Send the tasks (message id = task id) in batches; returns their ids."""
+        """Send the tasks in batches; returns their ids.  The message id is the task's
+        unique key, else its id (duplicate detection drops a repeat, see README); a delayed
+        task is a scheduled message."""
         ids: list[str] = []
+        if any(t.unique_key for t in tasks):
+            LOG.warning("unique keys are message ids: with duplicate detection on the queue "
+                        "(see README) Service Bus drops a repeat within its window, without "
+                        "telling; an id printed for it names a task that never runs")
         with self._sdk("push"), self._main.get_queue_sender(self.queue_name) as sender:
             batch = self._call("push", sender.create_message_batch)
             for task in tasks:
-                message = ServiceBusMessage(task.to_json(), message_id=task.id,
-                                            content_type="application/json")
+                message = ServiceBusMessage(
+                    task.to_json(), message_id=task.unique_key or task.id,
+                    content_type="application/json",
+                    scheduled_enqueue_time_utc=None if task.not_before is None
+                    else datetime.fromtimestamp(task.not_before, timezone.utc))
                 try:
                     batch.add_message(message)
                 except ValueError:  # MessageSizeExceededError: the batch is full

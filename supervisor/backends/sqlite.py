@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from ..task import Task, parse_or_body
 from .base import BackendBase, BackendConfigError, BackendError, FailedRecord, QueueStatus
 from .common import command_of
-from .sqlite_db import SCHEMA, connect, is_lock_error, is_readonly_error
+from .sqlite_db import connect, is_lock_error, is_readonly_error, missing_columns, set_up
 from .sqlite_lease import SqliteLease
 
 __all__ = ["SqliteBackend", "SqliteLease"]
@@ -36,8 +36,8 @@ RECEIVE_SQL = (
     "UPDATE jobs SET status='running', attempt=attempt+1, token=token+1, "
     "locked_by=?, locked_at=?, locked_until=?, updated_at=? WHERE seq IN ("
     "SELECT seq FROM jobs WHERE queue=? AND status='pending' AND visible_at<=? "
-    "ORDER BY seq LIMIT ?) "
-    "RETURNING seq, id, body, attempt, token, max_attempts")
+    "ORDER BY priority DESC, seq LIMIT ?) "
+    "RETURNING priority, seq, id, body, attempt, token, max_attempts")
 
 MAIN_BUSY_TIMEOUT = 0.5  # the main loop retries on its next turn rather than block
 QUICK_WAIT = 0.005  # the most a settlement tried on the main loop may wait for the database
@@ -52,6 +52,8 @@ class SqliteBackend(BackendBase):
     change_probe = True  # ``changed``: PRAGMA data_version, from shared memory
     quick_settle = True  # ``quick_writes``: a short task's lease is settled on the main thread
     tells_age = True  # ``oldest_pending_age``: one index step (sqlite_fleet.py)
+    priorities = True  # receive in (priority DESC, seq) order: jobs_by_priority
+    unique_tasks = True  # jobs_unique: a partial unique index over live tasks' keys
 
     def __init__(self, path: str, queue: str, worker_id: str, *, max_attempts: int = 5,
                  stale_lock_age: float = 2700.0, reaper_interval: float = 300.0,
@@ -76,6 +78,7 @@ class SqliteBackend(BackendBase):
         self._lease_lock = threading.Lock()
         self._lease_busy_ms = 0
         self._quick = threading.local()  # .on: this thread's lease writes may not wait
+        self.priorities_known = True  # False: an older database opened read-only
         if not create and not os.path.isfile(path):
             raise BackendError(f"SQLite database {path} does not exist (nothing was pushed "
                                f"there yet?)")
@@ -85,12 +88,14 @@ class SqliteBackend(BackendBase):
         try:
             self._conn = connect(path, busy_timeout, setup=create)
             if create:
-                self._conn.executescript(SCHEMA)
+                set_up(self._conn)
                 self._check_writable()
             elif not self._conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' "
                                         "AND name='jobs'").fetchone():
                 raise BackendError(f"SQLite database {path} holds no jobq queue (no jobs "
                                    f"table)")
+            # a read-only command changes no schema: an older database has no priorities
+            self.priorities_known = not missing_columns(self._conn)
             self._lease_conn = connect(path, busy_timeout, setup=create)
         except BaseException as exc:
             self.close()
@@ -210,7 +215,9 @@ class SqliteBackend(BackendBase):
                               max_messages)).fetchall()
         except sqlite3.DatabaseError as exc:
             raise BackendError(f"SQLite receive failed: {exc}") from None
-        return [SqliteLease(self, row, lock_duration) for row in sorted(rows)]
+        # RETURNING's order is not the subquery's: the priority order again
+        return [SqliteLease(self, row[1:], lock_duration)
+                for row in sorted(rows, key=lambda r: (-r[0], r[1]))]
 
     def maintenance(self) -> None:
         """The stale-lock reaper, every --reaper-interval (main thread)."""
@@ -253,20 +260,35 @@ class SqliteBackend(BackendBase):
 
     # -- producer / operator side ----------------------------------------------------------
     def push(self, tasks: Sequence[Task]) -> list[str]:
+        """Insert the tasks in one transaction; a task whose unique_key a pending or running
+        task holds is skipped, that task's id in its place (Backend.push)."""
         now = time.time()
+        ids = []
         try:
             with self._tx() as conn:
                 for task in tasks:
+                    if task.unique_key is not None:
+                        live = conn.execute(
+                            "SELECT id FROM jobs WHERE queue=? AND unique_key=? "
+                            "AND status IN ('pending', 'running')",
+                            (self.queue, task.unique_key)).fetchone()
+                        if live is not None:
+                            ids.append(live[0])
+                            continue
                     conn.execute(
                         "INSERT INTO jobs (id, queue, body, status, max_attempts, created_at, "
-                        "updated_at, visible_at) VALUES (?, ?, ?, 'pending', ?, ?, ?, 0)",
-                        (task.id, self.queue, task.to_json(), task.max_attempts, now, now))
+                        "updated_at, visible_at, priority, unique_key) "
+                        "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?)",
+                        (task.id, self.queue, task.to_json(), task.max_attempts,
+                         max(now, task.not_before or 0), now, task.not_before or 0,
+                         task.priority, task.unique_key))
+                    ids.append(task.id)
         except sqlite3.IntegrityError:
             raise BackendError("a task with one of these ids is already in the queue; "
                                "nothing was pushed") from None
         except sqlite3.DatabaseError as exc:
             raise BackendError(f"SQLite push failed: {exc}") from None
-        return [t.id for t in tasks]
+        return ids
 
     def push_raw(self, body: str, job_id: str) -> None:
         """Store a body as is (tests and repair tools: lets poison reach the worker)."""
@@ -287,16 +309,26 @@ class SqliteBackend(BackendBase):
 
     def peek(self, n: int) -> list[Task | str]:
         out: list[Task | str] = []
+        # in receive order, the ready ones before those not visible yet (an operator's
+        # command: the sort over every pending job is fine)
         for (body,) in self._query("SELECT body FROM jobs WHERE queue=? AND status='pending' "
-                                   "ORDER BY seq LIMIT ?", (self.queue, n)):
+                                   "ORDER BY visible_at > ?, "
+                                   f"{'priority DESC, ' if self.priorities_known else ''}seq "
+                                   "LIMIT ?",
+                                   (self.queue, time.time(), n)):
             out.append(parse_or_body(body))
         return out
 
     def status(self) -> QueueStatus:
-        counts = {s: 0 for s in ("pending", "running", "succeeded", "failed")}
+        counts = {s: 0 for s in ("pending", "delayed", "running", "succeeded", "failed")}
         for state, count in self._query("SELECT status, COUNT(*) FROM jobs WHERE queue=? "
                                         "GROUP BY status", (self.queue,)):
             counts[state] = count
+        # pending jobs not visible yet (pushed with a delay, or backing off before a retry):
+        # a part of "pending", shown apart from the ready ones
+        counts["delayed"] = self._query(
+            "SELECT COUNT(*) FROM jobs WHERE queue=? AND status='pending' AND visible_at>?",
+            (self.queue, time.time()))[0][0]
         running = [
             {"id": i, "worker": w, "attempt": a, "locked_at": la, "locked_until": lu}
             for i, w, a, la, lu in self._query(
@@ -319,8 +351,9 @@ class SqliteBackend(BackendBase):
 
     def requeue(self, ids: Sequence[str] | None) -> int:
         now = time.time()
-        sql = ("UPDATE jobs SET status='pending', attempt=0, visible_at=?, reason=NULL, "
-               "updated_at=? WHERE queue=? AND status='failed'")
+        # OR IGNORE: a failed task whose unique key a live task holds stays failed
+        sql = ("UPDATE OR IGNORE jobs SET status='pending', attempt=0, visible_at=?, "
+               "reason=NULL, updated_at=? WHERE queue=? AND status='failed'")
         args: tuple = (now, now, self.queue)
         if ids is not None:
             if not ids:

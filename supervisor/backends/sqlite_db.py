@@ -28,13 +28,50 @@ CREATE TABLE IF NOT EXISTS jobs (
     reason       TEXT,
     output_tail  TEXT,
     exit_status  INTEGER,
+    priority     INTEGER NOT NULL DEFAULT 5,
+    unique_key   TEXT,
     UNIQUE (queue, id)
 );
--- Receive walks pending jobs in seq order and stops after LIMIT: ordered by (visible_at, seq)
--- (the first schema) it had to sort every pending job on each receive, O(queue depth).
-DROP INDEX IF EXISTS jobs_by_state;
-CREATE INDEX IF NOT EXISTS jobs_ready ON jobs (queue, status, seq, visible_at);
 """
+# Added after the first release: a database made before them gets them (migrate), with
+# their defaults, so older jobs read as priority 5 without a key.
+COLUMNS = (("priority", "INTEGER NOT NULL DEFAULT 5"), ("unique_key", "TEXT"))
+INDEXES = """
+-- Receive walks pending jobs in (priority DESC, seq) order and stops after LIMIT, so its
+-- cost does not grow with the queue's depth (ordered by (visible_at, seq), the first schema
+-- sorted every pending job on each receive).  It replaces jobs_ready (queue, status, seq,
+-- visible_at): a second index over every job cost each receive and settle ~30 % more.
+DROP INDEX IF EXISTS jobs_by_state;
+DROP INDEX IF EXISTS jobs_ready;
+CREATE INDEX IF NOT EXISTS jobs_by_priority
+    ON jobs (queue, status, priority DESC, seq, visible_at);
+-- At most one live task per key: push looks it up here inside its write transaction, and
+-- any other write that would make a second one (a requeue) fails instead.
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_unique ON jobs (queue, unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('pending', 'running');
+"""
+
+
+def set_up(conn: sqlite3.Connection) -> None:
+    """Create the table, add the columns an older database lacks, create the indexes (at
+    open, main thread).  The check and the ALTERs are one write transaction: two workers
+    opening an old database at once add each column once."""
+    conn.executescript(SCHEMA)
+    if missing_columns(conn):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for name, decl in missing_columns(conn):
+                conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    conn.executescript(INDEXES)
+
+
+def missing_columns(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+    have = {row[1] for row in conn.execute("PRAGMA table_info(jobs)")}
+    return [(name, decl) for name, decl in COLUMNS if name not in have]
 
 
 def connect(path: str, busy_timeout: float, setup: bool = True) -> sqlite3.Connection:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..task import MAX_PRIORITY
 from .sqlite import SqliteBackend
 
 _CHUNK = 500  # ids per statement, well below SQLite's 32,766 host parameters
@@ -45,9 +46,26 @@ def cancel_pending(backend: SqliteBackend, ids: Sequence[str], reason: str,
     return taken
 
 
+# The first visible pending job of each priority (a few steps each down jobs_by_priority,
+# which is in (priority, seq) order), then the earliest of those ten: an ORDER BY seq over
+# every priority would sort every pending job.
+OLDEST_SQL = (
+    "SELECT MIN((SELECT created_at FROM jobs WHERE queue=?1 AND status='pending' "
+    "AND priority=p.column1 AND visible_at<=?2 ORDER BY seq LIMIT 1)) "
+    f"FROM (VALUES {','.join(f'({i})' for i in range(MAX_PRIORITY + 1))}) AS p")
+# A database no writer has opened since priorities came (read-only jobq-ctl): seq order.
+OLDEST_SQL_UNMIGRATED = ("SELECT MIN(created_at) FROM (SELECT created_at FROM jobs WHERE "
+                         "queue=?1 AND status='pending' AND visible_at<=?2 ORDER BY seq LIMIT 1)")
+
+
 def oldest_pending_age(backend: SqliteBackend, now: float) -> float | None:
-    """Seconds since the oldest pending task was pushed (the lowest seq: one index step), or
-    None when nothing is pending."""
-    rows = backend._query("SELECT created_at FROM jobs WHERE queue=? AND status='pending' "
-                          "ORDER BY seq LIMIT 1", (backend.queue,))
+    """Seconds since the oldest pending task that a worker could take now was queued (the
+    earliest of each priority's first visible one, stepping over those not visible yet), or
+    None when none is.  A task pushed with a delay counts as queued at its time (push sets
+    its created_at so), not when it was pushed: the autoscaling gauge must not read a task
+    delayed a day as a day of backlog.  Like Storage Queue's, a task backing off before a
+    retry is not waiting for a worker and is not counted."""
+    sql = OLDEST_SQL if backend.priorities_known else OLDEST_SQL_UNMIGRATED
+    rows = backend._query(sql, (backend.queue, now))
+    rows = [r for r in rows if r[0] is not None]
     return max(0.0, now - rows[0][0]) if rows else None

@@ -18,6 +18,7 @@ deadline.  Clients are cheap (~0.2 ms, no I/O); each lease pays one new connecti
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from collections.abc import Sequence
@@ -55,6 +56,7 @@ T = TypeVar("T")
 FAILED_SUFFIX = "-failed"
 QUEUED_NOTE = ("Storage Queue cannot tell pending from running or backing-off messages: "
                "queued counts all of them")
+MAX_HIDDEN = 7 * 86400  # s: the service's longest visibility timeout
 _PAGE = 32  # the service returns at most 32 messages per receive or peek
 _LIST_VISIBILITY = 60  # s a failed record stays hidden while failed()/requeue() pages through
 _NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
@@ -69,6 +71,8 @@ class StorageQueueBackend(BackendBase):
     tells_age = True  # ``oldest_pending_age``: one peek
     # A lapsed visibility timeout makes the message visible; slack for a renewal in transit.
     lost_lease_return_delay = 2.0
+    # push --delay: the initial visibility timeout, which the service caps at 7 days
+    max_delay: float | None = MAX_HIDDEN
 
     def __init__(self, queue: str, *, connection_string: str | None = None,
                  account_url: str | None = None, worker_id: str = "",
@@ -191,8 +195,12 @@ class StorageQueueBackend(BackendBase):
         before it are queued)."""
         ids = []
         for task in tasks:
+            # a delayed task is sent invisible until its time (whole seconds, rounded up)
+            hidden = math.ceil(task.not_before - time.time()) if task.not_before else 0
             with mapped_errors(f"push {task.id}", SDK_ERRORS, self.translate):
-                self._main.send_message(task.to_json(), time_to_live=-1)
+                self._main.send_message(task.to_json(), time_to_live=-1,
+                                        visibility_timeout=min(max(hidden, 0), MAX_HIDDEN)
+                                        or None)
             ids.append(task.id)
         return ids
 
@@ -232,7 +240,11 @@ class StorageQueueBackend(BackendBase):
         messages = self._call("peek", lambda: self._main.peek_messages(max_messages=1))
         for message in messages:
             if message.inserted_on is not None:
-                return max(0.0, now - message.inserted_on.timestamp())
+                # a delayed task (push --delay) is queued from its time, not from its push
+                task = parse_or_body(message_text(message.content))
+                since = max(message.inserted_on.timestamp(), getattr(task, "not_before", 0)
+                            or 0)
+                return max(0.0, now - since)
         return None
 
     def status(self) -> QueueStatus:

@@ -17,6 +17,7 @@ from . import _amqp
 LOCK_LOST = "com.microsoft:message-lock-lost"
 MAX_DELIVERY_REASON = "MaxDeliveryCountExceeded"
 DLQ_SUFFIX = "$deadletterqueue"
+SCHEDULED = b"x-opt-scheduled-enqueue-time"
 
 
 def wall_ms() -> int:
@@ -66,6 +67,7 @@ class StoredMessage:
     def __init__(self, seq: int, payload: bytes) -> None:
         self.seq = seq
         self.enqueued_ms = wall_ms()
+        self.available_ms = 0  # a scheduled message is not delivered before this (wall ms)
         self.delivery_count = 0
         self.lock: Optional[LockRecord] = None
         self.header_fields: list[Any] = []
@@ -82,6 +84,10 @@ class StoredMessage:
                 self.header_fields = list(section.value or [])
             elif section.code == _amqp.SEC_MESSAGE_ANNOTATIONS:
                 self.annotations_raw = section.raw
+                scheduled = dict(section.value or {}).get(SCHEDULED)
+                if scheduled is not None:  # an int of ms, or a datetime from the codec
+                    self.available_ms = (int(scheduled.timestamp() * 1000)
+                                         if hasattr(scheduled, "timestamp") else int(scheduled))
             elif section.code == _amqp.SEC_PROPERTIES:
                 self.properties_raw = section.raw
                 if section.value:
@@ -174,8 +180,9 @@ class Entity:
         self.links: list[Any] = []
 
     def next_available(self) -> Optional[StoredMessage]:
+        now = wall_ms()
         for message in self.messages.values():
-            if message.lock is None:
+            if message.lock is None and message.available_ms <= now:
                 return message
         return None
 
@@ -188,6 +195,10 @@ class Queue:
         self.main = Entity(self, name, is_dlq=False)
         self.dlq = Entity(self, f"{name}/{DLQ_SUFFIX}", is_dlq=True)
         self.next_seq = 1
+        # duplicate detection (off at 0): a message id seen within this many seconds is
+        # dropped on enqueue, as Service Bus does when the queue has it enabled
+        self.duplicate_window = 0.0
+        self.seen_ids: dict[str, float] = {}  # message id -> time.monotonic() of its enqueue
 
 
 class Store:
@@ -247,6 +258,13 @@ class Store:
     def enqueue(self, entity: Entity, payload: bytes) -> StoredMessage:
         queue = entity.queue
         message = StoredMessage(queue.next_seq, payload)
+        if queue.duplicate_window and message.message_id is not None and not entity.is_dlq:
+            now = time.monotonic()
+            seen = queue.seen_ids.get(message.message_id)
+            if seen is not None and now - seen < queue.duplicate_window:
+                self.record("duplicate", entity, message, message_id=message.message_id)
+                return message  # accepted and dropped: the sender cannot tell
+            queue.seen_ids[message.message_id] = now
         queue.next_seq += 1
         entity.messages[message.seq] = message
         self.record("enqueue", entity, message, message_id=message.message_id)

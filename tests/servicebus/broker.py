@@ -231,11 +231,15 @@ class ServiceBusTestBroker:
     # -- configuration and inspection hooks (test thread) ---------------------------------
 
     def create_queue(self, name: str, *, lock_duration: Optional[float] = None,
-                     max_delivery_count: Optional[int] = None) -> None:
-        """Create (or reconfigure) a queue. Lock duration in seconds (float allowed)."""
+                     max_delivery_count: Optional[int] = None,
+                     duplicate_window: Optional[float] = None) -> None:
+        """Create (or reconfigure) a queue. Lock duration in seconds (float allowed);
+        ``duplicate_window`` > 0 turns duplicate detection on (by message id)."""
         with self._lock:
             queue = self._store.queue(name)
             assert queue is not None
+            if duplicate_window is not None:
+                queue.duplicate_window = float(duplicate_window)
             if lock_duration is not None:
                 queue.lock_duration = float(lock_duration)
             if max_delivery_count is not None:

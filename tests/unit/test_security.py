@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from dataclasses import replace
 
 import pytest
 
@@ -53,6 +54,19 @@ def test_signature_survives_the_envelope_and_stays_out_of_kwargs():
     assert verify(again, [KEY], None, NOW) is None
     # a Storage Queue preemption rewrites the body: the signature goes along
     assert verify(Task.parse(again.with_preemption().to_json()), [KEY], None, NOW) is None
+
+
+def test_scheduling_fields_are_signed_when_set_and_older_signatures_still_verify():
+    plain = Task(cmd="echo hi", id="t1")
+    assert canonical(plain, 5) == (b'{"cmd":"echo hi","cwd":null,"env":{},"iat":5,'
+                                   b'"id":"t1"}'), "unchanged for a task without them"
+    signed = sign_task(Task(cmd="echo hi", id="t1", priority=8, timeout=30.0,
+                            not_before=NOW + 60, unique_key="k"), KEY, NOW)
+    assert verify(Task.parse(signed.to_json()), [KEY], None, NOW) is None
+    for change in ({"priority": 9}, {"priority": 5}, {"timeout": 3000.0}, {"timeout": None},
+                   {"not_before": NOW + 600}, {"unique_key": "other"}):
+        tampered = replace(signed, **change)
+        assert verify(tampered, [KEY], None, NOW) == "signature invalid: tampered (MAC mismatch)"
 
 
 def test_every_refusal_reason():

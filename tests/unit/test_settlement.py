@@ -154,7 +154,7 @@ def test_time_limit_is_named_and_never_counts_as_success() -> None:
     h = Harness()
     assert h.conclude(0, attempt=1, term_reason="time limit") == [("release", True, 10.0)]
     calls = h.conclude(-signal.SIGTERM, attempt=3, term_reason="time limit")
-    assert calls == [("dead_letter", "task time limit of 30s exceeded (killed by SIGTERM); "
+    assert calls == [("dead_letter", "time limit 30s exceeded (killed by SIGTERM); "
                       "attempt 3 of 3, giving up", "", -signal.SIGTERM)]
 
 

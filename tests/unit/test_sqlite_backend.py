@@ -84,7 +84,8 @@ def test_push_receive_complete(a, raw) -> None:
     assert r["locked_by"] == "A"  # the worker that ran it last
     assert r["locked_until"] is None
     assert a.receive(5, LOCK) == []
-    assert a.status().counts == {"pending": 0, "running": 0, "succeeded": 1, "failed": 0}
+    assert a.status().counts == {"pending": 0, "delayed": 0, "running": 0, "succeeded": 1,
+                                 "failed": 0}
 
 
 def test_receive_takes_max_messages_in_push_order(a, raw) -> None:
@@ -470,7 +471,7 @@ def test_receive_walks_the_queue_in_order_without_sorting_it(a, raw) -> None:
     plan = raw.execute("EXPLAIN QUERY PLAN " + RECEIVE_SQL,
                        ("w", 0, 0, 0, "default", time.time(), 4)).fetchall()
     details = " | ".join(str(row[-1]) for row in plan)
-    assert "jobs_ready" in details, details
+    assert "jobs_by_priority" in details, details
     assert "TEMP B-TREE" not in details, details
 
 
@@ -489,7 +490,7 @@ def test_an_old_database_gets_the_new_index(db) -> None:
     try:
         names = {r[0] for r in sqlite3.connect(db).execute(
             "SELECT name FROM sqlite_master WHERE type='index'")}
-        assert "jobs_ready" in names and "jobs_by_state" not in names
+        assert "jobs_by_priority" in names and not names & {"jobs_by_state", "jobs_ready"}
         backend.push([Task(cmd="true")])
         [lease] = backend.receive(4, 60)
         assert lease.task is not None and lease.task.cmd == "true"
