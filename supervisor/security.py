@@ -12,11 +12,11 @@ envelope (never inside ``kwargs``, which ai4s-jobq's worker checks strictly)::
 
 ``mac`` is HMAC-SHA256 with the key over the canonical form of the task: the JSON text, keys
 sorted and no whitespace, of ``{"cmd", "env", "cwd", "id", "iat"}`` plus the scheduling
-fields that are set (``priority``, ``not_before``, ``timeout``, ``unique_key``).  ``kid`` is the first 8 hex
-digits of sha256(key): it names the key without revealing it, so a worker configured with
-several keys (rotation) picks the right one.  A key file holds the key bytes; one trailing
-newline is stripped.  Not covered by the MAC: the attempt bookkeeping (``num_retries``,
-``jobq_max_attempts``, ``jobq_preemptions``) that workers rewrite in flight.
+fields that are set (``priority``, ``not_before``, ``timeout``, ``unique_key``).  ``kid`` is
+the first 8 hex digits of sha256(key): it names the key without revealing it, so a worker
+configured with several keys (rotation) picks the right one.  A key file holds the key
+bytes; one trailing newline is stripped.  Not covered by the MAC: the attempt bookkeeping
+(``num_retries``, ``jobq_max_attempts``, ``jobq_preemptions``) that workers rewrite in flight.
 
 Resource limits (``--task-memory-limit``, ``--task-cpu-limit``, ``--task-max-procs``) are
 applied by a launcher in front of the shell: a systemd scope (cgroups) or rlimits; see
