@@ -111,7 +111,7 @@ def test_logs_follow_is_live_on_storage_queue(sq, stores):  # noqa: F811
                           lambda: sq.supervisor("--poll-interval", "0.2", env=control))
     finally:
         for f in started:
-            f.stop()
+            f.kill()
 
 
 LOUD_LINES, LOUD_WIDTH = 30, 100_000  # ~3 MB printed in ~3 s: three times the buffer

@@ -8,11 +8,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import pytest
 
@@ -23,6 +21,7 @@ from supervisor.outstore.base import AttemptKey
 from supervisor.outstore.files import FileOutputStore, output_dir
 from supervisor.task import Task
 from tests.conftest import command, wait_for
+from tests.integration.captured import Captured
 
 QUEUE = "jobs"
 
@@ -71,43 +70,7 @@ class Queue:
         self.backend.close()
 
 
-class Ctl:
-    """A running jobq-ctl whose stdout and stderr lines are collected (with their arrival
-    times) by two reader threads."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc = proc
-        self.out: list[tuple[float, bytes]] = []
-        self.err: list[str] = []
-        self._threads = [threading.Thread(target=self._read, args=(proc.stdout, True)),
-                         threading.Thread(target=self._read, args=(proc.stderr, False))]
-        for t in self._threads:
-            t.start()
-
-    def _read(self, stream: IO[bytes], is_out: bool) -> None:
-        for line in iter(stream.readline, b""):
-            if is_out:
-                self.out.append((time.monotonic(), line))
-            else:
-                self.err.append(line.decode(errors="replace").rstrip("\n"))
-
-    def stdout(self) -> bytes:
-        return b"".join(line for _, line in self.out)
-
-    def wait_err(self, text: str, timeout: float = 30.0) -> None:
-        wait_for(lambda: any(text in line for line in self.err), timeout,
-                 what=f"{text!r} on stderr (got {self.err})")
-
-    def wait(self, timeout: float = 60.0) -> int:
-        code = self.proc.wait(timeout)
-        for t in self._threads:
-            t.join(10)
-        return code
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.wait()
+Ctl = Captured
 
 
 @pytest.fixture
@@ -137,7 +100,7 @@ def test_logs_follow_shows_each_line_within_3s_and_ends_with_the_exit_status(q):
     written: dict[bytes, float] = {}
     for i in range(30):  # a line every 100 ms, then a pause the follower backs off in
         line = b"line %d\n" % i
-        written[line] = time.monotonic()
+        written[line] = time.time()
         q.output(task, 1, line)
         time.sleep(0.1 if i < 20 else 0.7)
     q.output(task, 1, b"", finish=True)

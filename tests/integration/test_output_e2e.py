@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import threading
-import time
 from collections.abc import Callable, Sequence
-from typing import IO
 
 import pytest
 
 from tests.conftest import Env, Supervisor, command, wait_for
+from tests.integration.captured import Captured
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,44 +26,9 @@ STAMPS = f"for i in $(seq 1 {LINES}); do date +%s.%N; sleep 0.1; done; exit 4"
 BOUND = 3.0  # s from a line's printing to its arrival at a follower (the issue's bound)
 
 
-class Follow:
-    """A running jobq-ctl; two threads collect its stdout lines, each with the wall-clock time
-    it arrived (comparable with the epoch a task printed), and its stderr lines."""
-
-    def __init__(self, args: Sequence[str], env: dict[str, str], cwd: str) -> None:
-        self.proc = subprocess.Popen([*command("jobq-ctl"), *args], env=env, cwd=cwd,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.out: list[tuple[float, bytes]] = []
-        self.err: list[str] = []
-        self._threads = [threading.Thread(target=self._read, args=(self.proc.stdout, True)),
-                         threading.Thread(target=self._read, args=(self.proc.stderr, False))]
-        for t in self._threads:
-            t.start()
-
-    def _read(self, stream: IO[bytes], is_out: bool) -> None:
-        for line in iter(stream.readline, b""):
-            if is_out:
-                self.out.append((time.time(), line))
-            else:
-                self.err.append(line.decode(errors="replace").rstrip("\n"))
-
-    def text(self) -> str:
-        return b"".join(line for _, line in self.out).decode(errors="replace")
-
-    def wait_err(self, text: str, timeout: float = 30.0) -> None:
-        wait_for(lambda: any(text in line for line in self.err), timeout,
-                 what=f"{text!r} on jobq-ctl's stderr (got {self.err})")
-
-    def wait(self, timeout: float = 60.0) -> int:
-        code = self.proc.wait(timeout)
-        for t in self._threads:
-            t.join(10)
-        return code
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.wait()
+def Follow(args: Sequence[str], env: dict[str, str], cwd: str) -> Captured:  # noqa: N802
+    """A running jobq-ctl with these arguments, its output lines collected (captured.py)."""
+    return Captured.start([*command("jobq-ctl"), *args], env=env, cwd=cwd)
 
 
 def _lags(f: Follow, since: float = 0.0) -> list[float]:
@@ -100,7 +62,7 @@ def check_live_follow(start: Callable[..., Follow], push: Callable[[str], str],
             assert early.wait(90) == 0, early.err
             assert late.wait(30) == 0, late.err
         finally:
-            late.stop()
+            late.kill()
         for f in (early, late):
             stamps = f.text().splitlines()
             assert len(stamps) == LINES and stamps == sorted(stamps), f.text()[-500:]
@@ -116,7 +78,7 @@ def check_live_follow(start: Callable[..., Follow], push: Callable[[str], str],
         sup.signal(signal.SIGTERM)
         assert sup.wait(30) == 0
     finally:
-        early.stop()
+        early.kill()
 
 
 # --------------------------------------------------------------------------------- SQLite
@@ -134,7 +96,7 @@ def start(env: Env):
 
     yield run
     for f in started:
-        f.stop()
+        f.kill()
 
 
 def test_logs_follow_is_live_on_sqlite(env, start):

@@ -6,54 +6,22 @@ to its end (real supervisors and jobq-ctl on a SQLite queue; output files beside
 from __future__ import annotations
 
 import signal
-import subprocess
-import threading
-import time
 from pathlib import Path
-from typing import IO
 
 import pytest
 
 from supervisor.outstore.base import RERUN, AttemptKey
 from supervisor.outstore.files import FileOutputStore, output_dir
 from tests.conftest import Env, command, wait_for
+from tests.integration.captured import Captured
 
 pytestmark = pytest.mark.timeout(120)
 
 
-class Follow:
+def Follow(env: Env, task_id: str) -> Captured:  # noqa: N802
     """``jobq-ctl logs -f``, its stdout and stderr collected by reader threads."""
-
-    def __init__(self, env: Env, task_id: str) -> None:
-        self.proc = subprocess.Popen(
-            [*command("jobq-ctl"), "--sqlite-path", str(env.db), "logs", "-f", task_id],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=env.tmp)
-        self.out = bytearray()
-        self.err: list[str] = []
-        self.err_at: list[float] = []  # time.time() each stderr line arrived
-        self._threads = [threading.Thread(target=self._read, args=(s, i == 0), daemon=True)
-                         for i, s in enumerate((self.proc.stdout, self.proc.stderr))]
-        for t in self._threads:
-            t.start()
-
-    def _read(self, stream: IO[bytes], is_out: bool) -> None:
-        for line in iter(stream.readline, b""):
-            if is_out:
-                self.out += line
-            else:
-                self.err_at.append(time.time())
-                self.err.append(line.decode(errors="replace").rstrip("\n"))
-
-    def wait(self, timeout: float) -> int:
-        code = self.proc.wait(timeout)
-        for t in self._threads:
-            t.join(10)
-        return code
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+    return Captured.start([*command("jobq-ctl"), "--sqlite-path", str(env.db), "logs", "-f",
+                           task_id], cwd=env.tmp)
 
 
 def test_a_requeued_attempt_runs_again_with_a_marker_and_logs_f_follows_it_to_the_end(
@@ -74,7 +42,7 @@ def test_a_requeued_attempt_runs_again_with_a_marker_and_logs_f_follows_it_to_th
     wait_for(lambda: b"first-b" in stored(), 30, what="the first run's output in the store")
     follow = Follow(env, tid)
     try:
-        wait_for(lambda: b"first-b" in follow.out, 30, what=f"logs -f output ({follow.err})")
+        wait_for(lambda: b"first-b" in follow.stdout(), 30, what=f"logs -f output ({follow.err})")
         sup1.signal(signal.SIGTERM)
         assert sup1.wait(30) == 0
         assert "back to the queue, attempt not counted" in sup1.log()
@@ -83,7 +51,7 @@ def test_a_requeued_attempt_runs_again_with_a_marker_and_logs_f_follows_it_to_th
         assert follow.proc.poll() is None, "logs -f ended at the requeue"
 
         sup2 = env.supervisor("--exit-when-empty")
-        wait_for(lambda: b"second-a" in follow.out, 30, what=f"the rerun ({follow.err})")
+        wait_for(lambda: b"second-a" in follow.stdout(), 30, what=f"the rerun ({follow.err})")
         complete, over = store.read(key).complete, ended.exists()
         assert over or not complete  # reopened: not complete while it runs again
         assert follow.proc.poll() is None
@@ -95,7 +63,7 @@ def test_a_requeued_attempt_runs_again_with_a_marker_and_logs_f_follows_it_to_th
     assert float(ended.read_text()) < follow.err_at[-1]
     mark = RERUN.format(attempt=1).encode()
     both = b"first-a\nfirst-b\n" + mark + b"second-a\nsecond-b\n"
-    assert bytes(follow.out) == both
+    assert follow.stdout() == both
     assert follow.err == ["requeued", "== attempt 1 runs again ==", "exit status 0"]
     assert store.read(key).complete and store.read(key).data == both
     logs = env.ctl("logs", tid)

@@ -36,4 +36,4 @@ def test_logs_follow_is_live_on_servicebus(sb_env, stores):  # noqa: F811
         check_live_follow(start, push, lambda: sb_env.supervisor(env=control))
     finally:
         for f in started:
-            f.stop()
+            f.kill()
