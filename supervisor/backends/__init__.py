@@ -17,7 +17,24 @@ def open_backend(settings: Settings, for_ctl: bool = False, create: bool = True)
     """Construct the configured backend (main thread).  Raises BackendConfigError/BackendError.
 
     ``create=False`` (the read-only ``jobq-ctl`` commands): create no database or queue; one
-    that does not exist is a BackendError, so a mistyped name is visible instead of "0"."""
+    that does not exist is a BackendError, so a mistyped name is visible instead of "0".
+
+    A worker's several queues (``--queue high,low``): one backend per queue, in a
+    ``MultiQueueBackend`` (multi.py); one opened before a failure is closed again."""
+    if len(settings.queues) > 1:
+        from dataclasses import replace
+
+        from .multi import MultiQueueBackend
+
+        opened: dict[str, Backend] = {}
+        try:
+            for name in settings.queues:
+                opened[name] = open_backend(replace(settings, queue=name), for_ctl, create)
+        except BaseException:
+            for backend in opened.values():
+                backend.close()
+            raise
+        return MultiQueueBackend(opened, settings.queue_order)
     if settings.backend == "sqlite":
         from .sqlite import CTL_BUSY_TIMEOUT, MAIN_BUSY_TIMEOUT, SqliteBackend
 
