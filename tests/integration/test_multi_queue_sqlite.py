@@ -137,3 +137,23 @@ def test_other_ctl_commands_take_one_queue(env: Env) -> None:
                           "--queue")
     assert "one queue" in line
     assert not env.db.exists() or env.rows() == []
+
+
+@pytest.mark.timeout(120)
+def test_cancel_and_drain_through_the_second_queue(env: Env) -> None:
+    [long] = push_to(env, "low", ["sleep 60"])
+    sup = env.supervisor("--queue", "high,low", "-n", "1", "--poll-interval", "0.2",
+                         "--control-interval", "0.5", "--worker-id", "mq-worker")
+    wait_for(lambda: env.job(long)["status"] == "running", 60)
+    env.ctl("--queue", "low", "cancel", long, "--grace", "0")
+    wait_for(lambda: env.job(long)["status"] == "failed", 60)
+
+    def cancelled() -> list[dict]:  # the result record is written by the control thread
+        return [r for r in json.loads(env.ctl("--queue", "low", "result", long,
+                                              "--json").stdout) if r["state"] == "cancelled"]
+    wait_for(cancelled, 30)
+    assert cancelled()[0]["final"]
+    # a drain sent to the worker's record in its second queue stops the whole worker
+    env.ctl("--queue", "low", "drain", "mq-worker")
+    assert sup.wait(60) == 0, sup.log()
+    assert "drain" in sup.log()
