@@ -20,11 +20,16 @@ Main thread only, like every Backend (the leases are used by their keeper thread
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from .base import Backend, BackendBase, BackendConfigError, FailedRecord, Lease, QueueStatus
 
+log = logging.getLogger("jobq.worker")
+ERROR_LOG_EVERY = 60.0  # s between two lines about a failing queue beside working ones
 # The attribute a lease of several queues carries its queue name in (set at receive).
 QUEUE_ATTR = "jobq_queue"
 
@@ -45,6 +50,8 @@ class MultiQueueBackend(BackendBase):
         # Paused queues (jobq-ctl pause --queue NAME): receive skips them.  Replaced whole by
         # the control thread (control/group.py), read by the main thread.
         self.paused: frozenset[str] = frozenset()
+        self._errors: list[tuple[str, Exception]] = []  # of the receive under way
+        self._error_logged = -math.inf
         first = backends[self.queues[0]]
         self.name = first.name
         every = list(backends.values())
@@ -65,7 +72,7 @@ class MultiQueueBackend(BackendBase):
                 break
             if name not in paused:
                 leases.extend(self._take(name, want, lock_duration))
-        return leases
+        return self._outcome(leases)
 
     def _receive_round_robin(self, max_messages: int, lock_duration: float) -> list[Lease]:
         n, paused = len(self.queues), self.paused
@@ -93,12 +100,33 @@ class MultiQueueBackend(BackendBase):
                     last = name
         if last is not None:
             self._start = (self.queues.index(last) + 1) % n
-        return leases
+        return self._outcome(leases)
 
     def _take(self, name: str, want: int, lock_duration: float) -> list[Lease]:
-        leases = list(self.backends[name].receive(want, lock_duration))
+        """One queue's receive.  A queue that fails is skipped for this receive: leases
+        already taken from another must reach the worker, or they would sit out their lock."""
+        try:
+            leases = list(self.backends[name].receive(want, lock_duration))
+        except BackendConfigError:
+            raise
+        except Exception as exc:  # what the worker retries: BackendError, an SDK's bug
+            self._errors.append((name, exc))
+            return []
         for lease in leases:
             setattr(lease, QUEUE_ATTR, name)
+        return leases
+
+    def _outcome(self, leases: list[Lease]) -> list[Lease]:
+        """The leases; when there are none and a queue failed, its error for the worker's
+        retry (then logged there); a failure beside leases is logged here, once a minute."""
+        errors, self._errors = self._errors, []
+        if errors and not leases:
+            raise errors[0][1]
+        now = time.monotonic()
+        if errors and now >= self._error_logged + ERROR_LOG_EVERY:
+            self._error_logged = now
+            log.warning("receive from queue %s failed (the other queues go on): %s",
+                        errors[0][0], errors[0][1])
         return leases
 
     def changed(self) -> bool:

@@ -113,3 +113,27 @@ def test_queue_list_and_order() -> None:
     assert s.queues == ("high", "default", "low")
     with pytest.raises(SettingsError, match="^--queue-order"):
         Settings(queue_order="fifo").validate()
+
+
+class Failing(FakeQueue):
+    def __init__(self, exc: Exception) -> None:
+        super().__init__("x", 0)
+        self.exc = exc
+
+    def receive(self, max_messages: int, lock_duration: float) -> list[Any]:
+        raise self.exc
+
+
+@pytest.mark.parametrize("order", ["strict", "round-robin"])
+def test_a_failing_queue_never_loses_the_leases_taken_from_another(order: str) -> None:
+    from supervisor.backends.base import BackendError
+
+    b = MultiQueueBackend({"high": FakeQueue("high", 1), "mid": Failing(BackendError("down")),
+                           "low": FakeQueue("low", 2)}, order)  # type: ignore[dict-item]
+    assert sorted(ids(b.receive(3, 60))) == ["high0", "low0", "low1"]
+    with pytest.raises(BackendError, match="down"):  # nothing but the failure: the worker's
+        b.receive(3, 60)
+    b.backends["mid"] = Failing(BackendConfigError("bad"))  # type: ignore[assignment]
+    b.backends["low"] = FakeQueue("low", 2)  # type: ignore[assignment]
+    with pytest.raises(BackendConfigError):
+        b.receive(3, 60)
