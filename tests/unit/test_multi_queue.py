@@ -3,6 +3,7 @@ stamped on each lease, pause, and the capabilities; --queue validation (settings
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -137,3 +138,21 @@ def test_a_failing_queue_never_loses_the_leases_taken_from_another(order: str) -
     b.backends["low"] = FakeQueue("low", 2)  # type: ignore[assignment]
     with pytest.raises(BackendConfigError):
         b.receive(3, 60)
+
+
+def test_ini_and_env_take_the_comma_separated_list(tmp_path, monkeypatch) -> None:
+    from supervisor.cli import UsageError, parse_worker_settings
+
+    for name in [n for n in os.environ if n.startswith("JOBQ_")]:
+        monkeypatch.delenv(name)
+    cfg = tmp_path / "w.ini"
+    cfg.write_text("[jobq-supervisor]\nqueue = high,default,low\nqueue-order = round-robin\n")
+    s = parse_worker_settings(["--config", str(cfg)])
+    assert s.queues == ("high", "default", "low") and s.queue_order == "round-robin"
+    monkeypatch.setenv("JOBQ_QUEUE", "a,b")
+    monkeypatch.setenv("JOBQ_QUEUE_ORDER", "strict")
+    s = parse_worker_settings(["--config", str(cfg)])
+    assert s.queues == ("a", "b") and s.queue_order == "strict"
+    monkeypatch.setenv("JOBQ_QUEUE", "a,,b")
+    with pytest.raises(UsageError, match="^--queue: empty"):
+        parse_worker_settings([])
