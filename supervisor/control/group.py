@@ -5,8 +5,10 @@ Each agent is what a single-queue worker has: its own control thread and store, 
 own queue's partition (flag, cancels, commands) every control interval and upserting one
 worker record in that queue -- so ``jobq-ctl workers/cancel/pause/drain --queue NAME`` work
 unchanged, and an extra queue costs one more poll and heartbeat per interval.  A record lists
-only its queue's running tasks; the outcome counters are on the first queue's record only
-(the dashboard sums the records: no double count).
+only its queue's running tasks; the worker's outcome counters (all queues together) are on
+the first queue's record only, so that a sum over records counts each task once (per-queue
+counters are not kept: an Azure dashboard of another queue does not see this worker's
+finished tasks).
 
 A paused queue is skipped by receive (``MultiQueueBackend.paused``); the worker itself is
 paused (``ControlRequest(paused=True)``) only when every queue is.
@@ -15,6 +17,7 @@ paused (``ControlRequest(paused=True)``) only when every queue is.
 from __future__ import annotations
 
 import queue
+import threading
 from collections import ChainMap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Union, cast
@@ -42,7 +45,11 @@ class _Events:
 
     def put(self, item: Event) -> None:
         if isinstance(item, ControlRequest) and item.paused is not None:
-            item = ControlRequest(paused=self.group.paused_changed())
+            # Under one lock, computed and sent: two queues' threads changing their flags at
+            # once must not leave the worker with the answer computed first.
+            with self.group.lock:
+                self.events.put(ControlRequest(paused=self.group.paused_changed()))
+            return
         self.events.put(item)
 
 
@@ -52,6 +59,7 @@ class AgentGroup:
     def __init__(self, backend: MultiQueueBackend) -> None:
         self.agents: dict[str, ControlAgent] = {}  # in --queue order
         self.backend = backend
+        self.lock = threading.Lock()  # the pause flags' (control threads, _Events)
         # the launcher's claim-time lookup: every agent's cache, each updated in place
         self.cancels: ChainMap[str, Any] = ChainMap()
 
