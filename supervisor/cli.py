@@ -23,6 +23,7 @@ from .settings import (
     LOCK_LOST_BEHAVIORS,
     LOG_FORMATS,
     LOG_LEVELS,
+    QUEUE_ORDERS,
     SCHEDULED_EVENTS_MODES,
     TASK_LIMITS,
     TASK_OUTPUT_MODES,
@@ -44,7 +45,9 @@ def _add_backend_options(p: Any, suppress: bool = False) -> None:
     so that they do not hide the values given before the sub-command)."""
     kw: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
     p.add_argument("--backend", choices=BACKENDS, help="queue backend", **kw)
-    p.add_argument("--queue", help="queue name", **kw)
+    p.add_argument("--queue", help="queue name; a worker takes a comma-separated list "
+                   "(high,default,low: see --queue-order); of jobq-ctl's commands only "
+                   "status takes several", **kw)
     p.add_argument("--sqlite-path", help="SQLite database file", **kw)
     p.add_argument("--connection-string",
                    help="Azure connection string (secret: prefer env JOBQ_CONNECTION_STRING)",
@@ -112,6 +115,9 @@ def worker_parser() -> _Parser:
                    help="exit 0 after this long without a task")
     p.add_argument("--poll-interval", type=_duration,
                    help="seconds between receives while the queue is empty")
+    p.add_argument("--queue-order", choices=QUEUE_ORDERS,
+                   help="with several --queue names: strict = a free slot takes from the first "
+                        "queue that has work (default); round-robin = the queues take turns")
     p.add_argument("--task-log-dir",
                    help="also write each task's output to DIR/<task id>.<attempt>.log")
     p.add_argument("--task-output", choices=TASK_OUTPUT_MODES,

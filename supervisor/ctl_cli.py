@@ -174,13 +174,6 @@ def _error(text: str) -> int:
 
 def ctl_main(argv: list[str] | None = None) -> int:
     """Entry point of ``jobq-ctl`` (main thread)."""
-    from .backends import open_backend
-    from .backends.base import Backend, BackendConfigError, BackendError, QueueNotFound
-    from .control.base import ControlConfigError, ControlStore, ControlStoreError
-    from .ctl import READ_ONLY_COMMANDS, run_command
-    from .ctl_fleet import FLEET_COMMANDS, needs_backend, open_store
-    from .ctl_follow import Sources
-    from .outstore.base import OutputConfigError, OutputStoreError
 
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -191,6 +184,50 @@ def ctl_main(argv: list[str] | None = None) -> int:
     except (UsageError, SettingsError) as exc:
         return _fail_usage("jobq-ctl", str(exc))
     logging.basicConfig(level=logging.WARNING, format="jobq-ctl: %(message)s")
+    if len(settings.queues) > 1:
+        if ns.command != "status":
+            return _fail_usage("jobq-ctl", f"--queue: {ns.command} takes one queue (only "
+                                           f"status takes several)")
+        return _status_each(ns, settings)
+    return _run(ns, settings)
+
+
+def _status_each(ns: Any, settings: Settings) -> int:
+    """``status --queue high,low``: each queue's status in turn, under a line naming it
+    (``--json``: one object, queue name -> that queue's status) (main thread)."""
+    import argparse
+    import contextlib
+    import io
+    import json
+    from dataclasses import replace
+
+    rc, data = 0, {}
+    for name in settings.queues:
+        one = argparse.Namespace(**{**vars(ns), "queue": name})
+        if ns.json:
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                code = _run(one, replace(settings, queue=name))
+            data[name] = json.loads(out.getvalue()) if code == 0 else None
+        else:
+            print(f"== queue {name}", flush=True)
+            code = _run(one, replace(settings, queue=name))
+        rc = max(rc, code)
+    if ns.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+    return rc
+
+
+def _run(ns: Any, settings: Settings) -> int:
+    """One command on one queue (main thread)."""
+    from .backends import open_backend
+    from .backends.base import Backend, BackendConfigError, BackendError, QueueNotFound
+    from .control.base import ControlConfigError, ControlStore, ControlStoreError
+    from .ctl import READ_ONLY_COMMANDS, run_command
+    from .ctl_fleet import FLEET_COMMANDS, needs_backend, open_store
+    from .ctl_follow import Sources
+    from .outstore.base import OutputConfigError, OutputStoreError
+
     if ns.command == "dashboard":  # it opens its clients per thread (supervisor/dashboard/)
         from .dashboard.serve import run as run_dashboard
 

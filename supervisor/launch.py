@@ -13,11 +13,12 @@ import os
 import queue
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from .backends.base import Lease
+from .backends.multi import queue_of
 from .events import WAKE, Event
 from .lease import LeaseKeeper, Release
 from .lifeline import Lifeline
@@ -86,8 +87,9 @@ class Launcher:
         self.ready: collections.deque[tuple[Lease, float]] = collections.deque()
         self.recent_duration: float | None = None  # moving average of tasks' run times
         self.can_hold = settlement.backend.receive_ahead
-        # task id -> Cancel, kept by the control thread (control/agent.py); read only here
-        self.cancels: dict[str, Any] = {}
+        # task id -> Cancel, kept by the control thread (control/agent.py; several queues:
+        # a ChainMap over their agents' caches, control/group.py); read only here
+        self.cancels: Mapping[str, Any] = {}
 
     def start(self) -> None:
         self.spawner.start()
@@ -167,6 +169,8 @@ class Launcher:
         """Submit a spawn for ``lease``, or dead-letter it if it must not run (main thread)."""
         task = lease.task
         task_id = _task_id(lease)
+        if (name := queue_of(lease, self.s.queue)) != self.s.queue:  # one of several queues
+            self.settlement.results.note_queue(task_id, name)
         self.settlement.returned(task_id)
         keeper = self._keeper(lease, task_id, t_sent)
         max_attempts = attempts_allowed(task, self.s)
@@ -188,7 +192,7 @@ class Launcher:
         env.update(self.guard.environment())
         env.update(task.env)
         # after the message's env: a task cannot pose as another (issue 14)
-        env.update(JOBQ_TASK_ID=task.id, JOBQ_QUEUE_NAME=self.s.queue,
+        env.update(JOBQ_TASK_ID=task.id, JOBQ_QUEUE_NAME=queue_of(lease, self.s.queue),
                    JOBQ_ATTEMPT=str(lease.attempt))
         marker = f"{self.token}:{self._seq}"
         job = SpawnJob(task.cmd, env, task.cwd, marker,
@@ -267,10 +271,12 @@ class Launcher:
             # The id comes from the message: never let it name a path outside the directory.
             safe_id = re.sub(r"[^A-Za-z0-9_-]", "_", task.id)[:128]
             log_file = os.path.join(self.s.task_log_dir, f"{safe_id}.{lease.attempt}.log")
+        name = queue_of(lease, self.s.queue)
         output = TaskOutput(task.id, proc.popen.stdout, self._output_closed, task_log, log_file,
-                            key=AttemptKey(self.s.queue, task.id, lease.attempt))
-        log_fast(log, logging.INFO, "started pid=%d pgid=%d (attempt %d of %d): %s", proc.pid,
-                 proc.pgid, lease.attempt, max_attempts, _short(task.cmd),
+                            key=AttemptKey(name, task.id, lease.attempt))
+        log_fast(log, logging.INFO, "started pid=%d pgid=%d (attempt %d of %d)%s: %s", proc.pid,
+                 proc.pgid, lease.attempt, max_attempts,
+                 "" if name == self.s.queue else f" queue={name}", _short(task.cmd),
                  extra={"task_id": task.id, "pid": proc.pid, "attempt": lease.attempt})
         self.output_pump.add(output)
         proc.output = output

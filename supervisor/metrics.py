@@ -154,15 +154,17 @@ class Metrics:
             self._slots_total.set(n)
 
     def queue_sampled(self, depth: int, oldest_age: float | None, can_age: bool,
-                      wall: float) -> None:
+                      wall: float, queue: str | None = None) -> None:
         """One successful queue sample (sampler thread).  ``can_age``: the backend can tell
-        the oldest pending age, and ``oldest_age`` None then means nothing waits."""
+        the oldest pending age, and ``oldest_age`` None then means nothing waits.  ``queue``:
+        one of a worker's several queues (its series' label), None for the worker's one."""
         if self.path is None:
             return
-        self._depth.labels(**self._labels).set(depth)
+        labels = self._labels if queue is None else {**self._labels, "queue": queue}
+        self._depth.labels(**labels).set(depth)
         if can_age:
-            self._oldest.labels(**self._labels).set(oldest_age or 0.0)
-        self._sampled_at.labels(**self._labels).set(wall)
+            self._oldest.labels(**labels).set(oldest_age or 0.0)
+        self._sampled_at.labels(**labels).set(wall)
 
     def receive_ok(self) -> None:
         if self.path is not None:

@@ -47,6 +47,13 @@ class ResultLog:
         self.wall = wall
         self.sink: Union[Callable[[ResultRecord], None], None] = None
         self._unsettled: dict[LeaseKeeper, ResultRecord] = {}
+        self._queues: dict[str, str] = {}  # task id -> its queue, when not ``queue``
+
+    def note_queue(self, task_id: str, queue: str) -> None:
+        """The task came from ``queue``, one of the worker's several (launcher, at dispatch):
+        its records say so until its attempt's end record."""
+        if self.sink is not None:
+            self._queues[task_id] = queue
 
     def epoch(self, mono: Union[float, None]) -> Union[float, None]:
         """The wall-clock time of monotonic ``mono``."""
@@ -55,8 +62,9 @@ class ResultLog:
     def started(self, task_id: str, attempt: int, max_attempts: int, at: float) -> None:
         """An attempt's shell started at ``at`` (monotonic)."""
         if self.sink is not None:
-            self.sink(ResultRecord(queue=self.queue, task_id=task_id, attempt=attempt,
-                                   outcome="running", reason="", tail="", exit_status=None,
+            self.sink(ResultRecord(queue=self._queues.get(task_id, self.queue),
+                                   task_id=task_id, attempt=attempt, outcome="running",
+                                   reason="", tail="", exit_status=None,
                                    worker=self.worker_id, when=self.wall(),
                                    started=self.epoch(at), max_attempts=max_attempts))
 
@@ -71,7 +79,8 @@ class ResultLog:
         status, sig = exit_parts(rc)
         now = self.wall()
         keep_tail = outcome in ("failed", "cancelled")
-        return ResultRecord(queue=self.queue, task_id=task_id, attempt=attempt,
+        return ResultRecord(queue=self._queues.pop(task_id, self.queue), task_id=task_id,
+                            attempt=attempt,
                             outcome=outcome, reason=reason,
                             tail=tail[-TAIL_CHARS:] if keep_tail else "",
                             exit_status=status, signal=sig, worker=self.worker_id, when=now,

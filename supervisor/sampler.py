@@ -89,14 +89,20 @@ class QueueSampler:
         try:
             if self.backend is None:
                 self.backend = self.opener()
-            depth = self.backend.size()
-            can_age = self.backend.tells_age
-            age = self.backend.oldest_pending_age(self.wall()) if can_age else None
+            # A worker's several queues: each its own series (label queue=NAME), all
+            # sampled before any is set, so that the gauges stay of one moment.
+            parts = getattr(self.backend, "backends", None) or {None: self.backend}
+            samples = []
+            for name, backend in parts.items():
+                can_age = backend.tells_age
+                samples.append((name, backend.size(), can_age,
+                                backend.oldest_pending_age(self.wall()) if can_age else None))
         except (BackendError, BackendConfigError) as exc:
             return self._failed(str(exc))
         except Exception as exc:  # an SDK surprise must not end the sampler
             return self._failed(f"{type(exc).__name__}: {exc}")
-        self.metrics.queue_sampled(depth, age, can_age, self.wall())
+        for name, depth, can_age, age in samples:
+            self.metrics.queue_sampled(depth, age, can_age, self.wall(), queue=name)
         if self.failures:
             log.info("queue sampling works again after %d failure(s)", self.failures)
             self.failures = 0

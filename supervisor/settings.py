@@ -18,6 +18,8 @@ from typing import Any
 EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_FAILURES, EXIT_TASKS_FAILED = 0, 1, 2, 3, 4
 
 BACKENDS = ("sqlite", "storage-queue", "servicebus")
+# How a worker's several queues take turns (backends/multi.py)
+QUEUE_ORDERS = ("strict", "round-robin")
 LOCK_LOST_BEHAVIORS = ("sigkill", "sigterm")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -64,7 +66,8 @@ def default_worker_id() -> str:
 @dataclass(frozen=True)
 class Settings:
     backend: str = "sqlite"
-    queue: str = "default"
+    queue: str = "default"  # a worker's may be a comma-separated list (``queues``)
+    queue_order: str = "strict"  # one of QUEUE_ORDERS: how a worker's queues take turns
     sqlite_path: str = "jobq.db"
     connection_string: str | None = None
     account_url: str | None = None
@@ -148,6 +151,11 @@ class Settings:
         return interval
 
     @property
+    def queues(self) -> tuple[str, ...]:
+        """The queue names in ``--queue`` order (one, unless a comma-separated list)."""
+        return tuple(name.strip() for name in self.queue.split(","))
+
+    @property
     def stale_age(self) -> float:
         return self.stale_lock_age if self.stale_lock_age is not None else self.lock
 
@@ -166,8 +174,16 @@ class Settings:
 
         if self.backend not in BACKENDS:
             raise bad("backend", f"unknown backend {self.backend!r} (choose {', '.join(BACKENDS)})")
-        if not self.queue or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", self.queue):
-            raise bad("queue", f"invalid queue name {self.queue!r} (letters, digits, . _ -)")
+        names = self.queues
+        for i, name in enumerate(names):
+            if not name:
+                raise bad("queue", f"empty queue name in {self.queue!r}")
+            if name in names[:i]:
+                raise bad("queue", f"queue {name!r} named twice in {self.queue!r}")
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", name):
+                raise bad("queue", f"invalid queue name {name!r} (letters, digits, . _ -)")
+        if self.queue_order not in QUEUE_ORDERS:
+            raise bad("queue-order", f"must be one of {', '.join(QUEUE_ORDERS)}")
         if self.backend == "storage-queue" and bool(self.connection_string) == bool(
                 self.account_url):
             raise bad("connection-string", "storage-queue needs exactly one of "

@@ -23,7 +23,7 @@ import time
 from typing import Callable
 
 from .backends.base import Backend, BackendConfigError, BackendError
-from .control.agent import ControlAgent
+from .control.group import AgentGroup
 from .events import ControlRequest, Event, ScheduledEventChanged
 from .launch import Launcher, TaskStart
 from .lease import LeaseKeeper
@@ -94,8 +94,8 @@ class Worker:
         self.reporter = Reporter(settings, self.notifier, self.metrics, self.settlement.counts,
                                  clock)
         self.paused = False  # the queue's pause flag, as the control thread last saw it
-        self.agent = ControlAgent.for_worker(settings, self.events, self.watchdog.wake,
-                                             self._control_view, self.guard.keys)
+        self.agent = AgentGroup.for_worker(settings, self.events, self.watchdog.wake,
+                                           self._control_view, self.guard.keys, backend)
         if self.agent is not None:  # claim-time cancels: a dict lookup; results: queued
             self.launcher.cancels, self.settlement.results.sink = (self.agent.cancels,
                                                                    self.agent.result)

@@ -13,11 +13,32 @@ if TYPE_CHECKING:
 AZURE = ("storage-queue", "servicebus")
 
 
-def open_backend(settings: Settings, for_ctl: bool = False, create: bool = True) -> Backend:
+def open_backend(settings: Settings, for_ctl: bool = False, create: bool = True,
+                 queues: int = 1) -> Backend:
     """Construct the configured backend (main thread).  Raises BackendConfigError/BackendError.
 
     ``create=False`` (the read-only ``jobq-ctl`` commands): create no database or queue; one
-    that does not exist is a BackendError, so a mistyped name is visible instead of "0"."""
+    that does not exist is a BackendError, so a mistyped name is visible instead of "0".
+
+    A worker's several queues (``--queue high,low``): one backend per queue, in a
+    ``MultiQueueBackend`` (multi.py); one opened before a failure is closed again.  ``queues``:
+    how many the worker asks in turn (Service Bus: each idle receive waits its share of one
+    wait, so that an idle turn over them all stays within ``min(1 s, --poll-interval)``)."""
+    if len(settings.queues) > 1:
+        from dataclasses import replace
+
+        from .multi import MultiQueueBackend
+
+        opened: dict[str, Backend] = {}
+        try:
+            for name in settings.queues:
+                opened[name] = open_backend(replace(settings, queue=name), for_ctl, create,
+                                            len(settings.queues))
+        except BaseException:
+            for backend in opened.values():
+                backend.close()
+            raise
+        return MultiQueueBackend(opened, settings.queue_order)
     if settings.backend == "sqlite":
         from .sqlite import CTL_BUSY_TIMEOUT, MAIN_BUSY_TIMEOUT, SqliteBackend
 
@@ -51,5 +72,5 @@ def open_backend(settings: Settings, for_ctl: bool = False, create: bool = True)
         return ServiceBusBackend(settings.queue, connection_string=conn, worker_id=worker,
                                  namespace=settings.namespace, lock_duration=settings.lock,
                                  receivers=0 if for_ctl else settings.num_workers,
-                                 receive_wait=min(1.0, settings.poll_interval))
+                                 receive_wait=min(1.0, settings.poll_interval) / queues)
     raise BackendConfigError(f"--backend: {settings.backend} is not available yet")

@@ -138,3 +138,25 @@ def test_for_worker_only_with_a_metrics_file_and_at_most_every_15s_on_azure(
         Settings(backend="storage-queue", metrics_interval=1.0, connection_string="x"),
         metrics)
     assert azure is not None and azure.interval == AZURE_MIN_INTERVAL
+
+
+def test_several_queues_have_a_series_each(tmp_path: Path) -> None:
+    from supervisor.backends.multi import MultiQueueBackend
+
+    metrics = Metrics(str(tmp_path / "m.prom"), backend="storage-queue", queue="high,low")
+    high, low = FakeBackend(), NoAge()
+    high.depth, low.depth = 3, 11
+    for b in (high, low):  # what MultiQueueBackend reads of each, besides the sampler's
+        b.lost_lease_return_delay, b.receive_ahead = 0.0, False  # type: ignore[attr-defined]
+        b.change_probe = b.quick_settle = False  # type: ignore[attr-defined]
+    multi = MultiQueueBackend({"high": high, "low": low})  # type: ignore[dict-item]
+    make(metrics, multi, [0.0]).sample()  # type: ignore[arg-type]
+    metrics.write()
+    series = {(s.name, s.labels["queue"]): s.value
+              for f in text_string_to_metric_families((tmp_path / "m.prom").read_text())
+              for s in f.samples if s.name.startswith("jobq_queue_")}
+    assert series[("jobq_queue_depth", "high")] == 3
+    assert series[("jobq_queue_depth", "low")] == 11
+    assert series[("jobq_queue_oldest_pending_age_seconds", "high")] == 42.0
+    assert ("jobq_queue_oldest_pending_age_seconds", "low") not in series
+    assert ("jobq_queue_depth", "high,low") not in series

@@ -1,0 +1,171 @@
+"""Several queues behind one Backend: ``--queue high,default,low`` (docs/architecture.rst,
+"Several queues per worker").
+
+One backend instance per queue, opened at start (``open_backend``); the worker sees one
+Backend.  ``receive`` asks the queues in ``--queue-order``:
+
+* ``strict``: the first queue for everything wanted, then the next for what is still
+  missing, and so on -- a slot takes from the first queue that has work;
+* ``round-robin``: the wanted number is shared out one by one, starting with the queue after
+  the one that gave the last lease of the previous receive, and the leases are interleaved in
+  that order, so that the tasks started alternate between the queues that have work.
+
+Each lease is the queue's own (it renews and settles on its queue's backend, and fails into
+its queue's failed place); ``queue_of`` tells its queue.  An idle poll costs one receive per
+queue (no backend has a receive over several queues; SQLite's change probe spares most).
+
+Main thread only, like every Backend (the leases are used by their keeper threads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from .base import Backend, BackendBase, BackendConfigError, FailedRecord, Lease, QueueStatus
+
+log = logging.getLogger("jobq.worker")
+ERROR_LOG_EVERY = 60.0  # s between two lines about a failing queue beside working ones
+# The attribute a lease of several queues carries its queue name in (set at receive).
+QUEUE_ATTR = "jobq_queue"
+
+
+def queue_of(lease: Any, default: str) -> str:
+    """The queue ``lease`` was received from (any thread): ``default`` for a single queue."""
+    return getattr(lease, QUEUE_ATTR, default)
+
+
+class MultiQueueBackend(BackendBase):
+    """The worker's Backend over ``backends`` (name -> backend, in ``--queue`` order)."""
+
+    def __init__(self, backends: dict[str, Backend], order: str = "strict") -> None:
+        self.queues = list(backends)
+        self.backends = backends
+        self.round_robin = order == "round-robin"
+        self._start = 0  # round-robin: the queue asked first by the next receive
+        # Paused queues (jobq-ctl pause --queue NAME): receive skips them.  Replaced whole by
+        # the control thread (control/group.py), read by the main thread.
+        self.paused: frozenset[str] = frozenset()
+        self._errors: list[tuple[str, Exception]] = []  # of the receive under way
+        self._error_logged = -math.inf
+        first = backends[self.queues[0]]
+        self.name = first.name
+        every = list(backends.values())
+        self.lost_lease_return_delay = max(b.lost_lease_return_delay for b in every)
+        self.receive_ahead = all(b.receive_ahead for b in every)
+        self.change_probe = all(b.change_probe for b in every)
+        self.quick_settle = all(b.quick_settle for b in every)
+        self.tells_age = all(b.tells_age for b in every)
+
+    def receive(self, max_messages: int, lock_duration: float) -> list[Lease]:
+        if self.round_robin:
+            return self._receive_round_robin(max_messages, lock_duration)
+        leases: list[Lease] = []
+        paused = self.paused
+        for name in self.queues:
+            want = max_messages - len(leases)
+            if want <= 0:
+                break
+            if name not in paused:
+                leases.extend(self._take(name, want, lock_duration))
+        return self._outcome(leases)
+
+    def _receive_round_robin(self, max_messages: int, lock_duration: float) -> list[Lease]:
+        n, paused = len(self.queues), self.paused
+        turn = [self.queues[(self._start + i) % n] for i in range(n)]
+        turn = [name for name in turn if name not in paused]
+        share = {name: max_messages // len(turn) + (1 if i < max_messages % len(turn) else 0)
+                 for i, name in enumerate(turn)} if turn else {}
+        got = {name: self._take(name, share[name], lock_duration) if share[name] else []
+               for name in turn}
+        # What an empty queue left over goes to the ones that filled their share, in turn.
+        short = max_messages - sum(len(v) for v in got.values())
+        for name in turn:
+            if short <= 0:
+                break
+            if share[name] and len(got[name]) == share[name]:
+                more = self._take(name, short, lock_duration)
+                got[name].extend(more)
+                short -= len(more)
+        leases: list[Lease] = []
+        last = None
+        for i in range(max((len(v) for v in got.values()), default=0)):
+            for name in turn:
+                if i < len(got[name]):
+                    leases.append(got[name][i])
+                    last = name
+        if last is not None:
+            self._start = (self.queues.index(last) + 1) % n
+        return self._outcome(leases)
+
+    def _take(self, name: str, want: int, lock_duration: float) -> list[Lease]:
+        """One queue's receive.  A queue that fails is skipped for this receive: leases
+        already taken from another must reach the worker, or they would sit out their lock."""
+        try:
+            leases = list(self.backends[name].receive(want, lock_duration))
+        except BackendConfigError:
+            raise
+        except Exception as exc:  # what the worker retries: BackendError, an SDK's bug
+            self._errors.append((name, exc))
+            return []
+        for lease in leases:
+            setattr(lease, QUEUE_ATTR, name)
+        return leases
+
+    def _outcome(self, leases: list[Lease]) -> list[Lease]:
+        """The leases; when there are none and a queue failed, its error for the worker's
+        retry (then logged there); a failure beside leases is logged here, once a minute."""
+        errors, self._errors = self._errors, []
+        if errors and not leases:
+            raise errors[0][1]
+        now = time.monotonic()
+        if errors and now >= self._error_logged + ERROR_LOG_EVERY:
+            self._error_logged = now
+            log.warning("receive from queue %s failed (the other queues go on): %s",
+                        errors[0][0], errors[0][1])
+        return leases
+
+    def changed(self) -> bool:
+        """Any queue's probe says maybe; every probe is asked, so each forgets what it saw."""
+        return any([b.changed() for b in self.backends.values()])
+
+    @contextlib.contextmanager
+    def quick_writes(self) -> Iterator[None]:
+        """Every queue's quick-writes block (a lease writes through its own queue's)."""
+        with contextlib.ExitStack() as stack:
+            for b in self.backends.values():
+                stack.enter_context(b.quick_writes())
+            yield
+
+    def maintenance(self) -> None:
+        for b in self.backends.values():
+            b.maintenance()
+
+    def oldest_pending_age(self, now: float) -> float | None:
+        ages = [a for a in (b.oldest_pending_age(now) for b in self.backends.values())
+                if a is not None]
+        return max(ages, default=None)
+
+    def size(self) -> int:
+        """Pending tasks over all the queues (the metrics file's depth gauge)."""
+        return sum(b.size() for b in self.backends.values())
+
+    # The queue commands are jobq-ctl's, and it opens one queue at a time (ctl_cli.py).
+    def _one_queue(self, *_args: Any) -> Any:
+        raise BackendConfigError("--queue: this command takes one queue")
+
+    push = peek = requeue = clear = _one_queue
+
+    def status(self) -> QueueStatus:
+        return self._one_queue()
+
+    def failed(self) -> list[FailedRecord]:
+        return self._one_queue()
+
+    def close(self) -> None:
+        for b in self.backends.values():
+            b.close()

@@ -1,0 +1,125 @@
+"""The fleet layer of a worker with several queues (``--queue high,low``): one ControlAgent
+per queue (docs/architecture.rst, "Several queues per worker").
+
+Each agent is what a single-queue worker has: its own control thread and store, polling its
+own queue's partition (flag, cancels, commands) every control interval and upserting one
+worker record in that queue -- so ``jobq-ctl workers/cancel/pause/drain --queue NAME`` work
+unchanged, and an extra queue costs one more poll and heartbeat per interval.  A record lists
+only its queue's running tasks; the worker's outcome counters (all queues together) are on
+the first queue's record only, so that a sum over records counts each task once (per-queue
+counters are not kept: an Azure dashboard of another queue does not see this worker's
+finished tasks).
+
+A paused queue is skipped by receive (``MultiQueueBackend.paused``); the worker itself is
+paused (``ControlRequest(paused=True)``) only when every queue is.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import ChainMap
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Union, cast
+
+from ..backends.multi import MultiQueueBackend, queue_of
+from ..events import ControlRequest, Event
+from .agent import ControlAgent, View
+from .records import Command, ResultRecord
+
+if TYPE_CHECKING:
+    from ..security import SigningKey
+    from ..settings import Settings
+
+ZERO: dict[str, int] = {}
+
+
+class _Events:
+    """What one queue's agent puts on the main loop's queue passes through here: a pause
+    flag becomes the backend's set of paused queues and the worker's "all paused" (control
+    threads; ``put`` is all an agent calls)."""
+
+    def __init__(self, group: AgentGroup, events: queue.SimpleQueue[Event]) -> None:
+        self.group = group
+        self.events = events
+
+    def put(self, item: Event) -> None:
+        if isinstance(item, ControlRequest) and item.paused is not None:
+            # Under one lock, computed and sent: two queues' threads changing their flags at
+            # once must not leave the worker with the answer computed first.
+            with self.group.lock:
+                self.events.put(ControlRequest(paused=self.group.paused_changed()))
+            return
+        self.events.put(item)
+
+
+class AgentGroup:
+    """The same calls as ControlAgent's that the worker makes (main thread), fanned out."""
+
+    def __init__(self, backend: MultiQueueBackend) -> None:
+        self.agents: dict[str, ControlAgent] = {}  # in --queue order
+        self.backend = backend
+        self.lock = threading.Lock()  # the pause flags' (control threads, _Events)
+        # the launcher's claim-time lookup: every agent's cache, each updated in place
+        self.cancels: ChainMap[str, Any] = ChainMap()
+
+    @property
+    def first(self) -> ControlAgent:
+        return next(iter(self.agents.values()))
+
+    @classmethod
+    def for_worker(cls, settings: Settings, events: queue.SimpleQueue[Event],
+                   wake_watchdog: Callable[[], None], view: Callable[[], View],
+                   keys: Sequence[SigningKey],
+                   backend: Any) -> Union[ControlAgent, AgentGroup, None]:
+        """One agent (one queue), a group (several), or None with ``--control off`` (main
+        thread)."""
+        if len(settings.queues) == 1 or not isinstance(backend, MultiQueueBackend):
+            return ControlAgent.for_worker(settings, events, wake_watchdog, view, keys)
+        if settings.control == "off":
+            return None
+        from dataclasses import replace
+
+        group = cls(backend)
+        relay = cast(Any, _Events(group, events))
+        for i, name in enumerate(settings.queues):
+            agent = ControlAgent.for_worker(replace(settings, queue=name), relay,
+                                            wake_watchdog, _view_of(view, name, i == 0), keys)
+            assert agent is not None
+            group.agents[name] = agent
+        group.cancels = ChainMap(*(a.cancels for a in group.agents.values()))
+        return group
+
+    def paused_changed(self) -> bool:
+        """Give the backend the paused queues; True when all are (control thread)."""
+        paused = frozenset(q for q, a in self.agents.items() if a.paused)
+        self.backend.paused = paused
+        return len(paused) == len(self.agents)
+
+    def start(self) -> None:
+        for agent in self.agents.values():
+            agent.start()
+
+    def wait_first_poll(self) -> bool:
+        return all([agent.wait_first_poll() for agent in self.agents.values()])
+
+    def acted(self, command: Command) -> None:
+        """Acknowledged by the agent of the command's queue."""
+        self.agents.get(command.queue, self.first).acted(command)
+
+    def result(self, record: ResultRecord) -> None:
+        """Written by the agent of the record's queue."""
+        self.agents.get(record.queue, self.first).result(record)
+
+    def stop(self, clean: bool) -> None:
+        for agent in self.agents.values():
+            agent.stop(clean)
+
+
+def _view_of(view: Callable[[], View], name: str, counts: bool) -> Callable[[], View]:
+    """The worker's view as one queue's record shows it: its tasks only (control thread)."""
+    def queue_view() -> View:
+        state, tasks, slots, totals = view()
+        mine = tuple(rt for rt in tasks if queue_of(rt.lease, name) == name)
+        return state, mine, slots, totals if counts else ZERO
+    return queue_view
