@@ -84,6 +84,15 @@ def control_store_description(settings: Settings) -> str:
     return "none"
 
 
+def named_account(settings: Settings) -> tuple[Union[str, None], Union[str, None]]:
+    """(account URL, connection string) the fleet layer was given explicitly -- by
+    ``--control-account-url``, ``--control-connection-string`` or
+    JOBQ_CONTROL_CONNECTION_STRING -- for the control store and the output store beside it."""
+    conn = settings.control_connection_string or os.environ.get(
+        "JOBQ_CONTROL_CONNECTION_STRING") or None
+    return settings.control_account_url, conn
+
+
 def open_control_store(settings: Settings, create: bool = True) -> Union[ControlStore, None]:
     """The control store these settings name, or None when there is none (main thread).
 
@@ -91,9 +100,7 @@ def open_control_store(settings: Settings, create: bool = True) -> Union[Control
     """
     if settings.control == "off":
         return None
-    url = settings.control_account_url
-    conn = settings.control_connection_string or os.environ.get(
-        "JOBQ_CONTROL_CONNECTION_STRING") or None
+    url, conn = named_account(settings)
     if settings.backend == "sqlite" and not (url or conn):
         from .sqlite import SqliteControlStore
 

@@ -15,10 +15,10 @@ name, no development storage, and no explicit endpoint outside ``*.core.windows.
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING, Union
 from urllib.parse import urlsplit, urlunsplit
 
+from ..control.open import named_account
 from .base import OutputConfigError, OutputStore
 
 if TYPE_CHECKING:
@@ -66,9 +66,7 @@ def open_output_store(settings: Settings, create: bool = True,
     ``read_timeout``: per blob call (jobq-ctl passes less, to fail within 10 s in all)."""
     if settings.control == "off":
         return None
-    url = settings.control_account_url
-    conn = settings.control_connection_string or os.environ.get(
-        "JOBQ_CONTROL_CONNECTION_STRING") or None
+    url, conn = named_account(settings)
     if settings.backend == "sqlite" and not (url or conn):
         from .files import FileOutputStore, output_dir
 
