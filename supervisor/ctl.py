@@ -109,9 +109,11 @@ def _unique_key(task: Task) -> str:
     return "sha256:" + hashlib.sha256(what.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
-def push_schedule(ns: Any, backend: Backend, tasks: list[Task], now: float) -> list[Task]:
+def push_schedule(ns: Any, backend: Backend, tasks: list[Task], now: float,
+                  store: ControlStore | None = None) -> list[Task]:
     """The tasks with --priority, --delay/--not-before, --timeout and --unique(-key) applied,
-    or a UsageError naming the option (bad value, or what ``backend`` cannot do)."""
+    or a UsageError naming the option (bad value, or what ``backend`` cannot do; unique keys
+    on a ``unique_by_control`` backend need ``store``)."""
     name = backend.name
     changes: dict[str, Any] = {}
     if ns.priority is not None:
@@ -142,9 +144,13 @@ def push_schedule(ns: Any, backend: Backend, tasks: list[Task], now: float) -> l
         changes["timeout"] = timeout
     if ns.unique_key is not None or ns.unique:
         option = "--unique-key" if ns.unique_key is not None else "--unique"
-        if not backend.unique_tasks:
+        if not backend.unique_tasks and not backend.unique_by_control:
             raise UsageError(f"{option}: {name} cannot find a pending or running task by key "
                              "(the service has no index of its messages)")
+        if not backend.unique_tasks and store is None:
+            raise UsageError(f"{option}: {name} has no index of its messages, so unique keys "
+                             "are claimed in the control store, and there is none (set "
+                             "--control-account-url or --control-connection-string)")
         if ns.unique_key is not None and len(tasks) > 1:
             raise UsageError("--unique-key: one key for several tasks would push only the "
                              "first; use --unique (a key per command)")
@@ -159,8 +165,10 @@ def push_schedule(ns: Any, backend: Backend, tasks: list[Task], now: float) -> l
     return tasks
 
 
-def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None) -> int:
-    """``sources``: given for --wait/--follow (opened before anything is pushed)."""
+def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None,
+             store: ControlStore | None = None) -> int:
+    """``sources``: given for --wait/--follow (opened before anything is pushed); ``store``:
+    where unique keys are claimed on a ``unique_by_control`` backend."""
     commands = list(ns.commands)
     if ns.file:
         from_file = _read_commands(ns.file)
@@ -178,14 +186,19 @@ def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None) -> int:
         tasks = [Task(cmd=c, env=env, cwd=ns.cwd, max_attempts=ns.task_max_attempts)
                  for c in commands]
         now = time.time()
-        tasks = push_schedule(ns, backend, tasks, now)
+        tasks = push_schedule(ns, backend, tasks, now, store)
         if key is not None:
             tasks = [sign_task(t, key, now) for t in tasks]
         for t in tasks:
             t.to_json()
     except TaskFormatError as exc:
         raise UsageError(f"push: {exc}") from None
-    ids = backend.push(tasks)
+    if store is not None and not backend.unique_tasks and any(t.unique_key for t in tasks):
+        from .control.unique import push_unique
+
+        ids = push_unique(store, backend.push, ns.queue, tasks, now)
+    else:
+        ids = backend.push(tasks)
     for task, task_id in zip(tasks, ids):
         if task_id != task.id:  # skipped: stdout keeps one id per task, the live one's
             print(f"jobq-ctl: skipped: unique key {task.unique_key!r} is held by pending or "
@@ -303,5 +316,5 @@ def run_command(ns: Any, backend: Backend | None, store: ControlStore | None = N
     if ns.command == "requeue":
         return cmd_requeue(ns, backend, store)
     if ns.command == "push":
-        return cmd_push(ns, backend, sources)
+        return cmd_push(ns, backend, sources, store)
     return handlers[ns.command](ns, backend)

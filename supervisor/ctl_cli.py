@@ -241,6 +241,11 @@ def _run(ns: Any, settings: Settings) -> int:
                                    create=ns.command not in READ_ONLY_COMMANDS)
         if ns.command in FLEET_COMMANDS or ns.command in ("status", "requeue"):
             store = open_store(ns.command, settings)
+        elif (ns.command == "push" and (ns.unique or ns.unique_key is not None)
+              and backend is not None and backend.unique_by_control):
+            from .control.open import open_control_store
+
+            store = open_control_store(settings)  # None: push_schedule says why (exit 2)
         if ns.command == "logs" or (ns.command == "push" and (ns.wait or ns.follow)):
             from .ctl_output import cmd_logs, open_sources
 

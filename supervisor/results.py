@@ -93,6 +93,10 @@ class ResultLog:
         yet (its outcome comes to ``settled``)."""
         if record is None or self.sink is None:
             return
+        task = keeper.lease.task
+        if record.final and task is not None and task.unique_key:
+            # the control thread releases the key's claim (control/unique.py)
+            record = replace(record, unique_key=task.unique_key)
         self.sink(record)
         if pending and record.outcome != "lock-lost":
             self._unsettled[keeper] = record

@@ -134,10 +134,13 @@ class Backend(Protocol):
     # Scheduling at push (jobq-ctl push, README "Scheduling"): ``priorities`` -- receive
     # honours Task.priority; ``max_delay`` -- the longest Task.not_before ahead the service
     # takes (None: no limit); ``unique_tasks`` -- push skips a task whose unique_key matches
-    # a pending or running one and returns that one's id in its place.  Defaults: none.
+    # a pending or running one and returns that one's id in its place;
+    # ``unique_by_control`` -- without that, unique keys work through the control store
+    # (control/unique.py) when there is one.  Defaults: none.
     priorities: bool
     max_delay: float | None
     unique_tasks: bool
+    unique_by_control: bool
 
     def receive(self, max_messages: int, lock_duration: float) -> Sequence[Lease]: ...
 
@@ -195,6 +198,7 @@ class BackendBase:
     priorities: bool = False
     max_delay: float | None = None
     unique_tasks: bool = False
+    unique_by_control: bool = False
 
     def changed(self) -> bool:
         """Without a probe the answer is always "maybe" (never asked: ``change_probe``)."""

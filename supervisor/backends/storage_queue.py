@@ -73,6 +73,7 @@ class StorageQueueBackend(BackendBase):
     lost_lease_return_delay = 2.0
     # push --delay: the initial visibility timeout, which the service caps at 7 days
     max_delay: float | None = MAX_HIDDEN
+    unique_by_control = True  # no index of messages: claims in the control store
 
     def __init__(self, queue: str, *, connection_string: str | None = None,
                  account_url: str | None = None, worker_id: str = "",

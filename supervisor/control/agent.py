@@ -37,6 +37,7 @@ from .base import ControlConfigError, ControlStore, ControlStoreError, OnceLog
 from .outbox import Outbox
 from .records import CMD_CHARS, Cancel, Command, ResultRecord, TaskInfo, WorkerRecord
 from .signing import Gate
+from .unique import release_final
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -282,6 +283,7 @@ class ControlAgent:
         if batch:
             self.store.put_results(list(batch.values()))
             self.outbox.written(batch)
+            release_final(self.store, batch.values())
 
     def _report_drops(self) -> None:
         dropped, now = self.outbox.dropped, self.clock()

@@ -35,6 +35,7 @@ from azure.data.tables import TableClient, UpdateMode
 
 from ..backends.azure_common import Scrubber
 from ..backends.storage_queue_util import error_code
+from .azure_claims import AzureClaims
 from .base import (
     INDEX_KIND,
     INDEXED_STATES,
@@ -86,7 +87,7 @@ _NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResou
                           "AuthorizationFailure")
 
 
-class AzureTableControlStore:
+class AzureTableControlStore(AzureClaims):
     """Control records in table ``table`` of one storage account.
 
     Exactly one of ``connection_string`` (with ``TableEndpoint=`` or an account name) or

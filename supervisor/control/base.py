@@ -11,6 +11,8 @@ Layout (the same keys in both stores; see docs/architecture.rst, "The fleet laye
                                                         the same record, again, for the
                                                         states of INDEXED_STATES only
     partition "a:<queue>"   row "<newest first>"        AuditRecord (audit_key)
+    partition "u:<queue>"   row "<unique key>"          UniqueClaim: the task that holds a
+                                                        unique key (Storage Queue push)
 
 A worker's whole poll is one range query on its queue's "q:" partition; worker records and
 results live in partitions of their own so that a fleet of busy workers (1,000 tasks each)
@@ -80,6 +82,19 @@ class ControlSnapshot:
 
 
 @dataclass(frozen=True)
+class UniqueClaim:
+    """``task_id`` holds unique key ``key`` on ``queue`` since ``when`` (epoch s): a push
+    with that key while the task is pending or running is skipped (control/unique.py).
+    ``etag``: the store's version of the row as read (the condition of replace_claim)."""
+
+    queue: str
+    key: str
+    task_id: str
+    when: float
+    etag: str = ""
+
+
+@dataclass(frozen=True)
 class PurgeCounts:
     workers: int = 0
     cancels: int = 0
@@ -135,6 +150,20 @@ class ControlStore(Protocol):
         """The result records of one task's attempts, by attempt (one range query)."""
         ...
 
+    # -- unique keys (jobq-ctl push; the worker's control thread releases) ---------------
+    def create_claim(self, claim: UniqueClaim) -> bool:
+        """Insert ``claim`` atomically; False (nothing written) if its key is claimed."""
+        ...
+    def get_claim(self, queue: str, key: str) -> Union[UniqueClaim, None]: ...
+    def replace_claim(self, claim: UniqueClaim, etag: str) -> bool:
+        """Overwrite the claim of ``claim.key`` only if its row still has ``etag``; False
+        (nothing written) if it changed or is gone since it was read."""
+        ...
+    def release_claim(self, queue: str, key: str, task_id: str) -> None:
+        """Delete the claim of ``key`` only if it still names ``task_id``; no error if
+        absent."""
+        ...
+
     # -- housekeeping -------------------------------------------------------------------------
     def purge(self, now: float) -> PurgeCounts: ...
     def close(self) -> None: ...
@@ -174,6 +203,10 @@ def worker_partition(queue: str) -> str:
 
 def result_partition(queue: str) -> str:
     return "r:" + key_part(queue)
+
+
+def claim_partition(queue: str) -> str:
+    return "u:" + key_part(queue)
 
 
 def cancel_key(task_id: str) -> str:

@@ -140,6 +140,7 @@ class ResultRecord:
     final: bool = False
     max_attempts: Union[int, None] = None
     cancelled_by: str = ""
+    unique_key: Union[str, None] = None  # the task's; a final record releases its claim
     kind = "result"
 
 
@@ -252,6 +253,7 @@ _INT = ("pid", "slots_used", "slots_total", "tasks_omitted", "attempt", "succeed
 _FLOAT = ("started", "heartbeat", "interval", "when", "grace")
 _OPT_INT = ("exit_status", "signal", "max_attempts")
 _OPT_FLOAT = ("lease_expires", "ttl", "finished")
+_OPT_STR = ("unique_key",)
 
 
 def _is_int(v: Any) -> bool:
@@ -279,6 +281,8 @@ def _check(kind: str, name: str, v: Any) -> Any:
     elif name in _OPT_FLOAT:
         ok = v is None or _is_num(v)
         v = float(v) if ok and v is not None else v
+    elif name in _OPT_STR:
+        ok = v is None or isinstance(v, str)
     elif name in ("paused", "final"):
         ok = isinstance(v, bool)
     elif name == "sig":

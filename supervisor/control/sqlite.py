@@ -13,6 +13,7 @@ load never holds a control call long, and a busy database raises ControlStoreErr
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
@@ -253,6 +254,43 @@ class SqliteControlStore:
                             (base.result_partition(queue), prefix, base.after_prefix(prefix)))
         return [r for _, r in self._decode(rows, "result")]  # type: ignore[misc]
 
+    # --------------------------------------------------------------------- unique keys
+    # A claim's doc is {"task": <task id>}, ``at`` its time; its ``rev`` is its etag.
+    def create_claim(self, claim: base.UniqueClaim) -> bool:
+        with self._tx("claim unique key", write=True) as conn:
+            (rev,) = conn.execute(_NEXT_REV).fetchone()
+            cur = conn.execute(
+                "INSERT OR IGNORE INTO control_records (part, row, kind, at, rev, doc) "
+                "VALUES (?,?,?,?,?,?)", (*_claim_key(claim.queue, claim.key), "unique",
+                                         claim.when, rev, _claim_doc(claim)))
+            return cur.rowcount == 1
+
+    def get_claim(self, queue: str, key: str) -> Union[base.UniqueClaim, None]:
+        rows = self._select("read unique key", "SELECT at, rev, doc FROM control_records "
+                            "WHERE part=? AND row=?", _claim_key(queue, key))
+        for at, rev, doc in rows:
+            try:
+                task_id = json.loads(doc)["task"]
+            except (ValueError, KeyError, TypeError):
+                task_id = ""  # unreadable: a claim of no task, which the next push replaces
+            return base.UniqueClaim(queue, key, str(task_id), float(at), str(rev))
+        return None
+
+    def replace_claim(self, claim: base.UniqueClaim, etag: str) -> bool:
+        with self._tx("replace unique key", write=True) as conn:
+            (rev,) = conn.execute(_NEXT_REV).fetchone()
+            cur = conn.execute(
+                "UPDATE control_records SET at=?, rev=?, doc=? WHERE part=? AND row=? AND "
+                "CAST(rev AS TEXT)=?", (claim.when, rev, _claim_doc(claim),
+                                        *_claim_key(claim.queue, claim.key), etag))
+            return cur.rowcount == 1
+
+    def release_claim(self, queue: str, key: str, task_id: str) -> None:
+        with self._tx("release unique key", write=True) as conn:
+            conn.execute("DELETE FROM control_records WHERE part=? AND row=? AND "
+                         "json_valid(doc) AND json_extract(doc, '$.task')=?",
+                         (*_claim_key(queue, key), task_id))
+
     # -------------------------------------------------------------------- housekeeping
     def purge(self, now: float) -> PurgeCounts:
         """Delete records past their age (any process may; one short transaction)."""
@@ -274,3 +312,11 @@ class SqliteControlStore:
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _claim_key(queue: str, key: str) -> tuple[str, str]:
+    return base.claim_partition(queue), base.key_part(key)
+
+
+def _claim_doc(claim: base.UniqueClaim) -> str:
+    return json.dumps({"task": claim.task_id})

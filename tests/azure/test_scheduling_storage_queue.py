@@ -1,15 +1,24 @@
 """Issue 18 items 2-6 on Storage Queue (Azurite): a delay is the initial visibility timeout
-(at most 7 days); priorities and unique keys are refused with exit 2 and one line."""
+(at most 7 days); priorities are refused with exit 2 and one line; unique keys are claimed in
+the control store (Azurite's table service), refused with exit 2 without one."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 
 import pytest
 
+from supervisor.control.azure_table import AzureTableControlStore
 from tests.azure.test_storage_queue_worker import SqEnv
-from tests.conftest import wait_for, wait_for_no_marked
+from tests.conftest import command, wait_for, wait_for_no_marked
+from tests.control.conftest import (  # noqa: F401 (fixture)
+    azurite_table,
+    free_port,
+    table_connection_string,
+)
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 POLL = 0.5
@@ -63,8 +72,9 @@ def test_seven_days_is_the_most(sq: SqEnv) -> None:
 @pytest.mark.parametrize(("args", "option", "words"), [
     (("--priority", "9"), "--priority", "several queues"),
     (("--priority", "5"), "--priority", "several queues"),
-    (("--unique-key", "k"), "--unique-key", "no index"),
-    (("--unique",), "--unique", "no index"),
+    (("--unique-key", "k"), "--unique-key", "no index of its messages, so unique keys are "
+                                            "claimed in the control store, and there is none"),
+    (("--unique",), "--unique", "control store"),
 ])
 def test_what_the_service_cannot_do_is_refused(sq: SqEnv, args: tuple[str, ...], option: str,
                                                words: str) -> None:
@@ -97,3 +107,76 @@ def test_a_task_timeout_fails_the_attempt_at_its_limit(sq: SqEnv) -> None:
     assert 1.8 <= ran <= 3.5, ran
     [rec] = sq.failed_records()
     assert rec["reason"].startswith("time limit 2s exceeded"), rec["reason"]
+
+
+# ------------------------------------------------------ unique keys through the control store
+@pytest.fixture
+def table(azurite_table):  # noqa: F811
+    conn = table_connection_string(azurite_table)
+    store = AzureTableControlStore(connection_string=conn)
+    yield store, {"JOBQ_CONTROL_CONNECTION_STRING": conn}
+    store.close()
+
+
+def test_a_unique_key_holds_until_its_task_ends(sq: SqEnv, table) -> None:
+    store, env = table
+    done = sq.tmp / "done"
+    first = sq.ctl("push", "-c", f"echo x >> {done}", "--unique-key", "nightly", env=env)
+    (first_id,) = first.stdout.split()
+    again = sq.ctl("push", "-c", f"echo y >> {done}", "--unique-key", "nightly", env=env)
+    assert again.stdout.split() == [first_id]
+    assert f"skipped: unique key 'nightly' is held by pending or running task {first_id}" \
+        in again.stderr
+    assert sq.count() == 1
+    held = store.get_claim(sq.queue, "nightly")
+    assert held is not None and held.task_id == first_id
+    sup = sq.supervisor("--exit-when-empty", "--poll-interval", "0.2", env=env)
+    assert sup.wait(60) == 0, sup.log()[-3000:]
+    assert done.read_text() == "x\n"
+    # the worker's control thread released the claim with the task's final result record
+    wait_for(lambda: store.get_claim(sq.queue, "nightly") is None, 30,
+             what="the worker to release the claim")
+    (second_id,) = sq.ctl("push", "-c", "true", "--unique-key", "nightly",
+                          env=env).stdout.split()
+    assert second_id != first_id and sq.count() == 1
+
+
+def test_a_claim_of_an_ended_task_is_taken_over(sq: SqEnv, table) -> None:
+    """A claim the worker could not release: the final result record tells it ended."""
+    from supervisor.control import ResultRecord
+    from supervisor.control.base import UniqueClaim
+
+    store, env = table
+    assert store.create_claim(UniqueClaim(sq.queue, "k", "gone", time.time()))
+    store.put_result(ResultRecord(queue=sq.queue, task_id="gone", attempt=1,
+                                  outcome="succeeded", reason="", tail="", exit_status=0,
+                                  worker="w", when=time.time(), final=True))
+    (task_id,) = sq.ctl("push", "-c", "true", "--unique-key", "k", env=env).stdout.split()
+    assert task_id != "gone" and sq.count() == 1
+    held = store.get_claim(sq.queue, "k")
+    assert held is not None and held.task_id == task_id
+
+
+def test_concurrent_pushes_of_one_key_leave_one_task(sq: SqEnv, table) -> None:
+    _, env = table
+    full = {**os.environ, **sq.secret_env(), **env}
+    procs = [subprocess.Popen(command("jobq-ctl") + sq.base_args()
+                              + ["push", "-c", f"echo {i}", "--unique-key", "race"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=full, cwd=sq.tmp) for i in range(4)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, outs
+    ids = {out.strip() for out, _ in outs}
+    assert len(ids) == 1, outs
+    assert sum("skipped" in err for _, err in outs) == 3, outs
+    assert sq.count() == 1
+
+
+def test_a_control_store_that_is_down_stops_the_push(sq: SqEnv) -> None:
+    dead = table_connection_string(free_port())
+    res = sq.ctl("push", "-c", "true", "--unique-key", "k", check=False,
+                 env={"JOBQ_CONTROL_CONNECTION_STRING": dead})
+    assert res.returncode == 1, (res.returncode, res.stdout, res.stderr)
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and "control store" in lines[0], res.stderr
+    assert res.stdout == "" and sq.count() == 0

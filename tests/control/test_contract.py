@@ -378,3 +378,57 @@ def test_audit_records_newest_first_and_purged_after_90_days(kit: Kit) -> None:
     assert s.purge(NOW + 89 * DAY).audits == 0
     assert s.purge(NOW + 91 * DAY).audits == 4
     assert s.audits(QUEUE) == []
+
+
+# ----------------------------------------------------------------------------- unique keys
+def test_a_unique_key_is_claimed_once(kit: Kit) -> None:
+    from supervisor.control.base import UniqueClaim
+
+    s = kit.store
+    key = "nightly/report #1:a"  # characters a key part must escape
+    assert s.get_claim(QUEUE, key) is None
+    assert s.create_claim(UniqueClaim(QUEUE, key, "t1", NOW)) is True
+    assert s.create_claim(UniqueClaim(QUEUE, key, "t2", NOW + 1)) is False
+    assert s.create_claim(UniqueClaim("other", key, "t3", NOW)) is True  # per queue
+    got = s.get_claim(QUEUE, key)
+    assert got is not None and (got.task_id, got.when, got.key) == ("t1", NOW, key)
+    assert got.etag
+    # a second instance sees the same claim
+    other = kit.make()
+    seen = other.get_claim(QUEUE, key)
+    assert seen is not None and seen.task_id == "t1"
+    other.close()
+
+
+def test_replacing_a_claim_is_conditional_on_its_etag(kit: Kit) -> None:
+    from supervisor.control.base import UniqueClaim
+
+    s = kit.store
+    assert s.create_claim(UniqueClaim(QUEUE, "k", "t1", NOW))
+    read = s.get_claim(QUEUE, "k")
+    assert read is not None
+    # two pushes read the same claim; only the first replace wins
+    assert s.replace_claim(UniqueClaim(QUEUE, "k", "t2", NOW + 5), read.etag) is True
+    assert s.replace_claim(UniqueClaim(QUEUE, "k", "t3", NOW + 6), read.etag) is False
+    now = s.get_claim(QUEUE, "k")
+    assert now is not None and (now.task_id, now.when) == ("t2", NOW + 5)
+    assert now.etag != read.etag
+    s.release_claim(QUEUE, "k", "t2")
+    assert s.replace_claim(UniqueClaim(QUEUE, "k", "t4", NOW + 7), now.etag) is False
+
+
+def test_a_claim_is_released_only_by_its_task(kit: Kit) -> None:
+    from supervisor.control.base import UniqueClaim
+
+    s = kit.store
+    assert s.create_claim(UniqueClaim(QUEUE, "k", "t1", NOW))
+    s.release_claim(QUEUE, "k", "t0")  # an older holder's late release: kept
+    held = s.get_claim(QUEUE, "k")
+    assert held is not None and held.task_id == "t1"
+    s.release_claim(QUEUE, "k", "t1")
+    assert s.get_claim(QUEUE, "k") is None
+    s.release_claim(QUEUE, "k", "t1")  # gone already: no error
+    assert s.create_claim(UniqueClaim(QUEUE, "k", "t2", NOW + 1))
+    assert s.purge(NOW + 30 * DAY) is not None
+    kept = s.get_claim(QUEUE, "k")
+    assert kept is not None and kept.task_id == "t2"

@@ -64,19 +64,19 @@ def ns(**kw: Any) -> SimpleNamespace:
 
 
 def backend(name: str = "sqlite", priorities: bool = True, max_delay: float | None = None,
-            unique: bool = True) -> Any:
+            unique: bool = True, by_control: bool = False) -> Any:
     return SimpleNamespace(name=name, priorities=priorities, max_delay=max_delay,
-                           unique_tasks=unique)
+                           unique_tasks=unique, unique_by_control=by_control)
 
 
-def apply(args: SimpleNamespace, be: Any = None, n: int = 1) -> list[Task]:
+def apply(args: SimpleNamespace, be: Any = None, n: int = 1, store: Any = None) -> list[Task]:
     tasks = [Task(cmd=f"echo {i}") for i in range(n)]
-    return push_schedule(args, be or backend(), tasks, NOW)
+    return push_schedule(args, be or backend(), tasks, NOW, store)
 
 
-def refusal(args: SimpleNamespace, be: Any = None, n: int = 1) -> str:
+def refusal(args: SimpleNamespace, be: Any = None, n: int = 1, store: Any = None) -> str:
     with pytest.raises(UsageError) as info:
-        apply(args, be, n)
+        apply(args, be, n, store)
     text = str(info.value)
     assert "\n" not in text
     return text
@@ -126,6 +126,15 @@ def test_backends_refuse_what_the_service_cannot_do() -> None:
     assert apply(ns(delay=7 * 86400.0), sq)[0].not_before == NOW + 7 * 86400
     assert refusal(ns(unique=True), sq).startswith("--unique: storage-queue")
     assert refusal(ns(unique_key="k"), sq).startswith("--unique-key: storage-queue")
+
+
+def test_unique_keys_through_the_control_store_need_one() -> None:
+    sq = backend("storage-queue", priorities=False, unique=False, by_control=True)
+    text = refusal(ns(unique_key="k"), sq)
+    assert text.startswith("--unique-key: storage-queue") and "control store" in text
+    assert refusal(ns(unique=True), sq).startswith("--unique: storage-queue")
+    [task] = apply(ns(unique_key="k"), sq, store=object())
+    assert task.unique_key == "k"
 
 
 @pytest.mark.parametrize(("task", "worker", "applied"), [
