@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from .backends.base import Backend, Lease
+from .backends.multi import queue_of
 from .control.records import ResultRecord
 from .lease import Complete, DeadLetter, LeaseKeeper, Release, SettleStep
 from .logs import log_fast
@@ -35,6 +36,17 @@ log = logging.getLogger("jobq.worker")
 
 
 # What a settlement's description counted, undone when the broker refuses it.
+PER_QUEUE = ("succeeded", "failed", "dead_lettered")  # what a worker record shows
+
+
+class OutcomeCounts(dict[str, int]):
+    """The worker's outcome counts (Settlement.snapshot), and ``per_queue``: the counts of
+    PER_QUEUE by the queue the task came from (control/group.py gives each queue's record
+    its own)."""
+
+    per_queue: dict[str, dict[str, int]]
+
+
 _COUNT_OF = {"completed": "succeeded", "retry": "retried", "failed": "failed",
              "dead-lettered": "dead_lettered", "requeued": "requeued", "cancelled": "cancelled"}
 
@@ -84,8 +96,26 @@ class Settlement:
         self.consecutive_failures = 0
         self.counts = {"succeeded": 0, "failed": 0, "retried": 0, "requeued": 0,
                        "lock_lost": 0, "dead_lettered": 0, "cancelled": 0}
+        # queue -> the counts a worker record shows (PER_QUEUE), for a worker's several queues
+        self.per_queue: dict[str, dict[str, int]] = {}
+        self._queue = settings.queue
 
     # ------------------------------------------------------------------- bookkeeping
+    def _count(self, keeper: LeaseKeeper, name: str, delta: int = 1) -> None:
+        """Count an outcome of ``keeper``'s task, in all and for its queue (main thread)."""
+        self.counts[name] += delta
+        if name in PER_QUEUE:
+            per = self.per_queue.setdefault(queue_of(keeper.lease, self._queue),
+                                            dict.fromkeys(PER_QUEUE, 0))
+            per[name] = max(0, per[name] + delta)
+
+    def snapshot(self) -> OutcomeCounts:
+        """A copy of the counts, with one of each queue's (main or control thread: a dict
+        copy under the GIL, as the worker record always took)."""
+        counts = OutcomeCounts(self.counts)
+        counts.per_queue = {q: dict(c) for q, c in list(self.per_queue.items())}
+        return counts
+
     def returned(self, task_id: str) -> None:
         """``task_id`` was received again: nobody waits for it any more (main thread)."""
         self.awaiting_return.pop(task_id, None)
@@ -144,7 +174,7 @@ class Settlement:
             return
         decided = _COUNT_OF.get(keeper.requested)
         if decided is not None and self.counts[decided] > 0:
-            self.counts[decided] -= 1
+            self._count(keeper, decided, -1)
         self.counts["lock_lost"] += 1
         self.metrics.lock_lost()
 
@@ -185,13 +215,13 @@ class Settlement:
             self.settle(keeper, DeadLetter(reason), "failed", self.results.ended(
                 task_id, lease.attempt, "failed", max_attempts=max_attempts, final=True,
                 reason=reason))
-            self.counts["failed"] += 1
+            self._count(keeper, "failed")
             return True
         return False
 
     def dead_letter(self, keeper: LeaseKeeper, reason: str, detail: str) -> bool:
         self.settle(keeper, DeadLetter(reason, detail), "dead-lettered")
-        self.counts["dead_lettered"] += 1
+        self._count(keeper, "dead_lettered")
         self.metrics.task_dead_lettered()
         return True
 
@@ -242,7 +272,7 @@ class Settlement:
             self.settle(keeper, Complete(), "completed", self.results.ended(
                 rt.task_id, rt.attempt, "succeeded", max_attempts=max_attempts, rc=rc,
                 final=True, started=rt.started))
-            self.counts["succeeded"] += 1
+            self._count(keeper, "succeeded")
             self.metrics.task_succeeded()
             self.consecutive_failures = 0
             return
@@ -282,7 +312,7 @@ class Settlement:
             log.error("failed for good: %s", full, extra={"task_id": task_id})
             self.settle(keeper, DeadLetter(full, tail, rc), "failed",
                         record(final=True, reason=full))
-            self.counts["failed"] += 1
+            self._count(keeper, "failed")
             self.metrics.task_dead_lettered()
         else:
             delay = retry_delay(self.s, attempt)

@@ -156,7 +156,7 @@ class Worker:
         """State, snapshots (copies) of the tasks and the outcome counts, slots: the worker
         record (control thread)."""
         state = self.state.value if self.state is not State.PREEMPTING else "stopping"
-        return state, tuple(self.active), self.s.num_workers, dict(self.settlement.counts)
+        return state, tuple(self.active), self.s.num_workers, self.settlement.snapshot()
 
     def _teardown(self, clean: bool) -> None:
         self.launcher.stop()

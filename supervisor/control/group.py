@@ -5,10 +5,9 @@ Each agent is what a single-queue worker has: its own control thread and store, 
 own queue's partition (flag, cancels, commands) every control interval and upserting one
 worker record in that queue -- so ``jobq-ctl workers/cancel/pause/drain --queue NAME`` work
 unchanged, and an extra queue costs one more poll and heartbeat per interval.  A record lists
-only its queue's running tasks; the worker's outcome counters (all queues together) are on
-the first queue's record only, so that a sum over records counts each task once (per-queue
-counters are not kept: an Azure dashboard of another queue does not see this worker's
-finished tasks).
+only its queue's running tasks and its queue's outcome counters (succeeded, failed: of the
+tasks that came from that queue, ``Settlement.per_queue``), so that each queue's dashboard
+sees what this worker finished of it and a sum over records counts each task once.
 
 A paused queue is skipped by receive (``MultiQueueBackend.paused``); the worker itself is
 paused (``ControlRequest(paused=True)``) only when every queue is.
@@ -82,9 +81,9 @@ class AgentGroup:
 
         group = cls(backend)
         relay = cast(Any, _Events(group, events))
-        for i, name in enumerate(settings.queues):
+        for name in settings.queues:
             agent = ControlAgent.for_worker(replace(settings, queue=name), relay,
-                                            wake_watchdog, _view_of(view, name, i == 0), keys)
+                                            wake_watchdog, _view_of(view, name), keys)
             assert agent is not None
             group.agents[name] = agent
         group.cancels = ChainMap(*(a.cancels for a in group.agents.values()))
@@ -116,10 +115,12 @@ class AgentGroup:
             agent.stop(clean)
 
 
-def _view_of(view: Callable[[], View], name: str, counts: bool) -> Callable[[], View]:
-    """The worker's view as one queue's record shows it: its tasks only (control thread)."""
+def _view_of(view: Callable[[], View], name: str) -> Callable[[], View]:
+    """The worker's view as one queue's record shows it: its tasks and its outcome counts
+    only (control thread)."""
     def queue_view() -> View:
         state, tasks, slots, totals = view()
         mine = tuple(rt for rt in tasks if queue_of(rt.lease, name) == name)
-        return state, mine, slots, totals if counts else ZERO
+        per_queue = getattr(totals, "per_queue", {})  # an OutcomeCounts (settlement.py)
+        return state, mine, slots, per_queue.get(name, ZERO)
     return queue_view

@@ -70,17 +70,23 @@ def test_results_and_acknowledgements_go_to_their_queues_agent() -> None:
     assert len(agents["high"].results) == 1  # an unknown queue: the first agent's
 
 
-def test_each_record_shows_its_queues_tasks_and_the_first_the_counts() -> None:
+def test_each_record_shows_its_queues_tasks_and_counts() -> None:
+    from supervisor.settlement import OutcomeCounts
+
     def lease(name: str) -> Any:
         obj = SimpleNamespace()
         setattr(obj, QUEUE_ATTR, name)
         return obj
     tasks = (SimpleNamespace(lease=lease("high")), SimpleNamespace(lease=lease("low")),
              SimpleNamespace(lease=lease("low")))
-    view = lambda: ("running", tasks, 4, {"succeeded": 7})  # noqa: E731
-    state, mine, slots, counts = _view_of(view, "low", False)()
-    assert mine == tasks[1:] and slots == 4 and counts == {}
-    assert _view_of(view, "high", True)()[1:] == (tasks[:1], 4, {"succeeded": 7})
+    totals = OutcomeCounts(succeeded=7, failed=2)
+    totals.per_queue = {"high": {"succeeded": 5, "failed": 0},
+                        "low": {"succeeded": 2, "failed": 2}}
+    view = lambda: ("running", tasks, 4, totals)  # noqa: E731
+    state, mine, slots, counts = _view_of(view, "low")()
+    assert mine == tasks[1:] and slots == 4 and counts == {"succeeded": 2, "failed": 2}
+    assert _view_of(view, "high")()[1:] == (tasks[:1], 4, {"succeeded": 5, "failed": 0})
+    assert _view_of(view, "idle")()[3] == {}  # nothing finished from it yet
 
 
 def test_for_worker_one_agent_per_queue_or_none() -> None:

@@ -104,6 +104,37 @@ def test_a_refused_settlement_counts_as_a_lost_lease_not_a_success() -> None:
     assert h.settlement.counts == h.counts(lock_lost=1)
 
 
+def test_outcomes_are_counted_per_queue_too() -> None:
+    """A worker with several queues: each queue's worker record shows what came from it."""
+    from supervisor.backends.multi import QUEUE_ATTR
+
+    h = Harness()
+
+    def conclude(rc: int, queue: str | None, attempt: int = 1,
+                 refuse: Exception | None = None) -> None:
+        rt = h.finished(rc, attempt=attempt)
+        if queue is not None:
+            setattr(rt.keeper.lease, QUEUE_ATTR, queue)
+        rt.keeper.lease.refuse = refuse
+        h.settlement.conclude(rt, h.clock.now, stopping=False)
+        settled(rt.keeper)
+        h.settlement.prune()
+
+    conclude(0, "high")
+    conclude(0, "high")
+    conclude(1, "low", attempt=3)  # its last attempt: failed for good
+    conclude(1, "low", attempt=1)  # retried: not on the record
+    conclude(0, "high", refuse=LeaseLost("lock lost"))  # decided, then refused: not counted
+    conclude(0, None)  # a single queue's lease: the settings' queue
+    snap = h.settlement.snapshot()
+    assert snap == h.settlement.counts and snap is not h.settlement.counts
+    assert snap.per_queue == {
+        "high": {"succeeded": 2, "failed": 0, "dead_lettered": 0},
+        "low": {"succeeded": 0, "failed": 1, "dead_lettered": 0},
+        Settings().queue: {"succeeded": 1, "failed": 0, "dead_lettered": 0}}
+    assert h.settlement.counts == h.counts(succeeded=3, failed=1, retried=1, lock_lost=1)
+
+
 def test_a_refused_cancellation_counts_as_a_lost_lease_not_a_cancel() -> None:
     h = Harness()
     rt = h.finished(1)
