@@ -85,6 +85,15 @@ def test_a_failure_before_the_last_attempt_is_not_final_the_last_one_is() -> Non
     assert last.reason.endswith("attempt 3 of 3, giving up")
 
 
+def test_a_final_record_names_the_unique_key_its_claim_is_released_by() -> None:
+    """control/unique.py: the control thread releases the key after it writes this."""
+    h = Recorded()
+    task = Task(cmd="true", unique_key="nightly")
+    assert h.end(3, attempt=1, task=task).unique_key is None  # retried: still held
+    assert h.end(0, attempt=2, task=task).unique_key == "nightly"
+    assert h.end(0, task=Task(cmd="true")).unique_key is None
+
+
 def test_a_task_killed_by_a_signal_has_no_exit_status() -> None:
     r = Recorded().end(-signal.SIGKILL, attempt=3)
     assert fields(r) == ("failed", True, None, 9, 3)
