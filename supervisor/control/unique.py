@@ -68,21 +68,31 @@ def release_final(store: ControlStore, records: Iterable[ResultRecord]) -> None:
 def push_unique(store: ControlStore, push: Callable[[Sequence[Task]], list[str]], queue: str,
                 tasks: Sequence[Task], now: float) -> list[str]:
     """``push`` the tasks whose key this push claims (and those without a key); the ids in
-    order, the holder's in place of a skipped task.  A push that fails releases what it
-    claimed.  jobq-ctl's main thread."""
-    ids = [claim(store, queue, t.unique_key, t.id, now) if t.unique_key else t.id
-           for t in tasks]
-    fresh = [t for t, held in zip(tasks, ids) if held == t.id]
+    order, the holder's in place of a skipped task.  A claim or a push that fails releases
+    what this push claimed (a message of several that did go out loses its claim: the
+    error says the push failed, and a repeat could not tell which went out anyway).
+    jobq-ctl's main thread."""
+    claimed: list[Task] = []
+    ids: list[str] = []
     try:
+        for t in tasks:
+            ids.append(claim(store, queue, t.unique_key, t.id, now) if t.unique_key else t.id)
+            if t.unique_key and ids[-1] == t.id:
+                claimed.append(t)
+        fresh = [t for t, held in zip(tasks, ids) if held == t.id]
         pushed = iter(push(fresh) if fresh else [])
     except BaseException:
-        for t in fresh:
-            if t.unique_key:
-                try:
-                    store.release_claim(queue, t.unique_key, t.id)
-                except ControlStoreError as exc:
-                    log.warning("unique key %r stays claimed by task %s, never pushed (%s); "
-                                "a push takes it over after %g days", t.unique_key, t.id,
-                                exc, CLAIM_MAX_AGE / DAY)
+        _release(store, queue, claimed)
         raise
     return [next(pushed) if held == t.id else held for t, held in zip(tasks, ids)]
+
+
+def _release(store: ControlStore, queue: str, claimed: Sequence[Task]) -> None:
+    for t in claimed:
+        assert t.unique_key is not None
+        try:
+            store.release_claim(queue, t.unique_key, t.id)
+        except ControlStoreError as exc:
+            log.warning("unique key %r stays claimed by task %s, never pushed (%s); a push "
+                        "takes it over after %g days", t.unique_key, t.id, exc,
+                        CLAIM_MAX_AGE / DAY)

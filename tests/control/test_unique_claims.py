@@ -98,3 +98,20 @@ def test_a_store_that_fails_stops_the_push(store: SqliteControlStore, monkeypatc
     with pytest.raises(ControlStoreError):
         push_unique(store, lambda ts: [t.id for t in ts], Q,
                     [Task(cmd="true", unique_key="k")], NOW)
+
+
+def test_a_claim_that_fails_midway_releases_the_earlier_ones(
+        store: SqliteControlStore, monkeypatch) -> None:
+    real = store.create_claim
+
+    def second_fails(new: UniqueClaim) -> bool:
+        if new.key == "b":
+            raise ControlStoreError("control store claim unique key: timed out")
+        return real(new)
+
+    monkeypatch.setattr(store, "create_claim", second_fails)
+    pushed: list[Task] = []
+    with pytest.raises(ControlStoreError):
+        push_unique(store, lambda ts: pushed.extend(ts) or [t.id for t in ts], Q,
+                    [Task(cmd="a", unique_key="a"), Task(cmd="b", unique_key="b")], NOW)
+    assert pushed == [] and store.get_claim(Q, "a") is None
