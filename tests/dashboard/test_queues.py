@@ -115,3 +115,14 @@ def test_pause_applies_to_its_own_queue_and_a_down_queue_is_one_row(env):
     actions = client.get("/api/actions?queue=low").get_json()
     assert [(a["who"], a["action"]) for a in actions] == [("bob@dashboard", "pause")]
     assert client.get("/api/actions").get_json() == [], "the audit is the queue's"
+
+
+def test_the_queues_come_from_the_workers_ini_too(env, dashboard):
+    _push(env, "high", "true")
+    _push(env, "low", "true", "true")
+    ini = env.tmp / "worker.ini"
+    ini.write_text(f"[jobq-supervisor]\nsqlite-path = {env.db}\nqueue = high,low\n")
+    d = dashboard(base=["--config", str(ini)])
+    code, html = get(d.url + "/")
+    assert code == 200
+    assert 'id="count-pending-high">1<' in html and 'id="count-pending-low">2<' in html
