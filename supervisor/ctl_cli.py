@@ -184,10 +184,10 @@ def ctl_main(argv: list[str] | None = None) -> int:
     except (UsageError, SettingsError) as exc:
         return _fail_usage("jobq-ctl", str(exc))
     logging.basicConfig(level=logging.WARNING, format="jobq-ctl: %(message)s")
-    if len(settings.queues) > 1:
+    if len(settings.queues) > 1 and ns.command != "dashboard":  # it serves each queue
         if ns.command != "status":
             return _fail_usage("jobq-ctl", f"--queue: {ns.command} takes one queue (only "
-                                           f"status takes several)")
+                                           f"status and dashboard take several)")
         return _status_each(ns, settings)
     return _run(ns, settings)
 

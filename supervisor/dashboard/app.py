@@ -9,9 +9,20 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from flask import Flask, Response, abort, jsonify, redirect, render_template, request, url_for
+from flask import (
+    Flask,
+    Response,
+    abort,
+    has_request_context,
+    jsonify,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
 from werkzeug.exceptions import HTTPException
 
 from ..ctl import iso_or_none
@@ -19,7 +30,8 @@ from ..ctl_fleet import duration_text
 from .auth import NAME, Auth
 from .charts import depth_chart, finished_chart
 from .data import DataSource, Unavailable
-from .history import History
+from .history import History, summed_per_minute
+from .queues import Queues
 from .task_views import id_or_400
 from .task_views import register as register_task_views
 
@@ -35,21 +47,38 @@ def _flag_arg(name: str) -> bool:
     return value == "1"
 
 
-def create_app(data: DataSource, history: History | None = None, token: str | None = None,
-               secret: bytes | None = None, refresh: int = 5) -> Flask:
-    """The WSGI app (built on the main thread before serving starts).  ``refresh``: seconds
-    between an open page's refreshes (each one costs backend and store calls)."""
+def create_app(data: DataSource | Sequence[DataSource],
+               history: History | Mapping[str, History] | None = None,
+               token: str | None = None, secret: bytes | None = None, refresh: int = 5
+               ) -> Flask:
+    """The WSGI app (built on the main thread before serving starts).  ``data``: one queue's
+    DataSource, or one per queue (``history``: then a History per queue name).  ``refresh``:
+    seconds between an open page's refreshes (each one costs backend and store calls)."""
     app = Flask(__name__)
     app.secret_key = secret or os.urandom(32)  # sessions end when the dashboard restarts
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Strict",
                       MAX_CONTENT_LENGTH=64 * 1024)
     auth = Auth(token)
-    history = history or History()
+    queues = Queues([data] if isinstance(data, DataSource) else data)
+    histories: Mapping[str, History] = (
+        history if isinstance(history, Mapping)
+        else {queues.names[0]: history or History()})
+    current = queues.current
+
+    @app.url_defaults
+    def _same_queue(endpoint: str, values: dict[str, Any]) -> None:
+        # links stay on the page's queue; the first queue's URLs carry none (old URLs)
+        if endpoint != "static" and has_request_context():
+            name = request.args.get("queue")
+            if name and name != queues.names[0] and name in queues.sources:
+                values.setdefault("queue", name)
 
     @app.context_processor
     def _common() -> dict[str, Any]:
-        return {"queue": data.queue, "ago": duration_text, "refresh": refresh,
-                **auth.context()}
+        name = request.args.get("queue")
+        here = name if name in queues.sources else queues.names[0]
+        return {"queue": here, "queues": queues.names if queues.several else [],
+                "ago": duration_text, "refresh": refresh, **auth.context()}
 
     def _page(status: int, title: str, text: str) -> tuple[str, int]:
         return render_template("error.html", title=title, text=text), status
@@ -86,25 +115,36 @@ def create_app(data: DataSource, history: History | None = None, token: str | No
     # ------------------------------------------------------------------ pages
     @app.get("/")
     def overview() -> str:
-        status = data.status()
+        if queues.several:  # every queue, whatever ?queue= says
+            rows = queues.rows()
+        else:
+            d = current()
+            rows = [{"name": d.queue, "status": d.status(), "error": None,
+                     "cancelled": d.cancelled()}]
         now = time.time()
         try:
             workers: dict[str, int] | None
-            workers, flag = data.fleet()
+            workers, flags = queues.fleet()
             store_error = None
         except Unavailable as exc:
-            workers, flag, store_error = None, None, str(exc)
-        samples = history.samples()
+            workers, flags, store_error = None, {}, str(exc)
+        for row in rows:
+            row["flag"] = flags.get(row["name"])
+        shown = [histories[n] for n in queues.names if n in histories]
+        window = shown[0].window if shown else 3600.0
         return render_template(
-            "overview.html", status=status, cancelled=data.cancelled(), workers=workers,
-            flag=flag, store_error=store_error,
-            depth=depth_chart(samples, now, history.window),
-            finished=finished_chart(history.finished_per_minute(), now, history.window))
+            "overview.html", rows=rows, several=queues.several, workers=workers,
+            store_error=store_error,
+            running=[(row["name"], r) for row in rows if row["status"]
+                     for r in row["status"]["running"]],
+            depths=[(n, depth_chart(histories[n].samples(), now, histories[n].window))
+                    for n in queues.names if n in histories],
+            finished=finished_chart(summed_per_minute(shown), now, window))
 
     @app.get("/actions")
     def actions() -> str:
         try:
-            found, store_error = _audit_json(data.audits_or_raise(ACTIONS_SHOWN)), None
+            found, store_error = _audit_json(current().audits_or_raise(ACTIONS_SHOWN)), None
         except Unavailable as exc:
             found, store_error = [], str(exc)
         return render_template("actions.html", actions=found, store_error=store_error,
@@ -112,16 +152,17 @@ def create_app(data: DataSource, history: History | None = None, token: str | No
 
     @app.get("/api/actions")
     def api_actions() -> Any:
-        return jsonify(_audit_json(data.audits_or_raise(ACTIONS_SHOWN)))
+        return jsonify(_audit_json(current().audits_or_raise(ACTIONS_SHOWN)))
 
     @app.get("/workers")
     def workers() -> str:
         show_all = _flag_arg("all")
-        return render_template("workers.html", workers=data.workers(show_all),
+        return render_template("workers.html", workers=current().workers(show_all),
                                show_all=show_all)
 
     @app.get("/workers/<worker_id>")
     def worker(worker_id: str) -> str:
+        data = current()
         found = data.worker(id_or_400(worker_id, "worker"))
         if found is None:
             abort(404, f"no worker {worker_id!r} on queue {data.queue}")
@@ -129,19 +170,24 @@ def create_app(data: DataSource, history: History | None = None, token: str | No
 
     @app.get("/search")
     def search() -> Any:
-        return redirect(url_for("task", task_id=id_or_400(request.args.get("id"), "task")))
+        task_id = id_or_400(request.args.get("id"), "task")
+        here = current()
+        found = queues.find_task(task_id, here) if queues.several else here
+        return redirect(url_for("task", task_id=task_id, queue=(found or here).queue))
 
     # ------------------------------------------------------------------ JSON API
     @app.get("/api/status")
     def api_status() -> Any:
-        return jsonify(data.status())
+        # several queues: the per-queue object of ``jobq-ctl status --queue a,b --json``
+        return jsonify(queues.status_json() if queues.several else current().status())
 
     @app.get("/api/workers")
     def api_workers() -> Any:
-        return jsonify(data.workers(_flag_arg("all")))
+        return jsonify(current().workers(_flag_arg("all")))
 
     @app.get("/api/worker/<worker_id>")
     def api_worker(worker_id: str) -> Any:
+        data = current()
         found = data.worker(id_or_400(worker_id, "worker"))
         if found is None:
             abort(404, f"no worker {worker_id!r} on queue {data.queue}")
@@ -175,6 +221,7 @@ def create_app(data: DataSource, history: History | None = None, token: str | No
     # ------------------------------------------------------------------ actions
     def _done(what: str) -> Any:
         who = auth.who() or ""
+        data = current()
         # The audit trail: this line, and an audit record in the control store (jobq-ctl
         # has none of its own: its user runs it, the shell's history is theirs).
         log.warning("dashboard: action %s on queue %s by %s", what, data.queue, who)
@@ -189,7 +236,7 @@ def create_app(data: DataSource, history: History | None = None, token: str | No
         auth.check_post()
         if action not in ("pause", "resume"):
             abort(404, f"no queue action {action!r}")
-        data.pause(action == "pause", auth.who() or "")
+        current().pause(action == "pause", auth.who() or "")
         return _done(action)
 
     @app.post("/workers/<worker_id>/<action>")
@@ -198,11 +245,12 @@ def create_app(data: DataSource, history: History | None = None, token: str | No
         if action not in ACTIONS:
             abort(404, f"no worker action {action!r}")
         worker_id = id_or_400(worker_id, "worker")
+        data = current()
         if not data.command(worker_id, action, auth.who() or ""):
             abort(404, f"no live worker {worker_id!r} on queue {data.queue}")
         return _done(f"{action} {worker_id}")
 
-    register_task_views(app, data, auth, _done)
+    register_task_views(app, current, auth, _done)
     return app
 
 

@@ -45,6 +45,19 @@ class Unavailable(Exception):
         self.text = text
 
 
+def count_states(by_queue: list[dict[str, str]]) -> dict[str, int]:
+    """Workers by state over several queues' listings; a worker of several queues has a
+    record in each and counts once (its first queue's state)."""
+    seen: dict[str, str] = {}
+    for by_id in by_queue:
+        for wid, state in by_id.items():
+            seen.setdefault(wid, state)
+    counts: dict[str, int] = {}
+    for state in seen.values():
+        counts[state] = counts.get(state, 0) + 1
+    return counts
+
+
 class DataSource:
     """Per-thread clients plus the reads and writes of the pages.  Any thread; each thread
     uses its own clients."""
@@ -139,12 +152,14 @@ class DataSource:
     def fleet(self) -> tuple[dict[str, int], dict[str, Any] | None]:
         """(worker count by state, the queue's pause flag) from one workers listing and one
         poll."""
+        by_id, flag = self.fleet_states()
+        return count_states([by_id]), flag
+
+    def fleet_states(self) -> tuple[dict[str, str], dict[str, Any] | None]:
+        """(each worker's state by id, the queue's pause flag)."""
         with self.using("control store"):
             now, shown, _, flag = worker_view(self.store(), self.queue, True)
-        states: dict[str, int] = {}
-        for r in shown:
-            state = worker_state(r, now)
-            states[state] = states.get(state, 0) + 1
+        states = {r.id: worker_state(r, now) for r in shown}
         if flag is None:
             return states, None
         return states, {"paused": flag.paused, "who": flag.who, "when": iso_or_none(flag.when)}

@@ -1,8 +1,8 @@
-"""The dashboard's depth sampler: one thread that reads the queue's counts every ~15 s and
-keeps the last hour, for the overview's charts (queue depth; tasks finished per minute from
-the growth of the succeeded/failed counts -- the backend's where it counts them (SQLite),
-else the sum of the workers' own counters in their records (Azure)).  It stops on an Event
-and uses clients of its own (DataSource is per thread)."""
+"""The dashboard's depth sampler: one thread that reads each served queue's counts in turn
+every ~15 s and keeps the last hour per queue, for the overview's charts (queue depth; tasks
+finished per minute from the growth of the succeeded/failed counts -- the backend's where it
+counts them (SQLite), else the sum of the workers' own counters in their records (Azure)).
+It stops on an Event and uses clients of its own (DataSource is per thread)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from .data import DataSource, Unavailable
 
@@ -62,23 +62,45 @@ class History:
         return [(m, s, f) for m, (s, f) in sorted(buckets.items())]
 
 
-class Sampler:
-    """The thread that fills a History every ``interval`` seconds until ``stop`` is set."""
+@dataclass
+class _Queue:
+    """One queue's sampling state (the sampler thread only)."""
 
-    def __init__(self, data: DataSource, history: History, interval: float = 15.0,
+    data: DataSource
+    history: History
+    failing: bool = False
+    # Workers' finished counters: the last seen per worker id, and the growth summed
+    # since the dashboard started (a restarted worker's counters start again at 0).
+    last: dict[str, tuple[int, int]] = field(default_factory=dict)
+    grown: list[int] = field(default_factory=lambda: [0, 0])
+
+
+def summed_per_minute(histories: Sequence[History]) -> list[tuple[float, int, int]]:
+    """finished_per_minute over several queues, summed per minute (a request thread)."""
+    buckets: dict[float, list[int]] = {}
+    for h in histories:
+        for minute, ok, bad in h.finished_per_minute():
+            b = buckets.setdefault(minute, [0, 0])
+            b[0] += ok
+            b[1] += bad
+    return [(m, s, f) for m, (s, f) in sorted(buckets.items())]
+
+
+class Sampler:
+    """The thread that fills a History per queue every ``interval`` seconds until ``stop``
+    is set.  ``data``: one DataSource (with ``history``) or a list of (DataSource, History),
+    sampled in turn."""
+
+    def __init__(self, data: DataSource | Sequence[tuple[DataSource, History]],
+                 history: History | None = None, interval: float = 15.0,
                  clock: Callable[[], float] = time.time) -> None:
-        self.data = data
-        self.history = history
+        pairs = list(data) if isinstance(data, Sequence) else [(data, history or History())]
+        self._queues = [_Queue(d, h) for d, h in pairs]
         self.interval = interval
         self.clock = clock
         self.stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dashboard-sampler",
                                         daemon=True)
-        self._failing = False
-        # Workers' finished counters: the last seen per worker id, and the growth summed
-        # since the dashboard started (a restarted worker's counters start again at 0).
-        self._last: dict[str, tuple[int, int]] = {}
-        self._grown = [0, 0]
 
     def start(self) -> None:
         self._thread.start()
@@ -88,40 +110,46 @@ class Sampler:
         self._thread.join(timeout)
 
     def sample_once(self) -> None:
-        """One sample (the sampler thread; tests call it directly)."""
+        """One sample of every queue (the sampler thread; tests call it directly)."""
+        for q in self._queues:
+            if self.stop.is_set():
+                return
+            self._sample(q)
+
+    def _sample(self, q: _Queue) -> None:
         try:
-            counts = self.data.counts()
+            counts = q.data.counts()
         except Unavailable as exc:
-            if not self._failing:  # one line per outage, not one per sample
-                log.warning("dashboard sampler: %s", exc)
-            self._failing = True
+            if not q.failing:  # one line per outage, not one per sample
+                log.warning("dashboard sampler: %s: %s", q.data.queue, exc)
+            q.failing = True
             return
-        self._failing = False
+        q.failing = False
         succeeded, failed = counts.get("succeeded"), counts.get("failed")
         if succeeded is None or failed is None:
-            succeeded, failed = self._workers_finished()
-        self.history.add(Sample(when=self.clock(), pending=counts.get("pending", 0),
-                                running=counts.get("running", 0),
-                                succeeded=succeeded, failed=failed))
+            succeeded, failed = self._workers_finished(q)
+        q.history.add(Sample(when=self.clock(), pending=counts.get("pending", 0),
+                             running=counts.get("running", 0),
+                             succeeded=succeeded, failed=failed))
 
-    def _workers_finished(self) -> tuple[int | None, int | None]:
+    def _workers_finished(self, q: _Queue) -> tuple[int | None, int | None]:
         """Tasks finished since the dashboard started, from the worker records (sampler
         thread); (None, None) while the control store cannot be read."""
         try:
-            workers = self.data.workers(show_all=True)
+            workers = q.data.workers(show_all=True)
         except Unavailable:
             return None, None
         seen: dict[str, tuple[int, int]] = {}
         for w in workers:
             done = w.get("finished") or {}
             now = (int(done.get("succeeded", 0)), int(done.get("failed", 0)))
-            before = self._last.get(w["id"])
+            before = q.last.get(w["id"])
             if before is not None:  # a worker's first sight counts nothing: that was before
                 for i in (0, 1):
-                    self._grown[i] += now[i] - before[i] if now[i] >= before[i] else now[i]
+                    q.grown[i] += now[i] - before[i] if now[i] >= before[i] else now[i]
             seen[w["id"]] = now
-        self._last = seen  # purged workers drop out
-        return self._grown[0], self._grown[1]
+        q.last = seen  # purged workers drop out
+        return q.grown[0], q.grown[1]
 
     def _run(self) -> None:
         try:
@@ -129,4 +157,5 @@ class Sampler:
                 self.sample_once()
                 self.stop.wait(self.interval)
         finally:
-            self.data.close_thread()
+            for q in self._queues:
+                q.data.close_thread()

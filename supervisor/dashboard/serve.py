@@ -11,6 +11,7 @@ import queue
 import signal
 import sys
 import threading
+from dataclasses import replace
 from typing import Any
 
 from ..usage import UsageError
@@ -44,6 +45,19 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
+def _source(settings: Any, key: Any, writes: bool) -> Any:
+    """One queue's DataSource (main thread); its clients open lazily, per thread."""
+    from ..backends import open_backend
+    from ..control.open import open_control_store
+    from ..outstore.open import open_output_store
+    from .data import DataSource
+
+    return DataSource(settings.queue,
+                      lambda: open_backend(settings, for_ctl=True, create=False),
+                      lambda: open_control_store(settings, create=writes), key,
+                      lambda: open_output_store(settings, create=False))
+
+
 def run(ns: Any, settings: Any) -> int:
     """Serve until SIGTERM or SIGINT; the exit status (main thread)."""
     try:
@@ -53,13 +67,9 @@ def run(ns: Any, settings: Any) -> int:
         print(f"jobq-ctl: error: dashboard: Flask and waitress are not installed: {EXTRA}",
               file=sys.stderr)
         return 2
-    from ..backends import open_backend
-    from ..control.open import open_control_store
     from ..ctl import first_key
-    from ..outstore.open import open_output_store
     from .app import create_app
     from .auth import read_token
-    from .data import DataSource
     from .history import History, Sampler
 
     try:
@@ -74,14 +84,14 @@ def run(ns: Any, settings: Any) -> int:
         print(f"jobq-ctl: error: dashboard: {text}", file=sys.stderr)
         return 2
     logging.getLogger("jobq.dashboard").setLevel(logging.INFO)
-    data = DataSource(settings.queue,
-                      lambda: open_backend(settings, for_ctl=True, create=False),
-                      lambda: open_control_store(settings, create=token is not None), key,
-                      lambda: open_output_store(settings, create=False))
-    history = History()
-    sampler = Sampler(data, history, interval=getattr(ns, "sample_interval", SAMPLE_INTERVAL))
+    sources = [_source(replace(settings, queue=name), key, token is not None)
+               for name in settings.queues]  # --queue high,low: one DataSource per queue
+    histories = {d.queue: History() for d in sources}
+    sampler = Sampler([(d, histories[d.queue]) for d in sources],
+                      interval=getattr(ns, "sample_interval", SAMPLE_INTERVAL))
     # Azure bills (and throttles) per call: an open page refreshes less often there
-    app = create_app(data, history, token, refresh=5 if settings.backend == "sqlite" else 15)
+    app = create_app(sources, histories, token,
+                     refresh=5 if settings.backend == "sqlite" else 15)
     try:
         server = waitress.create_server(app, host=host, port=port, threads=THREADS,
                                         ident="jobq-dashboard")

@@ -35,10 +35,12 @@ def _int_arg(name: str, low: int, required: bool) -> int | None:
     return int(value)
 
 
-def register(app: Flask, data: DataSource, auth: Auth, done: Callable[[str], Any]) -> None:
-    """Add the views (main thread, before serving)."""
+def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
+             done: Callable[[str], Any]) -> None:
+    """Add the views (main thread, before serving).  ``current``: the request's queue."""
 
     def _task_or_404(task_id: str) -> dict[str, Any]:
+        data = current()
         found = data.task(id_or_400(task_id, "task"))
         if found is None:
             abort(404, f"no task {task_id!r} on queue {data.queue}")
@@ -48,7 +50,7 @@ def register(app: Flask, data: DataSource, auth: Auth, done: Callable[[str], Any
     def task(task_id: str) -> str:
         found = _task_or_404(task_id)
         try:
-            stored: list[int] | None = tasks.output_attempts(data, found["id"])
+            stored: list[int] | None = tasks.output_attempts(current(), found["id"])
             output_error = None
         except Unavailable as exc:
             stored, output_error = None, exc.text
@@ -69,16 +71,16 @@ def register(app: Flask, data: DataSource, auth: Auth, done: Callable[[str], Any
         assert attempt is not None
         if offset is None:  # the first call of a page: is there such a task at all?
             _task_or_404(task_id)
-        return jsonify(tasks.output_json(data, task_id, attempt, offset))
+        return jsonify(tasks.output_json(current(), task_id, attempt, offset))
 
     @app.get("/failed")
     def failed() -> str:
-        rows, total = tasks.failed_json(data)
+        rows, total = tasks.failed_json(current())
         return render_template("failed.html", rows=rows, total=total)
 
     @app.get("/api/failed")
     def api_failed() -> Any:
-        rows, total = tasks.failed_json(data)
+        rows, total = tasks.failed_json(current())
         return jsonify({"tasks": rows, "total": total})
 
     # ------------------------------------------------------------------ actions
@@ -86,7 +88,7 @@ def register(app: Flask, data: DataSource, auth: Auth, done: Callable[[str], Any
     def task_cancel(task_id: str) -> Any:
         auth.check_post()
         task_id = id_or_400(task_id, "task")
-        if tasks.cancel(data, task_id, auth.who() or "") is None:
+        if tasks.cancel(current(), task_id, auth.who() or "") is None:
             abort(409, f"task {task_id} has already ended: nothing to cancel")
         return done(f"cancel {task_id}")
 
@@ -94,7 +96,7 @@ def register(app: Flask, data: DataSource, auth: Auth, done: Callable[[str], Any
     def task_requeue(task_id: str) -> Any:
         auth.check_post()
         task_id = id_or_400(task_id, "task")
-        if tasks.requeue(data, [task_id]) == 0:
+        if tasks.requeue(current(), [task_id]) == 0:
             abort(409, f"task {task_id} is not failed or cancelled: nothing to requeue")
         return done(f"requeue {task_id}")
 
@@ -104,7 +106,7 @@ def register(app: Flask, data: DataSource, auth: Auth, done: Callable[[str], Any
         ids = [id_or_400(i, "task") for i in request.form.getlist("id")]
         if not ids:
             abort(400, "no task ids given")
-        n = tasks.requeue(data, ids)
+        n = tasks.requeue(current(), ids)
         return done(f"requeue {n} of {len(ids)} shown failed tasks")
 
     @app.route("/failed/clear", methods=["GET", "POST"])
@@ -112,9 +114,9 @@ def register(app: Flask, data: DataSource, auth: Auth, done: Callable[[str], Any
         if request.method == "GET":  # the confirmation step
             if not auth.context()["can_act"]:
                 abort(403, "log in to clear failed tasks")
-            return render_template("clear.html", total=tasks.failed_count(data))
+            return render_template("clear.html", total=tasks.failed_count(current()))
         auth.check_post()
         if request.form.get("confirm") != "yes":
             abort(400, "clearing needs confirm=yes (the confirmation page sends it)")
-        n = tasks.clear_failed(data)
+        n = tasks.clear_failed(current())
         return done(f"clear {n} failed tasks")

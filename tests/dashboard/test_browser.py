@@ -20,11 +20,13 @@ FAST = ("--control-interval", "1", "--heartbeat-interval", "1", "-n", "3")
 
 
 def _text(driver, element_id: str) -> str:
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.common.exceptions import WebDriverException
 
     try:
         return driver.find_element("id", element_id).text
-    except (NoSuchElementException, StaleElementReferenceException):
+    except WebDriverException:
+        # missing, stale, or (Chromium 156) "Node with given id does not belong to the
+        # document": the page's own refresh replaced #live between find and read
         return ""
 
 
@@ -39,13 +41,13 @@ def _reload_until(driver, cond, timeout: float, what: str) -> None:
 def _click(driver, element_id: str) -> None:
     """Click a button by id; the page's own refresh may replace it under us, so look it up
     again until the click lands."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.common.exceptions import WebDriverException
 
     def attempt() -> bool:
         try:
             driver.find_element("id", element_id).click()
             return True
-        except (NoSuchElementException, StaleElementReferenceException):
+        except WebDriverException:  # missing, stale or detached (see _text)
             return False
     wait_for(attempt, 10, what=f"button {element_id}")
 

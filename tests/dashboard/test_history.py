@@ -13,7 +13,8 @@ pytestmark = pytest.mark.timeout(30)
 
 
 class FakeData:
-    def __init__(self) -> None:
+    def __init__(self, queue: str = "default") -> None:
+        self.queue = queue
         self.counts_seq: list[dict[str, int] | Exception] = []
         self.workers_seq: list[list[dict] | Exception] = []
         self.closed = 0
