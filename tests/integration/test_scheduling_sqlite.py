@@ -141,8 +141,11 @@ def test_task_timeout_and_the_worker_limit(env: Env) -> None:
                          "--exit-when-empty", "--poll-interval", "0.2")
     assert sup.wait(90) == 4, sup.log()  # the exit status of a batch with failed tasks
     for n, limit in (("own", 2.0), ("plain", 5.0), ("longer", 5.0)):
+        # The limit runs from the spawn; the shell stamps its start a moment later (up to a
+        # second on a loaded 2-core CI machine: seen). Either way 2 s is told from 5 s and
+        # 5 s from an hour.
         ran = stamp(d / f"term.{n}") - stamp(d / f"start.{n}")
-        assert limit - 0.2 <= ran <= limit + 1.5, (n, ran)
+        assert limit - 1.0 <= ran <= limit + 2.0, (n, ran)
     reasons = {r[0]: r[3] for r in env.rows()}
     assert reasons[own].startswith("time limit 2s exceeded"), reasons[own]
     assert reasons[plain].startswith("time limit 5s exceeded"), reasons[plain]
