@@ -12,8 +12,8 @@ import time
 import pytest
 
 from supervisor.control.azure_table import AzureTableControlStore
-from tests.azure.test_storage_queue_worker import SqEnv
-from tests.conftest import command, wait_for, wait_for_no_marked
+from tests.azure.test_storage_queue_worker import SqEnv, sq  # noqa: F401 (fixture)
+from tests.conftest import command, wait_for
 from tests.control.conftest import (  # noqa: F401 (fixture)
     azurite_table,
     free_port,
@@ -24,15 +24,6 @@ pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 POLL = 0.5
 
 
-@pytest.fixture
-def sq(tmp_path, azurite, queue_name):
-    e = SqEnv(tmp_path, azurite.port, queue_name)
-    e.ctl("clear")  # creates the queues, as any first writing command does
-    yield e
-    e.cleanup()
-    assert not wait_for_no_marked(timeout=10)
-
-
 def one_usage_line(res, option: str) -> str:
     assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
     lines = res.stderr.splitlines()
@@ -40,7 +31,7 @@ def one_usage_line(res, option: str) -> str:
     return lines[0]
 
 
-def test_a_delayed_task_starts_after_its_delay(sq: SqEnv) -> None:
+def test_a_delayed_task_starts_after_its_delay(sq: SqEnv) -> None:  # noqa: F811
     sq.supervisor("-n", "2", "--poll-interval", str(POLL))
     warm = sq.tmp / "warm"
     sq.ctl("push", "-c", f"touch {warm}")
@@ -60,7 +51,7 @@ def test_a_delayed_task_starts_after_its_delay(sq: SqEnv) -> None:
     print(f"storage queue: delayed task started {at - t0 - 3:.3f}s after its time")
 
 
-def test_seven_days_is_the_most(sq: SqEnv) -> None:
+def test_seven_days_is_the_most(sq: SqEnv) -> None:  # noqa: F811
     one_usage_line(sq.ctl("push", "-c", "true", "--delay", "8d", check=False), "--delay")
     one_usage_line(sq.ctl("push", "-c", "true", "--not-before", "2099-01-01T00:00:00Z",
                           check=False), "--not-before")
@@ -76,14 +67,14 @@ def test_seven_days_is_the_most(sq: SqEnv) -> None:
                                             "claimed in the control store, and there is none"),
     (("--unique",), "--unique", "control store"),
 ])
-def test_what_the_service_cannot_do_is_refused(sq: SqEnv, args: tuple[str, ...], option: str,
+def test_what_the_service_cannot_do_is_refused(sq: SqEnv, args: tuple[str, ...], option: str,  # noqa: F811
                                                words: str) -> None:
     line = one_usage_line(sq.ctl("push", "-c", "true", *args, check=False), option)
     assert "storage-queue" in line and words in line
     assert sq.count() == 0
 
 
-def test_a_delayed_task_is_queued_from_its_time(sq: SqEnv) -> None:
+def test_a_delayed_task_is_queued_from_its_time(sq: SqEnv) -> None:  # noqa: F811
     """The oldest pending age (status, the autoscaling gauge) of a delayed message that just
     became visible is counted from its time, not from its push 3 s before."""
     t0 = time.time()
@@ -96,7 +87,7 @@ def test_a_delayed_task_is_queued_from_its_time(sq: SqEnv) -> None:
     assert age is not None and age <= since_push - 3 + 0.1, (age, since_push)
 
 
-def test_a_task_timeout_fails_the_attempt_at_its_limit(sq: SqEnv) -> None:
+def test_a_task_timeout_fails_the_attempt_at_its_limit(sq: SqEnv) -> None:  # noqa: F811
     start, term = sq.tmp / "start", sq.tmp / "term"
     sq.ctl("push", "-c", f"date +%s.%N > {start}; trap 'date +%s.%N > {term}; exit 3' TERM; "
            "sleep 30 & wait", "--timeout", "2s", "--max-attempts", "1")
@@ -118,7 +109,7 @@ def table(azurite_table):  # noqa: F811
     store.close()
 
 
-def test_a_unique_key_holds_until_its_task_ends(sq: SqEnv, table) -> None:
+def test_a_unique_key_holds_until_its_task_ends(sq: SqEnv, table) -> None:  # noqa: F811
     store, env = table
     done = sq.tmp / "done"
     first = sq.ctl("push", "-c", f"echo x >> {done}", "--unique-key", "nightly", env=env)
@@ -141,7 +132,7 @@ def test_a_unique_key_holds_until_its_task_ends(sq: SqEnv, table) -> None:
     assert second_id != first_id and sq.count() == 1
 
 
-def test_a_claim_of_an_ended_task_is_taken_over(sq: SqEnv, table) -> None:
+def test_a_claim_of_an_ended_task_is_taken_over(sq: SqEnv, table) -> None:  # noqa: F811
     """A claim the worker could not release: the final result record tells it ended."""
     from supervisor.control import ResultRecord
     from supervisor.control.base import UniqueClaim
@@ -157,7 +148,7 @@ def test_a_claim_of_an_ended_task_is_taken_over(sq: SqEnv, table) -> None:
     assert held is not None and held.task_id == task_id
 
 
-def test_concurrent_pushes_of_one_key_leave_one_task(sq: SqEnv, table) -> None:
+def test_concurrent_pushes_of_one_key_leave_one_task(sq: SqEnv, table) -> None:  # noqa: F811
     _, env = table
     full = {**os.environ, **sq.secret_env(), **env}
     procs = [subprocess.Popen(command("jobq-ctl") + sq.base_args()
@@ -172,7 +163,7 @@ def test_concurrent_pushes_of_one_key_leave_one_task(sq: SqEnv, table) -> None:
     assert sq.count() == 1
 
 
-def test_a_control_store_that_is_down_stops_the_push(sq: SqEnv) -> None:
+def test_a_control_store_that_is_down_stops_the_push(sq: SqEnv) -> None:  # noqa: F811
     dead = table_connection_string(free_port())
     res = sq.ctl("push", "-c", "true", "--unique-key", "k", check=False,
                  env={"JOBQ_CONTROL_CONNECTION_STRING": dead})
