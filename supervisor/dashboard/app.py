@@ -160,13 +160,16 @@ def create_app(data: DataSource | Sequence[DataSource],
         return render_template("workers.html", workers=current().workers(show_all),
                                show_all=show_all)
 
-    @app.get("/workers/<worker_id>")
-    def worker(worker_id: str) -> str:
+    def worker_or_404(worker_id: str) -> dict[str, Any]:
         data = current()
         found = data.worker(id_or_400(worker_id, "worker"))
         if found is None:
             abort(404, f"no worker {worker_id!r} on queue {data.queue}")
-        return render_template("worker.html", w=found)
+        return found
+
+    @app.get("/workers/<worker_id>")
+    def worker(worker_id: str) -> str:
+        return render_template("worker.html", w=worker_or_404(worker_id))
 
     @app.get("/search")
     def search() -> Any:
@@ -187,11 +190,7 @@ def create_app(data: DataSource | Sequence[DataSource],
 
     @app.get("/api/worker/<worker_id>")
     def api_worker(worker_id: str) -> Any:
-        data = current()
-        found = data.worker(id_or_400(worker_id, "worker"))
-        if found is None:
-            abort(404, f"no worker {worker_id!r} on queue {data.queue}")
-        return jsonify(found)
+        return jsonify(worker_or_404(worker_id))
 
     # ------------------------------------------------------------------ auth
     @app.route("/login", methods=["GET", "POST"])
