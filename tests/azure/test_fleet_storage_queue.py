@@ -11,22 +11,14 @@ import time
 import pytest
 
 from supervisor.control import Cancel
-from supervisor.control.azure_table import AzureTableControlStore
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import marked_processes, term_stamp, wait_for
-from tests.control.conftest import azurite_table, table_connection_string  # noqa: F401
+from tests.control.conftest import azurite_table, table  # noqa: F401 (fixtures)
 from tests.integration.helpers import cancel_dies_at_grace
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 
 FAST = ("--control-interval", "1", "--heartbeat-interval", "1", "--poll-interval", "0.2")
-
-
-@pytest.fixture
-def table(azurite_table):  # noqa: F811
-    store = AzureTableControlStore(connection_string=table_connection_string(azurite_table))
-    yield store, {"JOBQ_CONTROL_CONNECTION_STRING": table_connection_string(azurite_table)}
-    store.close()
 
 
 def test_cancel_on_storage_queue_running_and_before_receive(sq, table):  # noqa: F811

@@ -10,7 +10,7 @@ import pytest
 
 from tests.azure.test_storage_queue_worker import SqEnv
 from tests.conftest import wait_for, wait_for_no_marked
-from tests.control.conftest import azurite_table  # noqa: F401 (fixture)
+from tests.control.conftest import azurite_table, table  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 
@@ -75,17 +75,7 @@ def test_failures_go_to_each_queues_own_failed_queue(sq: SqEnv) -> None:
 FAST = ("--control-interval", "0.5", "--heartbeat-interval", "1", "--poll-interval", "0.2")
 
 
-@pytest.fixture
-def table(azurite_table):  # noqa: F811
-    from supervisor.control.azure_table import AzureTableControlStore
-    from tests.control.conftest import table_connection_string
-
-    store = AzureTableControlStore(connection_string=table_connection_string(azurite_table))
-    yield store, {"JOBQ_CONTROL_CONNECTION_STRING": table_connection_string(azurite_table)}
-    store.close()
-
-
-def test_fleet_per_queue_on_table_storage(sq: SqEnv, table) -> None:
+def test_fleet_per_queue_on_table_storage(sq: SqEnv, table) -> None:  # noqa: F811
     """One worker record per queue, a paused queue skipped while the other goes on, a
     cancel through the second queue carried out."""
     store, control_env = table

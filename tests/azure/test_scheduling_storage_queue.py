@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from supervisor.control.azure_table import AzureTableControlStore
 from tests.azure.test_storage_queue_worker import SqEnv, sq  # noqa: F401 (fixture)
 from tests.conftest import command, wait_for
 from tests.control.conftest import (  # noqa: F401 (fixture)
     azurite_table,
     free_port,
+    table,
     table_connection_string,
 )
 
@@ -101,14 +101,6 @@ def test_a_task_timeout_fails_the_attempt_at_its_limit(sq: SqEnv) -> None:  # no
 
 
 # ------------------------------------------------------ unique keys through the control store
-@pytest.fixture
-def table(azurite_table):  # noqa: F811
-    conn = table_connection_string(azurite_table)
-    store = AzureTableControlStore(connection_string=conn)
-    yield store, {"JOBQ_CONTROL_CONNECTION_STRING": conn}
-    store.close()
-
-
 def test_a_unique_key_holds_until_its_task_ends(sq: SqEnv, table) -> None:  # noqa: F811
     store, env = table
     done = sq.tmp / "done"

@@ -44,6 +44,18 @@ def azurite_table(tmp_path_factory) -> Iterator[int]:
         yield port
 
 
+@pytest.fixture
+def table(azurite_table) -> Iterator[tuple[Any, dict[str, str]]]:
+    """A Table control store on Azurite, and the environment that points a worker or
+    jobq-ctl at it."""
+    from supervisor.control.azure_table import AzureTableControlStore
+
+    conn = table_connection_string(azurite_table)
+    store = AzureTableControlStore(connection_string=conn)
+    yield store, {"JOBQ_CONTROL_CONNECTION_STRING": conn}
+    store.close()
+
+
 @dataclass
 class Kit:
     """A store under test, plus what a test needs to reach past it."""
