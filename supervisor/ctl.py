@@ -266,7 +266,7 @@ def cmd_requeue(ns: Any, backend: Backend, store: ControlStore | None = None) ->
     ids = [r.id for r in backend.failed()] if ns.all_failed else list(ns.ids)
     n = backend.requeue(None if ns.all_failed else ns.ids)
     print(f"requeued {n}")
-    _forget_cancels(ns.queue, ids, store)
+    forget_cancels(ns.queue, ids, store)
     missing = 0 if ns.all_failed else len(set(ns.ids)) - n
     if missing > 0:
         # exit 1, so that a typo in an id is not taken for success
@@ -276,7 +276,7 @@ def cmd_requeue(ns: Any, backend: Backend, store: ControlStore | None = None) ->
     return 0
 
 
-def _forget_cancels(queue: str, ids: list[str], store: ControlStore | None) -> None:
+def forget_cancels(queue: str, ids: list[str], store: ControlStore | None) -> None:
     """A requeued task that had been cancelled must run again: its cancel record would make
     the next worker cancel it at claim time.  Workers drop a deleted cancel from their cache
     within a minute (control/agent.py)."""

@@ -65,7 +65,7 @@ def open_sources(ns: Any, settings: Any, backend: Any) -> Sources:
 
 
 # ----------------------------------------------------------------------------------- tail
-def _end(store: OutputStore, key: AttemptKey) -> int:
+def output_end(store: OutputStore, key: AttemptKey) -> int:
     """The size of the attempt's output, found by one-byte reads (about 2*log2(size/PROBE))
     rather than by downloading it."""
     lo, hi = 0, PROBE  # data ends at or after lo, before hi (once a probe at hi-1 failed)
@@ -98,7 +98,7 @@ def _read_range(store: OutputStore, key: AttemptKey, start: int, end: int) -> by
 def tail(store: OutputStore, key: AttemptKey, n: int) -> tuple[bytes, int]:
     """The last ``n`` lines of the attempt's output (at most TAIL_MAX bytes of them) and the
     offset after them, reading backwards from the end."""
-    end = _end(store, key)
+    end = output_end(store, key)
     start, buf = end, b""
     while start > 0 and len(buf) < TAIL_MAX:
         body = buf[:-1] if buf.endswith(b"\n") else buf

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..control.base import CANCEL_TTL
-from ..ctl import _forget_cancels, iso_or_none
+from ..ctl import forget_cancels, iso_or_none
 from ..ctl_fleet import cancel_tasks
-from ..ctl_output import _end as output_end
+from ..ctl_output import output_end
 from ..outstore.base import AttemptKey
 from .data import DataSource, Unavailable
 
@@ -130,7 +130,7 @@ def requeue(data: DataSource, ids: list[str] | None) -> int:
         backend = data.backend()
         known = [f.id for f in backend.failed()] if ids is None else ids
         n = backend.requeue(ids)
-    _forget_cancels(data.queue, known, data.optional_store())
+    forget_cancels(data.queue, known, data.optional_store())
     return n
 
 
