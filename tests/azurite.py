@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 START_WITHIN = 30.0
@@ -23,6 +24,29 @@ ACCOUNT = "devstoreaccount1"
 ACCOUNT_KEY = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 )
+
+
+@dataclass
+class Azurite:
+    """The session's Azurite queue service."""
+
+    port: int
+    pid: int
+
+    @property
+    def connection_string(self) -> str:
+        return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
+                f"QueueEndpoint=http://127.0.0.1:{self.port}/{ACCOUNT}")
+
+
+def table_connection_string(port: int) -> str:
+    return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
+            f"TableEndpoint=http://127.0.0.1:{port}/{ACCOUNT}")
+
+
+def blob_connection_string(port: int, key: str = ACCOUNT_KEY) -> str:
+    return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={key};"
+            f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT}")
 
 
 def service_binary(service: str) -> str | None:

@@ -166,6 +166,43 @@ class Env:
             sup.stop()
 
 
+# -- Azurite: one service of each kind per test session ---------------------------------
+# Defined here and only here: a session fixture imported into several modules is a fixture
+# of each of them, and each started an Azurite of its own (3-4 of a kind at once).
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory):
+    """The session's Azurite queue service (tests.azurite.Azurite: port, pid,
+    connection_string)."""
+    from tests.azurite import Azurite, session_service
+
+    with session_service("queue", tmp_path_factory) as (port, pid):
+        yield Azurite(port=port, pid=pid)
+
+
+@pytest.fixture(scope="session")
+def azurite_table(tmp_path_factory):
+    """The port of the session's Azurite table service."""
+    from tests.azurite import session_service
+
+    with session_service("table", tmp_path_factory) as (port, _pid):
+        yield port
+
+
+@pytest.fixture(scope="session")
+def azurite_blob(tmp_path_factory):
+    """The port of the session's Azurite blob service."""
+    from tests.azurite import session_service
+
+    with session_service("blob", tmp_path_factory) as (port, _pid):
+        yield port
+
+
+@pytest.fixture
+def queue_name() -> str:
+    """A fresh queue name per test (Storage Queue rules: lowercase, digits, hyphens)."""
+    return "t-" + uuid.uuid4().hex[:20]
+
+
 @pytest.fixture
 def env(tmp_path: Path):
     e = Env(tmp_path)

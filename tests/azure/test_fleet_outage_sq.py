@@ -16,7 +16,7 @@ from supervisor.control import Cancel
 from supervisor.control.azure_table import AzureTableControlStore
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import wait_for
-from tests.control.conftest import azurite_table, table_connection_string  # noqa: F401
+from tests.control.conftest import table_connection_string
 from tests.faults.proxy import FaultProxy
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(180)]

@@ -13,7 +13,7 @@ import pytest
 from supervisor.control import Cancel
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import marked_processes, term_stamp, wait_for
-from tests.control.conftest import azurite_table, table  # noqa: F401 (fixtures)
+from tests.control.conftest import table  # noqa: F401 (fixture)
 from tests.integration.helpers import cancel_dies_at_grace
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]

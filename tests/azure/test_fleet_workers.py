@@ -21,7 +21,6 @@ from supervisor.control.base import ControlStore
 from supervisor.control.sqlite import SqliteControlStore
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import Env, Supervisor, wait_for
-from tests.control.conftest import azurite_table  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(180)]
 

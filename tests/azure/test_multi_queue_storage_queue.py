@@ -10,7 +10,7 @@ import pytest
 
 from tests.azure.test_storage_queue_worker import SqEnv
 from tests.conftest import wait_for, wait_for_no_marked
-from tests.control.conftest import azurite_table, table  # noqa: F401 (fixtures)
+from tests.control.conftest import table  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 

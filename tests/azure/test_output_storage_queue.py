@@ -24,10 +24,10 @@ from supervisor.outstore.azure_blob import BlobOutputStore
 from supervisor.outstore.base import DROPPED, AttemptKey
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import wait_for
-from tests.control.conftest import azurite_table, table_connection_string  # noqa: F401
+from tests.control.conftest import table_connection_string
 from tests.faults.proxy import FaultProxy
 from tests.integration.test_output_e2e import Follow, check_live_follow
-from tests.outstore.conftest import ACCOUNT, ACCOUNT_KEY, azurite_blob, blob_connection_string  # noqa: F401
+from tests.outstore.conftest import ACCOUNT, ACCOUNT_KEY, blob_connection_string
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(150)]
 

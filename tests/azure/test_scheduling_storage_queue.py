@@ -14,7 +14,6 @@ import pytest
 from tests.azure.test_storage_queue_worker import SqEnv, sq  # noqa: F401 (fixture)
 from tests.conftest import command, wait_for
 from tests.control.conftest import (  # noqa: F401 (fixture)
-    azurite_table,
     free_port,
     table,
     table_connection_string,

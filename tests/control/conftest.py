@@ -27,21 +27,10 @@ from tests.azurite import (  # noqa: F401 (re-exported)
     azurite_service,
     free_port,
     session_service,
+    table_connection_string,
 )
 
 QUEUE = "jobs"
-
-
-def table_connection_string(port: int) -> str:
-    return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
-            f"TableEndpoint=http://127.0.0.1:{port}/{ACCOUNT}")
-
-
-@pytest.fixture(scope="session")
-def azurite_table(tmp_path_factory) -> Iterator[int]:
-    """The port of a running Azurite table service."""
-    with session_service("table", tmp_path_factory) as (port, _pid):
-        yield port
 
 
 @pytest.fixture

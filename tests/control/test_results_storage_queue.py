@@ -11,10 +11,9 @@ import signal
 import pytest
 
 from supervisor.control.azure_table import AzureTableControlStore
-from tests.azure.conftest import azurite, queue_name  # noqa: F401 (fixtures)
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import wait_for
-from tests.control.conftest import azurite_table, table_connection_string  # noqa: F401
+from tests.control.conftest import table_connection_string
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 

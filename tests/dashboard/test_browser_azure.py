@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.azure.conftest import azurite, queue_name  # noqa: F401 (fixtures)
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.azurite import ACCOUNT, ACCOUNT_KEY
 from tests.conftest import wait_for
-from tests.control.conftest import azurite_table  # noqa: F401 (fixture)
 from tests.dashboard.conftest import shoot
 from tests.dashboard.test_browser import _reload_until, _text
-from tests.outstore.conftest import azurite_blob  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(150)]
 FAST = ("--control-interval", "1", "--heartbeat-interval", "1", "--poll-interval", "0.2")

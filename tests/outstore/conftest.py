@@ -13,19 +13,12 @@ from typing import Any
 
 import pytest
 
-from tests.azurite import ACCOUNT, ACCOUNT_KEY, session_service  # noqa: F401 (re-exported)
-
-
-def blob_connection_string(port: int, key: str = ACCOUNT_KEY) -> str:
-    return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={key};"
-            f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT}")
-
-
-@pytest.fixture(scope="session")
-def azurite_blob(tmp_path_factory) -> Iterator[int]:
-    """The port of a running Azurite blob service."""
-    with session_service("blob", tmp_path_factory) as (port, _pid):
-        yield port
+from tests.azurite import (  # noqa: F401 (re-exported)
+    ACCOUNT,
+    ACCOUNT_KEY,
+    blob_connection_string,
+    session_service,
+)
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import psutil
 import pytest
 
 # Re-exported so the tests here can use Azurite (pytest finds fixtures by name in conftest).
-from tests.azure.conftest import azurite, queue_name  # noqa: F401
 from tests.azure.test_storage_queue_worker import SqEnv
 from tests.conftest import Env, Supervisor, wait_for
 

@@ -13,7 +13,7 @@ import pytest
 from supervisor.control import Cancel
 from supervisor.control.azure_table import AzureTableControlStore
 from tests.conftest import marked_processes, term_stamp, wait_for
-from tests.control.conftest import azurite_table, table_connection_string  # noqa: F401
+from tests.control.conftest import table_connection_string
 from tests.integration.helpers import cancel_dies_at_grace
 
 pytestmark = [pytest.mark.servicebus, pytest.mark.timeout(120)]

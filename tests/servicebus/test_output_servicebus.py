@@ -10,9 +10,7 @@ import os
 import pytest
 
 from tests.azure.test_output_storage_queue import stores  # noqa: F401 (fixture)
-from tests.control.conftest import azurite_table  # noqa: F401 (fixture)
 from tests.integration.test_output_e2e import Follow, check_live_follow
-from tests.outstore.conftest import azurite_blob  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.servicebus, pytest.mark.timeout(150)]
 
