@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import ACCOUNT_KEY, REPO, free_port, wait_until
+from benchlib import ACCOUNT_KEY, REPO, expect_exit, free_port, supervisor, wait_until
 
 LINES = 1_000_000
 WIDTH = 100
@@ -184,33 +184,27 @@ def blob_store_rate(python: str, workdir: Path, megabytes: int) -> dict[str, flo
             backend.push([Task(cmd=f"date +%s.%N > {start}; {cmd}")])
             backend.close()
             logs = ContainerClient.from_connection_string(conn, container_name="jobq-logs")
-            with open(tmp / "sup.log", "wb") as out:
-                sup = subprocess.Popen(
-                    [str(bin_dir / "jobq-supervisor"), "--backend", "storage-queue", "--queue",
-                     queue, "--exit-when-empty", "--poll-interval", "0.05", "--task-output",
-                     "store", "--task-output-max", f"{megabytes * 2}M"],
-                    stderr=out, stdout=subprocess.DEVNULL, cwd=tmp,
-                    env={**os.environ, "JOBQ_CONNECTION_STRING": conn})
-                done_at, parts = None, []
-                deadline = time.monotonic() + 600
-                while done_at is None and time.monotonic() < deadline:
-                    exited = sup.poll() is not None
-                    try:
-                        parts = list(logs.list_blobs(name_starts_with=f"{queue}/",
-                                                     include=["metadata"]))
-                    except Exception:  # noqa: BLE001 - no container yet
-                        parts = []
-                    if any((p.metadata or {}).get("complete") == "1" for p in parts):
-                        done_at = time.time()
-                    elif exited:
-                        break
-                    else:
-                        time.sleep(0.25)
-                if sup.wait(60) != 0:
-                    raise RuntimeError(f"supervisor exited {sup.returncode}; see its log")
+            args = ["--backend", "storage-queue", "--queue", queue, "--exit-when-empty",
+                    "--poll-interval", "0.05", "--task-output", "store",
+                    "--task-output-max", f"{megabytes * 2}M"]
+            parts: list = []
+
+            def complete() -> bool:
+                nonlocal parts
+                try:
+                    parts = list(logs.list_blobs(name_starts_with=f"{queue}/",
+                                                 include=["metadata"]))
+                except Exception:  # noqa: BLE001 - no container yet
+                    parts = []
+                return any((p.metadata or {}).get("complete") == "1" for p in parts)
+
+            with supervisor(args, tmp, env={"JOBQ_CONNECTION_STRING": conn},
+                            prog=[str(bin_dir / "jobq-supervisor")]) as sup:
+                # stopped by supervisor() however this ends: a timeout raises BenchError
+                wait_until(complete, 600, 0.25, what="the attempt complete in the blob store")
+                done_at = time.time()
+                expect_exit(sup, 60, tmp / "sup.log")
             logs.close()
-            if done_at is None:
-                raise RuntimeError("the attempt never completed in the blob store")
             stored = sum(p.size for p in parts)
             secs = done_at - float(start.read_text())
         finally:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Callable, Union
 
 from .backends import AZURE, open_backend
 from .backends.base import Backend, BackendConfigError, BackendError
+from .backends.multi import MultiQueueBackend
 from .threads import start_thread
 
 if TYPE_CHECKING:
@@ -91,9 +92,11 @@ class QueueSampler:
                 self.backend = self.opener()
             # A worker's several queues: each its own series (label queue=NAME), all
             # sampled before any is set, so that the gauges stay of one moment.
-            parts = getattr(self.backend, "backends", None) or {None: self.backend}
+            parts: list[tuple[str | None, Backend]] = (
+                list(self.backend.backends.items())
+                if isinstance(self.backend, MultiQueueBackend) else [(None, self.backend)])
             samples = []
-            for name, backend in parts.items():
+            for name, backend in parts:
                 can_age = backend.tells_age
                 samples.append((name, backend.size(), can_age,
                                 backend.oldest_pending_age(self.wall()) if can_age else None))
