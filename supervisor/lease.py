@@ -184,11 +184,14 @@ class LeaseKeeper:
     def lost(self) -> bool:
         return self.lock_lost.is_set() or self.clock() >= self.deadline
 
-    def _lose(self, reason: str) -> None:
+    def _lose(self, reason: str, loud: bool = True) -> None:
+        """``loud=False``: a passed deadline, which the watchdog finds and logs itself as it
+        acts on it -- one line per lost lease, not one from each thread."""
         if not self.lock_lost.is_set():
             self.lost_reason = reason
             self.lock_lost.set()
-            log.error("lock lost: %s", reason, extra={"task_id": self.task_id})
+            log.log(logging.ERROR if loud else logging.DEBUG, "lock lost: %s", reason,
+                    extra={"task_id": self.task_id})
             if self._on_lost is not None:
                 self._on_lost()
 
@@ -199,7 +202,8 @@ class LeaseKeeper:
             return
         left = self.deadline - now
         if left <= 0:
-            self._lose(f"deadline passed {-left:.1f}s ago without a successful renewal")
+            self._lose(f"deadline passed {-left:.1f}s ago without a successful renewal",
+                       loud=False)
             return
         timeout = min(left, MAX_CALL_TIMEOUT)
         t_sent = now

@@ -124,6 +124,20 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def group_running(pgid: int) -> bool:
+    """True while a process of group ``pgid`` runs; zombies -- dead, not yet reaped -- do not
+    count (any thread; scans /proc: for rare paths only)."""
+    if not group_alive(pgid):
+        return False
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (OSError, psutil.Error):  # gone meanwhile
+            continue
+    return False
+
+
 def describe_exit(returncode: int) -> str:
     if returncode < 0:
         try:
@@ -296,6 +310,9 @@ class Signaller:
 
     def group_alive(self, pgid: int) -> bool:
         return group_alive(pgid)
+
+    def group_running(self, pgid: int) -> bool:
+        return group_running(pgid)
 
     def task_trees(self, tasks: Iterable[TaskProcess],
                    shell_pids: set[int]) -> dict[str, set[int]]:

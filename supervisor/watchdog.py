@@ -159,9 +159,13 @@ class Watchdog:
             keeper = rt.keeper
             if not rt.lock_loss_handled and (keeper.lock_lost.is_set() or now >= keeper.deadline):
                 rt.lock_loss_handled = True
-                why = keeper.lost_reason or "lease deadline passed while renewal was failing"
-                log.error("lock lost (%s): sending %s to the task's process tree", why,
-                          signal.Signals(self.lock_lost_signal).name,
+                why = keeper.lost_reason or "lease deadline passed without a successful renewal"
+                # Gone already: the lifeline killed it while the supervisor was frozen.  Say
+                # so, not "sending": the signal below only reaches leftovers, if any.
+                log.error("lock lost (%s): %s", why,
+                          f"sending {signal.Signals(self.lock_lost_signal).name} to the task's "
+                          "process tree" if self.signaller.group_running(rt.proc.pgid)
+                          else "the task's process tree was already gone",
                           extra={"task_id": rt.task_id})
                 if self.lock_lost_signal == signal.SIGKILL:
                     if rt.state is not Escalation.KILLED:

@@ -137,6 +137,9 @@ class FakeSignaller(Signaller):
     def group_alive(self, pgid: int) -> bool:
         return pgid in self.groups
 
+    def group_running(self, pgid: int) -> bool:
+        return pgid in self.groups
+
     def task_trees(self, tasks: Iterable[TaskProcess],
                    shell_pids: set[int]) -> dict[str, set[int]]:
         self.tree_walks += 1

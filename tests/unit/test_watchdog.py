@@ -322,3 +322,17 @@ def test_killed_task_is_not_killed_again_when_its_lock_is_lost_later(clock) -> N
     rt.keeper.lock_lost.set()
     dog.tick()
     assert dog.signals() == [(KILL, T0)]
+
+
+def test_lock_loss_of_a_tree_already_gone_says_so(clock, caplog) -> None:
+    # A frozen supervisor wakes to a task its lifeline killed: one line, and not "sending".
+    dog = make_dog(clock)
+    rt = make_task(clock, granted=60.0)
+    dog.add(rt)
+    dog.signaller.groups.discard(rt.proc.pgid)  # the tree died while we were frozen
+    clock.now = rt.keeper.deadline + 20
+    with caplog.at_level("ERROR", logger="jobq"):
+        dog.tick()
+    lines = [r.getMessage() for r in caplog.records if "lock lost" in r.getMessage()]
+    assert lines == ["lock lost (lease deadline passed without a successful renewal): "
+                     "the task's process tree was already gone"], lines
