@@ -5,6 +5,7 @@ autoscaling gauges sampled from the queue."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 
@@ -34,6 +35,10 @@ def test_cancel_on_storage_queue_running_and_before_receive(sq, table):  # noqa:
     wait_for(ready.exists, 30, what="task running")
     wait_for(lambda: [t.id for w in store.workers(sq.queue) for t in w.tasks] == [running_id],
              15, what="worker record with the running task")
+    # jobq-ctl status names the worker of each running task, from the worker records
+    status = json.loads(sq.ctl("status", "--json", env=control_env).stdout)
+    assert [(r["id"], r["worker"]) for r in status["running"]] == [(running_id, "w-sq")], status
+    assert running_id in sq.ctl("status", env=control_env).stdout
     t0 = time.time()
     store.put_cancel(Cancel(queue=sq.queue, task_id=running_id, reason="stop it", who="ops",
                             when=t0, grace=30.0))

@@ -69,8 +69,8 @@ def test_a_flood_keeps_memory_bounded_and_every_supervisor_line(env, chatty):
 
 
 def test_the_task_log_file_gets_every_line(env):
-    lines = 500_000
-    [task_id] = env.push(f"head -c {lines * 100} /dev/zero | tr '\\0' x | fold -w 100")
+    lines = LINES  # the whole flood: 1.5 million lines, 150 MB
+    [task_id] = env.push(FLOOD)
     logs = env.tmp / "tasklogs"
     logs.mkdir()
     sup = env.supervisor("--exit-when-empty", "--task-log-dir", str(logs))

@@ -5,6 +5,7 @@ the grace); the autoscaling gauges sampled from the queue."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 
@@ -35,6 +36,15 @@ def test_cancel_on_servicebus_running_and_before_receive(sb_env, azurite_table):
         sup = sb_env.supervisor("--worker-id", "w-sb", *FAST,
                                 env={"JOBQ_CONTROL_CONNECTION_STRING": conn})
         wait_for(ready.exists, 30, what="task running")
+        # jobq-ctl status names the worker of each running task, from the worker records
+        ctl_env = {"JOBQ_CONTROL_CONNECTION_STRING": conn}
+
+        def running() -> list[tuple[str, str]]:
+            status = json.loads(sb_env.ctl("status", "--json", env=ctl_env).stdout)
+            return [(r["id"], r["worker"]) for r in status["running"]]
+        wait_for(lambda: running() == [(running_id, "w-sb")], 15,
+                 what="status --json naming the worker of the running task")
+        assert running_id in sb_env.ctl("status", env=ctl_env).stdout
         t0 = time.time()
         store.put_cancel(Cancel(queue=q, task_id=running_id, reason="stop it", who="ops",
                                 when=t0, grace=30.0))
