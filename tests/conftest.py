@@ -20,6 +20,11 @@ BIN = Path(sys.executable).parent
 # Every supervisor a test starts carries this tag, and its tasks inherit it: leak checks look
 # only at our own processes, not at those of another suite running on the same machine.
 SESSION_TAG = uuid.uuid4().hex
+# Started in the background of a non-interactive shell (`cmd &`), pytest inherits SIGINT
+# ignored, and so would every jobq-ctl it starts: the Ctrl-C tests would wait in vain.  A
+# handler of our own is reset to the default in each child at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def command(name: str) -> list[str]:
