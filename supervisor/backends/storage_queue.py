@@ -61,7 +61,7 @@ _PAGE = 32  # the service returns at most 32 messages per receive or peek
 _LIST_VISIBILITY = 60  # s a failed record stays hidden while failed()/requeue() pages through
 _NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
                           "AuthorizationFailure")
-_QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]*[a-z0-9]$")
+_QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]+[a-z0-9]$")  # 3 characters at least
 
 
 class StorageQueueBackend(BackendBase):

@@ -134,3 +134,20 @@ def test_poison_reason_hints():
     b64 = base64.b64encode(Task(cmd="true").to_json().encode()).decode()
     assert "base64" in poison_reason(err, b64)
     assert poison_reason(err, "abcd") == "body is not JSON text"
+
+
+@pytest.mark.parametrize("name", ["q1", "ab", "Upper", "a--b", "-ab", "ab-", "a_b",
+                                  "x" * 57])
+def test_a_name_the_service_refuses_is_a_config_error_before_any_call(name) -> None:
+    # The service answers 400 OutOfRangeInput, which a worker would retry for ever.
+    from supervisor.backends.storage_queue import StorageQueueBackend
+
+    with pytest.raises(BackendConfigError, match="bad Storage Queue name"):
+        StorageQueueBackend(name, connection_string="UseDevelopmentStorage=true")
+
+
+@pytest.mark.parametrize("name", ["abc", "a-b", "jobs-1", "x" * 56])
+def test_names_the_service_takes_pass(name) -> None:
+    from supervisor.backends.storage_queue import _QUEUE_NAME, FAILED_SUFFIX
+
+    assert _QUEUE_NAME.match(name) and len(name) + len(FAILED_SUFFIX) <= 63
