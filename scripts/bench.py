@@ -138,6 +138,22 @@ def fig_control_plane(b: Bench) -> None:
           + f" in {window:.0f} s (15 s heartbeat, 5 s poll)", "target < 1000")
 
 
+def fig_lifeline_feed(b: Bench) -> None:
+    # The lifeline's deadline feed (kill before expiry with a frozen supervisor) on and off,
+    # alternating and swapping places each pair, the ratio taken per pair, as above.
+    pairs = []
+    for i in range(3 if b.quick else 2 * b.runs):
+        order = ("0", "1") if i % 2 == 0 else ("1", "0")
+        tp = {on: sqlite_throughput(b.tmp, b.n, env={"JOBQ_LIFELINE_DEADLINES": on})
+              for on in order}
+        pairs.append((tp["0"], tp["1"]))
+    off, on, ratio = paired_medians(pairs)
+    b.results.update(lifeline_feed_off=off, lifeline_feed_on=on, lifeline_feed_ratio=ratio,
+                     lifeline_feed_ratios=[a / o for o, a in pairs])
+    b.row("Lifeline deadline feed on vs off (SQLite)", f"throughput {ratio:.0%} of off",
+          f"feed off: {off:.0f} tasks/s, on: {on:.0f} (-n 4)", "target: within noise (~5%)")
+
+
 def fig_sigterm_forwarding(b: Bench) -> None:
     fw: list[float] = []
     for _ in range(b.runs):
@@ -251,6 +267,7 @@ FIGURES = [
     Figure(fig_dispatch_latency),
     Figure(fig_overhead),
     Figure(fig_control_plane),
+    Figure(fig_lifeline_feed),
     Figure(fig_sigterm_forwarding),
     Figure(fig_escalation),
     Figure(fig_sqlite_lock_loss),

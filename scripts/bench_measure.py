@@ -163,12 +163,13 @@ def raw_azurite_rate(conn_str: str, queue: str, n: int, threads: int = 4) -> flo
 
 
 # --------------------------------------------------------------------------- measurements
-def sqlite_throughput(tmp: Path, n: int, extra: tuple[str, ...] = ()) -> float:
+def sqlite_throughput(tmp: Path, n: int, extra: tuple[str, ...] = (),
+                      env: dict[str, str] | None = None) -> float:
     db = tmp / "tp.db"
     fresh_sqlite(db, [Task(cmd="true") for _ in range(n)])
     with supervisor(["--sqlite-path", str(db), "-n", "4", "--exit-when-empty",
                      "--log-format", "json", "--poll-interval", "0.05", *extra], tmp,
-                    log="tp.log") as proc:
+                    env=env, log="tp.log") as proc:
         expect_exit(proc, 600, tmp / "tp.log")
     return n / run_span(tmp / "tp.log")
 

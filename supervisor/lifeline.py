@@ -141,8 +141,10 @@ class DeadlineFeed:
         self._lock = threading.Lock()
         self.wanted = threading.Event()  # registrations wait: wake the lifeline thread
         self._pending: list[str] = []
-        # pgid -> [keeper, deadline sent, "!" sent]
-        self._watched: dict[int, list] = {}
+        self._watched: dict[int, list] = {}  # pgid -> [keeper, deadline sent, "!" sent]
+        # "0": no deadlines (the helper still kills at the supervisor's death) -- only for
+        # scripts/bench's A/B of what the feed costs
+        self.deadlines = os.environ.get("JOBQ_LIFELINE_DEADLINES") != "0"
 
     def register(self, pgid: int, marker: str, keeper: LeaseKeeper | None) -> None:
         """A task started, with its deadline: never known without it (main thread)."""
@@ -150,7 +152,7 @@ class DeadlineFeed:
         if not self.wanted.is_set():  # once per batch: set() takes a Condition's lock
             self.wanted.set()
         with self._lock:
-            if keeper is None or not seq:
+            if keeper is None or not seq or not self.deadlines:
                 self._pending.append(f"+{pgid}\n")
                 return
             deadline = keeper.deadline
@@ -388,8 +390,7 @@ def main(argv: list[str]) -> int:
     sig = signal.SIGTERM if options.get("--signal") == "sigterm" else signal.SIGKILL
     book = Deadlines(sig, float(options.get("--kill-timeout", "0")))
     serve(token, book)
-    killed = kill_everything(token, set(book.tasks))
-    if killed:
+    if killed := kill_everything(token, set(book.tasks)):
         sys.stderr.write(f"jobq lifeline: supervisor gone; killed {killed} leftover task "
                          "process(es) after its process groups\n")
     return 0

@@ -121,6 +121,15 @@ def test_feed_sends_deadline_with_registration_and_changes_once():
     assert feed.take(deadlines=True) == b"-42\n"
 
 
+def test_feed_switched_off_for_the_bench_registers_without_deadlines(monkeypatch):
+    monkeypatch.setenv("JOBQ_LIFELINE_DEADLINES", "0")  # scripts/bench's A/B only
+    feed, keeper = DeadlineFeed(), FakeKeeper(100.0, 102.0)
+    feed.register(42, "tok:7", keeper)
+    assert feed.take(deadlines=False) == b"+42\n"  # still killed when the supervisor dies
+    keeper.deadline = 103.5
+    assert feed.take(deadlines=True) == b""
+
+
 def test_feed_round_trips_into_the_book():
     feed, b = DeadlineFeed(), book()
     keeper = FakeKeeper(100.0, 102.0)
