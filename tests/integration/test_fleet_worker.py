@@ -150,13 +150,16 @@ def test_pending_task_cancelled_before_any_worker_starts_never_runs(env):
 
 
 def test_pause_stops_intake_and_resume_restarts_it(env):
-    sup = env.supervisor("-n", "2", "--worker-id", "w-pa", "--poll-interval", "0.2", *FAST)
-    wait_for(lambda: "w-pa" in _workers(env), 30, what="worker record")
+    # Two workers: a pause holds every worker of the queue, not only the one that is busy.
+    sups = [env.supervisor("-n", "2", "--worker-id", w, "--poll-interval", "0.2", *FAST)
+            for w in ("w-pa", "w-pb")]
+    wait_for(lambda: {"w-pa", "w-pb"} <= set(_workers(env)), 30, what="worker records")
     long_cmd, _, long_ready = _trap_marker(env.tmp, "long")
     (long_id,) = env.push(long_cmd)
     wait_for(long_ready.exists, 30, what="long task running")
     _put(env, QueueFlag(queue=Q, paused=True, who="carol", when=time.time()))
-    wait_for(lambda: _workers(env)["w-pa"].state == "paused", BOUND + 2, what="paused")
+    wait_for(lambda: {w.state for w in _workers(env).values()} == {"paused"}, BOUND + 2,
+             what="both workers paused")
     started = env.tmp / "started"
     (new_id,) = env.push(f"touch {started}")
     t0 = time.monotonic()
@@ -165,10 +168,14 @@ def test_pause_stops_intake_and_resume_restarts_it(env):
         time.sleep(0.1)
     assert env.job(new_id)["status"] == "pending"
     assert env.job(long_id)["status"] == "running", "a running task goes on while paused"
+    (env.tmp / "long.release").touch()  # and finishes normally
+    wait_for(lambda: env.job(long_id)["status"] == "succeeded", 30, what="long task done")
+    assert not started.exists() and env.job(new_id)["status"] == "pending"
     _put(env, QueueFlag(queue=Q, paused=False, who="carol", when=time.time()))
     wait_for(started.exists, BOUND + 2, what="intake after resume")
-    sup.signal(signal.SIGTERM)
-    assert sup.wait(30) == 0
+    for sup in sups:
+        sup.signal(signal.SIGTERM)
+        assert sup.wait(30) == 0
 
 
 @pytest.mark.parametrize("action", ["drain", "stop"])
