@@ -264,7 +264,8 @@ FIGURES = [
     Figure(fig_dashboard),
     Figure(fig_dashboard_azure_calls, azurite=True),
     Figure(fig_receive_depth),
-    Figure(fig_startup),  # its own Azurite (queue, table, blob) and Service Bus test broker
+    # Azurite of its own (queue, table, blob) and the Service Bus test broker; needs Azurite
+    Figure(fig_startup, azurite=True),
 ]
 
 
