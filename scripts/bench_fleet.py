@@ -175,7 +175,46 @@ def fleet(tmp_root: Path, quick: bool, task_s: float = 60.0, slots: int = 4) -> 
             out["renewals_per_task_second_at_1s"] = rn["queue renew/release"] / (6 * 3.0)
         finally:
             az.close()
+    out["servicebus"] = servicebus_per_task(tmp_root, workers, slots, tasks)
     return out
+
+
+def servicebus_per_task(tmp_root: Path, workers: int, slots: int, tasks: int) -> dict:
+    """Operations per task of a fleet draining ``tasks`` ``true`` tasks on the project's
+    Service Bus test broker (in this process, on a thread), from the broker's event log:
+    deliveries, completes, renewals.  Receive requests that came back empty are not in that
+    log (the broker does not record link credit), so idle calls are not counted here."""
+    import sys
+
+    from benchlib import REPO
+
+    sys.path.insert(0, str(REPO))
+    from tests.servicebus.broker import ServiceBusTestBroker
+
+    broker = ServiceBusTestBroker().start()
+    try:
+        with tempfile.TemporaryDirectory(dir=tmp_root) as name:
+            tmp = Path(name)
+            env = {**os.environ, "JOBQ_CONNECTION_STRING": broker.connection_string}
+            args = ["--backend", "servicebus", "--queue", QUEUE]
+            subprocess.run([str(BIN / "jobq-ctl"), *args, "push",
+                            *[a for _ in range(tasks) for a in ("-c", "true")]],
+                           env=env, check=True, stdout=subprocess.DEVNULL, timeout=120)
+            procs = [subprocess.Popen([str(BIN / "jobq-supervisor"), *args, "-n", str(slots),
+                                       "--exit-when-empty", "--control", "off"],
+                                      env=env, cwd=tmp, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, start_new_session=True)
+                     for _ in range(workers)]
+            _wait(procs, tmp, 600)
+        kinds = Counter(e.kind for e in broker.events() if e.kind != "enqueue")
+    finally:
+        broker.stop()
+    if kinds["complete"] < tasks:
+        raise BenchError(f"{kinds['complete']} completes for {tasks} tasks: {dict(kinds)}")
+    per_task = {k: n / tasks for k, n in kinds.items()}
+    ops = sum(per_task.values())
+    return {"events": dict(kinds), "per_task": per_task, "operations_per_task": ops,
+            "cost_per_million_tasks_usd": ops * PRICES["servicebus_per_million_ops_usd"]}
 
 
 def print_fleet(r: dict) -> None:
@@ -200,6 +239,12 @@ def print_fleet(r: dict) -> None:
         print(f"  one queue at {t['messages_per_s_per_queue']} messages/s: "
               f"{m['workers_at_target_by_messages']} workers (by messages), "
               f"{m['workers_at_target_by_queue_calls']} (every queue call counted)\n")
+    sb = r["servicebus"]
+    print("Service Bus (test broker, --control off): "
+          + ", ".join(f"{k} {v:.2f}" for k, v in sorted(sb["per_task"].items()))
+          + f" per task = {sb['operations_per_task']:.2f} operations, "
+          f"${sb['cost_per_million_tasks_usd']:.2f} per million tasks (empty receives not "
+          "counted)")
     print(f"renewals measured: {r['renewals_per_task_second_at_1s']:.2f} per task-second at "
           "--renew-interval 1 (model: 1.00)")
     print("assumptions: storage ${:.4f} per 10,000 operations ({}); Service Bus ${:.2f} per "
