@@ -1,7 +1,9 @@
 """jobq-supervisor benchmarks: each figure next to its reference measured in the same run.
 
-Run through ``scripts/bench [--quick] [--json]``.  Everything talks to loopback only; Azurite is
-started here on a free port and killed by its PID.  Medians over several runs.
+Run through ``scripts/bench [--quick] [--json]``; ``--fleet`` runs the fleet model instead
+(bench_fleet.py: calls per task, cost per million tasks, workers per queue).  Everything talks
+to loopback only; Azurite is started here on a free port and killed by its PID.  Medians over
+several runs.
 
 A figure is a function of a ``Bench`` (benchlib.py) that measures (bench_measure.py) and adds
 its results and row(s); FIGURES lists them in table order.  A wait that times out stops the
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import psutil
 from bench_dashboard import azure_calls, render_times
+from bench_fleet import fleet, print_fleet
 from bench_measure import (
     azurite_lock_loss,
     azurite_throughput,
@@ -38,6 +41,7 @@ from bench_measure import (
 )
 from bench_output import blob_store_rate, output_rate, store_rate
 from bench_receive import receive_time
+from bench_startup import fig_startup
 from benchlib import Azurite, Bench, Figure, Row, pct
 
 
@@ -277,6 +281,8 @@ FIGURES = [
     Figure(fig_dashboard),
     Figure(fig_dashboard_azure_calls, azurite=True),
     Figure(fig_receive_depth),
+    # Azurite of its own (queue, table, blob) and the Service Bus test broker; needs Azurite
+    Figure(fig_startup, azurite=True),
 ]
 
 
@@ -312,7 +318,17 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--skip-azurite", action="store_true")
     ap.add_argument("--only", metavar="TEXT", help="only the figures whose name contains TEXT")
+    ap.add_argument("--fleet", action="store_true",
+                    help="the fleet model instead of the table: storage calls per task and "
+                         "per idle worker-hour, cost, workers per queue (bench_fleet.py)")
+    ap.add_argument("--fleet-task-seconds", type=float, default=60.0, metavar="S",
+                    help="task duration the fleet model extrapolates to (default 60)")
     args = ap.parse_args()
+    if args.fleet:
+        with tempfile.TemporaryDirectory(prefix="jobq-bench-") as td:
+            r = fleet(Path(td), args.quick, args.fleet_task_seconds)
+        print(json.dumps(r, indent=2)) if args.json else print_fleet(r)
+        return 0
     runs = 1 if args.quick else 3
     n = 200 if args.quick else 1000
     results: dict[str, object] = {

@@ -32,6 +32,7 @@ Stdlib only, so it starts fast.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import select
@@ -64,13 +65,10 @@ class Lifeline:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "supervisor.lifeline", "--signal", lock_lost_behavior,
              "--kill-timeout", repr(float(kill_timeout)), token],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
-            close_fds=True,
-        )
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
+            close_fds=True)
         self.pid = self._proc.pid
-        self.feed = DeadlineFeed()
+        self.feed = DeadlineFeed(b"\0" + MARKER_VAR + b"=" + token.encode("ascii") + b":")
         self._lock = threading.Lock()  # one writer at a time keeps the lines in order
         self._stop = threading.Event()
         from .threads import start_thread  # not at the top: the helper imports this module
@@ -117,16 +115,18 @@ class Lifeline:
                 pass
 
     def close(self, timeout: float = 5.0) -> None:
-        """Clean exit: EOF lets the helper sweep once more and leave (main thread)."""
+        """Clean exit: EOF lets the helper sweep once more and leave (main thread).  A run that
+        registered no task and left no marked process (an empty batch run) kills it instead of
+        waiting for its start and its sweeps (0.1 s of such a run's 0.3 s, measured)."""
         self._stop.set()
+        self.feed.wanted.set()  # it waits on this, up to FEED_EVERY: wake it now
         self._thread.join(timeout)
+        if not self.feed.ever and not task_pids([self.feed.needle], set()):
+            self._proc.kill()  # nothing for it to sweep
         self.flush()
-        with self._lock:
+        with self._lock, contextlib.suppress(OSError):
             if self._proc.stdin is not None:
-                try:
-                    self._proc.stdin.close()
-                except OSError:
-                    pass
+                self._proc.stdin.close()
         try:
             self._proc.wait(timeout)
         except subprocess.TimeoutExpired:  # a stuck helper must not block our exit
@@ -137,7 +137,8 @@ class DeadlineFeed:
     """What the helper has yet to hear (main thread registers; the lifeline thread reads the
     keepers' deadlines, which their own threads write)."""
 
-    def __init__(self) -> None:
+    def __init__(self, needle: bytes = b"") -> None:
+        self.needle, self.ever = needle, False  # every task's marker; one was registered
         self._lock = threading.Lock()
         self.wanted = threading.Event()  # registrations wait: wake the lifeline thread
         self._pending: list[str] = []
@@ -148,7 +149,7 @@ class DeadlineFeed:
 
     def register(self, pgid: int, marker: str, keeper: LeaseKeeper | None) -> None:
         """A task started, with its deadline: never known without it (main thread)."""
-        seq = marker.rpartition(":")[2]
+        seq, self.ever = marker.rpartition(":")[2], True
         if not self.wanted.is_set():  # once per batch: set() takes a Condition's lock
             self.wanted.set()
         with self._lock:
@@ -170,12 +171,10 @@ class DeadlineFeed:
         with self._lock:
             if deadlines:
                 for pgid, entry in self._watched.items():
-                    keeper = entry[0]
-                    deadline = keeper.deadline
+                    keeper, deadline = entry[0], entry[0].deadline
                     if deadline != entry[1]:
                         entry[1] = deadline
-                        self._pending.append(
-                            f"={pgid} {deadline:.3f} {keeper.expires:.3f}\n")
+                        self._pending.append(f"={pgid} {deadline:.3f} {keeper.expires:.3f}\n")
                     if not entry[2] and keeper.lost():
                         entry[2] = True
                         self._pending.append(f"!{pgid}\n")

@@ -11,7 +11,6 @@ cancellation -- through a callback; it never signals a process.
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import os
@@ -20,19 +19,18 @@ import signal
 import socket
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import timezone
-from email.utils import parsedate_to_datetime
 from types import FrameType
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .events import Event
 from .settings import SCHEDULED_EVENTS_URL as SCHEDULED_EVENTS_URL  # the one copy; re-exported
 from .threads import start_thread
+
+if TYPE_CHECKING:  # imported where used: a worker off Azure never loads http/email/ssl
+    import urllib.request
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -68,7 +66,14 @@ AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
 PREEMPT_EVENT_TYPES = ("Preempt", "Terminate")
 WARN_EVERY = 60.0  # an unreachable endpoint is worth one log line a minute, not one per poll
 MAX_DOCUMENT = 1 << 20  # the real document is a few KiB; never buffer an unbounded body
-_FETCH_ERRORS = (OSError, http.client.HTTPException, ValueError)  # URLError is an OSError
+
+
+def _fetch_errors() -> tuple[type[Exception], ...]:
+    """What a metadata request may raise (URLError is an OSError); only evaluated by an
+    ``except`` once something was raised, so http.client is loaded by then anyway."""
+    import http.client
+
+    return (OSError, http.client.HTTPException, ValueError)
 
 
 def _read_dmi(path: str) -> str:
@@ -108,6 +113,8 @@ def parse_not_before(text: str) -> float | None:
     if not text or not text.strip():
         return None
     try:
+        from email.utils import parsedate_to_datetime
+
         when = parsedate_to_datetime(text.strip())
     except (TypeError, ValueError, IndexError):
         # DEBUG: this runs on every poll; the transition's WARNING says the time is unknown.
@@ -133,6 +140,8 @@ class PreemptEvent:
 
 def imds_base(url: str) -> str:
     """``http://host:port/metadata/...`` -> ``http://host:port`` (for local_vm_names)."""
+    import urllib.parse
+
     parts = urllib.parse.urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}"
 
@@ -140,11 +149,15 @@ def imds_base(url: str) -> str:
 def _opener() -> urllib.request.OpenerDirector:
     # The metadata endpoint is link-local: an http_proxy from the environment must never
     # see (or answer) these requests.
+    import urllib.request
+
     return urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _open(opener: urllib.request.OpenerDirector, request: urllib.request.Request,
           timeout: float) -> bytes:
+    import urllib.error
+
     try:
         with opener.open(request, timeout=timeout) as resp:
             body: bytes = resp.read(MAX_DOCUMENT + 1)
@@ -166,10 +179,12 @@ def local_vm_names(metadata_base: str | None) -> set[str]:
     names = {host, host.split(".")[0]} - {""}
     if metadata_base:
         url = metadata_base.rstrip("/") + COMPUTE_NAME_PATH
+        import urllib.request
+
         request = urllib.request.Request(url, headers={"Metadata": "true"})
         try:
             name = _open(_opener(), request, 2.0).decode("utf-8").strip()
-        except _FETCH_ERRORS as exc:
+        except _fetch_errors() as exc:
             log.debug("cannot read the VM's compute name from %s: %s", url, exc)
         else:
             if name:
@@ -226,13 +241,15 @@ class ScheduledEventsPoller:
 
     def acknowledge(self, event_id: str) -> bool:
         """Tell Azure we are ready (StartRequests) so the event may start now.  Never raises."""
+        import urllib.request
+
         body = json.dumps({"StartRequests": [{"EventId": event_id}]}).encode()
         request = urllib.request.Request(
             self.url, data=body, method="POST",
             headers={"Metadata": "true", "Content-Type": "application/json"})
         try:
             _open(self._opener, request, self.timeout)
-        except _FETCH_ERRORS as exc:
+        except _fetch_errors() as exc:
             log.warning("Scheduled Events: acknowledging %s failed: %s", event_id, exc)
             return False
         log.info("Scheduled Events: acknowledged %s", event_id)
@@ -247,10 +264,12 @@ class ScheduledEventsPoller:
 
     def poll_once(self) -> None:
         """One GET and, on a transition, one on_change call (poller thread, or a test)."""
+        import urllib.request
+
         request = urllib.request.Request(self.url, headers={"Metadata": "true"})
         try:
             event = self.relevant(json.loads(_open(self._opener, request, self.timeout)))
-        except _FETCH_ERRORS as exc:
+        except _fetch_errors() as exc:
             self._failed(exc)
             return
         if self.failures:

@@ -65,7 +65,8 @@ def open_backend(settings: Settings, for_ctl: bool = False, create: bool = True,
         # The main thread receives: a hung call must not hold up signal handling long.
         return StorageQueueBackend(settings.queue, connection_string=conn, worker_id=worker,
                                    account_url=settings.account_url, connect_timeout=3.0,
-                                   read_timeout=5.0, create=create)
+                                   read_timeout=5.0, create=create,
+                                   create_failed=for_ctl)  # a worker: at its first record
     if settings.backend == "servicebus":
         from .servicebus import ServiceBusBackend
 

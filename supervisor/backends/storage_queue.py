@@ -78,8 +78,12 @@ class StorageQueueBackend(BackendBase):
     def __init__(self, queue: str, *, connection_string: str | None = None,
                  account_url: str | None = None, worker_id: str = "",
                  credential: Any = None, connect_timeout: float = 5.0,
-                 read_timeout: float = 20.0, create: bool = True) -> None:
+                 read_timeout: float = 20.0, create: bool = True,
+                 create_failed: bool = True) -> None:
         """Connect and create ``queue`` and ``queue-failed`` when missing.
+
+        ``create_failed=False`` (a worker) makes ``queue-failed`` at its first record instead:
+        one round trip less before the first receive.
 
         ``create=False`` (read-only commands) creates nothing: a missing ``queue`` is a
         BackendError here, and a missing ``-failed`` companion reads as empty.
@@ -121,7 +125,7 @@ class StorageQueueBackend(BackendBase):
         self._endpoint = self.scrub(self._main.url.split("?", 1)[0])
         try:
             if create:
-                for client in (self._main, self._failed):
+                for client in (self._main, self._failed)[:2 if create_failed else 1]:
                     self._create(client)
             else:
                 self._count(self._main)  # QueueNotFound -> "does not exist", nothing made
@@ -152,7 +156,11 @@ class StorageQueueBackend(BackendBase):
         does not exist and this backend made it again (a queue it would make at start)."""
         if not self.recreate or error_code(exc) != "QueueNotFound":
             return False
-        LOG.warning("queue %s does not exist (deleted?); creating it again", client.queue_name)
+        if client.queue_name == self.failed_queue_name:  # not made at start: not a loss
+            LOG.info("queue %s does not exist; creating it", client.queue_name)
+        else:
+            LOG.warning("queue %s does not exist (deleted?); creating it again",
+                        client.queue_name)
         self._create(client)
         return True
 

@@ -1,0 +1,91 @@
+"""Start-up: a SQLite worker and jobq-ctl import no Azure SDK and no Flask; a run that started
+no task does not wait for its lifeline helper, a run that may have left a task process does.
+
+The real entry points run in subprocesses under ``python -X importtime``, which lists every
+module imported by any thread until the interpreter exits (docs/architecture.rst, "Modules":
+only the backend in use is imported).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from supervisor.lifeline import Lifeline
+from tests.conftest import SESSION_TAG, command, wait_for
+
+FOREIGN = ("azure", "flask", "werkzeug", "jinja2", "waitress", "uamqp")
+
+
+def imported(args: list[str], cwd, entry: str = "jobq-supervisor") -> tuple[int, set[str], str]:
+    """(exit status, top-level names of every module imported, stderr without the import
+    lines) of the real console script run under ``-X importtime``."""
+    script = command(entry)
+    cmd = [sys.executable, "-X", "importtime", *(script if script[0] != sys.executable
+                                                  else script[1:]), *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=cwd,
+                         env={**os.environ, "JOBQ_TEST_SESSION": SESSION_TAG})
+    names, rest = set(), []
+    for line in res.stderr.splitlines():
+        if line.startswith("import time:"):
+            name = line.rsplit("|", 1)[1].strip()
+            names.add(name.split(".")[0])
+        else:
+            rest.append(line)
+    return res.returncode, names, "\n".join(rest)
+
+
+def test_sqlite_worker_imports_no_azure_and_no_flask(env, tmp_path):
+    env.push("echo hello", "exit 3")
+    code, names, err = imported(
+        ["--backend", "sqlite", "--sqlite-path", str(env.db), "--exit-when-empty",
+         "--max-attempts", "1", "--task-output", "store"], tmp_path)
+    assert code == 4, err  # ran both, one failed: every code path of a task was taken
+    assert "succeeded=1" in err and "failed=1" in err, err
+    assert "supervisor" in names and "sqlite3" in names  # the check sees our imports
+    assert not names & set(FOREIGN), sorted(names & set(FOREIGN))
+
+
+def test_sqlite_ctl_imports_no_azure_and_no_flask(env, tmp_path):
+    base = ["--backend", "sqlite", "--sqlite-path", str(env.db)]
+    for args in (["push", "-c", "true"], ["status"], ["workers"], ["failed"]):
+        code, names, err = imported([*base, *args], tmp_path, "jobq-ctl")
+        assert code == 0, (args, err)
+        assert not names & set(FOREIGN), (args, sorted(names & set(FOREIGN)))
+
+
+def test_lifeline_of_a_run_without_tasks_is_not_waited_for():
+    """Nothing registered and no marked process: the helper is killed at close, not left to
+    start its interpreter and sweep (SIGKILL is what tells the two paths apart)."""
+    lifeline = Lifeline("startup-test-" + os.urandom(4).hex())
+    helper = psutil.Process(lifeline.pid)
+    lifeline.close()
+    assert lifeline._proc.returncode == -signal.SIGKILL
+    assert not helper.is_running() or helper.status() == psutil.STATUS_ZOMBIE
+
+
+def test_lifeline_sweeps_a_marked_process_never_registered():
+    """A task process that carries the marker (spawned, never registered: the supervisor
+    stopped in between) keeps the helper's sweep: it dies, and the helper exits 0."""
+    token = "startup-test-" + os.urandom(4).hex()
+    lifeline = Lifeline(token)
+    task = subprocess.Popen(["sleep", "60"], start_new_session=True,
+                            env={**os.environ, "JOBQ_LIFELINE": f"{token}:1",
+                                 "JOBQ_TEST_SESSION": SESSION_TAG})
+    try:
+        wait_for(lambda: f"{token}:1".encode() in open(f"/proc/{task.pid}/environ", "rb").read(),
+                 10, what="the task's environment")
+        started = time.monotonic()
+        lifeline.close()
+        assert lifeline._proc.returncode == 0
+        assert task.wait(10) == -signal.SIGKILL
+        assert time.monotonic() - started < 10
+    finally:
+        if task.poll() is None:
+            task.kill()
+            task.wait(10)
