@@ -9,12 +9,14 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import psutil
 import pytest
 
+T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # Every supervisor a test starts carries this tag, and its tasks inherit it: leak checks look
@@ -49,6 +51,21 @@ def wait_for(cond: Callable[[], object], timeout: float = 30.0, interval: float 
         time.sleep(interval)
 
 
+@pytest.fixture
+def close_at_end() -> Iterator[Callable[[T], T]]:
+    """``keep(obj)`` returns ``obj`` and closes it when the test ends, in the order kept: what
+    a factory fixture made."""
+    kept: list = []
+
+    def keep(obj: T) -> T:
+        kept.append(obj)
+        return obj
+
+    yield keep
+    for obj in kept:
+        obj.close()
+
+
 def term_stamp(marker: Path) -> str:
     """A shell trap: on SIGTERM, write the time (epoch seconds) to ``marker`` and exit 0.  The
     stamp goes to a temporary name first and is renamed, so whoever sees ``marker`` exist reads
@@ -56,8 +73,8 @@ def term_stamp(marker: Path) -> str:
     return f"trap 'date +%s.%N > {marker}.tmp && mv {marker}.tmp {marker}; exit 0' TERM"
 
 
-def marked_processes(token_prefix: str = "") -> list[psutil.Process]:
-    """Live (non-zombie) task processes (JOBQ_LIFELINE marker) of this test session."""
+def processes_by_environment(wanted: Callable[[dict[str, str]], bool]) -> list[psutil.Process]:
+    """Live (non-zombie) processes whose environment is ``wanted``."""
     found = []
     for proc in psutil.process_iter():
         try:
@@ -66,10 +83,16 @@ def marked_processes(token_prefix: str = "") -> list[psutil.Process]:
             env = proc.environ()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        if (env.get("JOBQ_LIFELINE", "").startswith(token_prefix) and "JOBQ_LIFELINE" in env
-                and env.get("JOBQ_TEST_SESSION") == SESSION_TAG):
+        if wanted(env):
             found.append(proc)
     return found
+
+
+def marked_processes(token_prefix: str = "") -> list[psutil.Process]:
+    """Live (non-zombie) task processes (JOBQ_LIFELINE marker) of this test session."""
+    return processes_by_environment(
+        lambda env: env.get("JOBQ_LIFELINE", "").startswith(token_prefix)
+        and "JOBQ_LIFELINE" in env and env.get("JOBQ_TEST_SESSION") == SESSION_TAG)
 
 
 class Supervisor:

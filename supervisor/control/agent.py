@@ -19,6 +19,7 @@ the recovery once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -165,10 +166,8 @@ class ControlAgent:
         finally:
             self.first_poll.set()
             if self.store is not None:
-                try:
+                with contextlib.suppress(ControlStoreError):
                     self.store.close()
-                except ControlStoreError:
-                    pass
 
     def _open(self) -> bool:
         while not self._stop.is_set():

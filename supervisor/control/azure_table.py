@@ -27,14 +27,12 @@ from typing import Any, Callable, TypeVar, Union
 
 from azure.core.exceptions import (
     AzureError,
-    ClientAuthenticationError,
-    ResourceExistsError,
     ResourceNotFoundError,
 )
 from azure.data.tables import TableClient, UpdateMode
 
+from ..azure_storage import create_if_missing, sdk_client, store_error
 from ..backends.azure_common import Scrubber
-from ..backends.storage_queue_util import error_code
 from .azure_claims import AzureClaims
 from .base import (
     INDEX_KIND,
@@ -83,8 +81,6 @@ CURSOR_SLACK = 10.0  # s
 # then exits within 10 s, process start included.
 READ_TIMEOUT = 6.0
 TRANSACTION_MAX = 100  # entities in one batch transaction (the service's limit)
-_NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
-                          "AuthorizationFailure")
 
 
 class AzureTableControlStore(AzureClaims):
@@ -108,27 +104,12 @@ class AzureTableControlStore(AzureClaims):
         self.scrub = Scrubber(connection_string, account_url)
         self._once = OnceLog()
         self._slack = timedelta(seconds=cursor_slack)
-        options: dict[str, Any] = {"retry_total": 0, "connection_timeout": connect_timeout,
-                                   "read_timeout": read_timeout}
-        if request_hook is not None:
-            options["raw_request_hook"] = request_hook
+        hook = {} if request_hook is None else {"raw_request_hook": request_hook}
         try:
-            if connection_string:
-                self._client = TableClient.from_connection_string(
-                    connection_string, table_name=table, **options)
-            else:
-                assert account_url is not None
-                if credential is None and "?" not in account_url:
-                    from azure.identity import DefaultAzureCredential  # only this path needs it
-
-                    credential = DefaultAzureCredential()
-                if credential is None:  # a SAS token in the URL
-                    from azure.core.credentials import AzureSasCredential
-
-                    account_url, _, sas = account_url.partition("?")
-                    credential = AzureSasCredential(sas)
-                self._client = TableClient(account_url, table_name=table,
-                                           credential=credential, **options)
+            self._client: TableClient = sdk_client(
+                TableClient, connection_string=connection_string, account_url=account_url,
+                credential=credential, connect_timeout=connect_timeout,
+                read_timeout=read_timeout, sas_as_credential=True, table_name=table, **hook)
         except (ValueError, TypeError) as exc:
             raise ControlConfigError(
                 f"control store: bad connection string or account URL: "
@@ -143,25 +124,15 @@ class AzureTableControlStore(AzureClaims):
 
     # ------------------------------------------------------------------------- plumbing
     def _create(self) -> None:
-        try:
-            self._client.create_table()
-        except ResourceExistsError:
-            pass
-        except AzureError as exc:
-            if error_code(exc) in _NOT_ALLOWED_TO_CREATE:
-                # A data-only role may well use a table that an administrator created.
-                log.warning("control store: not allowed to create table %s; assuming it "
-                            "exists", self._client.table_name)
-                return
-            raise self._error("create table", exc) from None
+        create_if_missing(self._client.create_table, store="control store", kind="table",
+                          name=self._client.table_name, errors=(AzureError,),
+                          fail=self._error, log=log)
 
     def _error(self, what: str, exc: BaseException) -> ControlStoreError:
-        status = getattr(getattr(exc, "response", None), "status_code", None)
         first = (str(exc).splitlines() or [""])[0][:300]
-        detail = self.scrub(f"{type(exc).__name__}: {first}")
-        if isinstance(exc, ClientAuthenticationError) or status in (401, 403):
-            return ControlConfigError(f"control store {what}: not authorized: {detail}")
-        return ControlStoreError(f"control store {what}: {detail}")
+        return store_error(exc, f"control store {what}",
+                           self.scrub(f"{type(exc).__name__}: {first}"),
+                           ControlConfigError, ControlStoreError)
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         try:

@@ -32,7 +32,7 @@ from .charts import depth_chart, finished_chart
 from .data import DataSource, Unavailable
 from .history import History, summed_per_minute
 from .queues import Queues
-from .task_views import id_or_400
+from .task_views import found_or_404, id_or_400
 from .task_views import register as register_task_views
 
 log = logging.getLogger("jobq.dashboard")
@@ -160,16 +160,9 @@ def create_app(data: DataSource | Sequence[DataSource],
         return render_template("workers.html", workers=current().workers(show_all),
                                show_all=show_all)
 
-    def worker_or_404(worker_id: str) -> dict[str, Any]:
-        data = current()
-        found = data.worker(id_or_400(worker_id, "worker"))
-        if found is None:
-            abort(404, f"no worker {worker_id!r} on queue {data.queue}")
-        return found
-
     @app.get("/workers/<worker_id>")
     def worker(worker_id: str) -> str:
-        return render_template("worker.html", w=worker_or_404(worker_id))
+        return render_template("worker.html", w=found_or_404(current(), "worker", worker_id))
 
     @app.get("/search")
     def search() -> Any:
@@ -190,7 +183,7 @@ def create_app(data: DataSource | Sequence[DataSource],
 
     @app.get("/api/worker/<worker_id>")
     def api_worker(worker_id: str) -> Any:
-        return jsonify(worker_or_404(worker_id))
+        return jsonify(found_or_404(current(), "worker", worker_id))
 
     # ------------------------------------------------------------------ auth
     @app.route("/login", methods=["GET", "POST"])

@@ -26,6 +26,16 @@ def id_or_400(value: str | None, what: str) -> str:
     return value
 
 
+def found_or_404(data: DataSource, what: str, raw_id: str) -> dict[str, Any]:
+    """The task or worker (``what``) ``raw_id`` names on ``data``'s queue, else a 400 (a
+    malformed id) or 404 (a request thread)."""
+    lookup = data.task if what == "task" else data.worker
+    found = lookup(id_or_400(raw_id, what))
+    if found is None:
+        abort(404, f"no {what} {raw_id!r} on queue {data.queue}")
+    return found
+
+
 def _int_arg(name: str, low: int, required: bool) -> int | None:
     value = request.args.get(name)
     if value is None and not required:
@@ -39,16 +49,9 @@ def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
              done: Callable[[str], Any]) -> None:
     """Add the views (main thread, before serving).  ``current``: the request's queue."""
 
-    def _task_or_404(task_id: str) -> dict[str, Any]:
-        data = current()
-        found = data.task(id_or_400(task_id, "task"))
-        if found is None:
-            abort(404, f"no task {task_id!r} on queue {data.queue}")
-        return found
-
     @app.get("/tasks/<task_id>")
     def task(task_id: str) -> str:
-        found = _task_or_404(task_id)
+        found = found_or_404(current(), "task", task_id)
         try:
             stored: list[int] | None = tasks.output_attempts(current(), found["id"])
             output_error = None
@@ -61,7 +64,7 @@ def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
 
     @app.get("/api/task/<task_id>")
     def api_task(task_id: str) -> Any:
-        return jsonify(_task_or_404(task_id))
+        return jsonify(found_or_404(current(), "task", task_id))
 
     @app.get("/api/task/<task_id>/output")
     def api_output(task_id: str) -> Any:
@@ -70,7 +73,7 @@ def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
         offset = _int_arg("offset", 0, required=False)
         assert attempt is not None
         if offset is None:  # the first call of a page: is there such a task at all?
-            _task_or_404(task_id)
+            found_or_404(current(), "task", task_id)
         return jsonify(tasks.output_json(current(), task_id, attempt, offset))
 
     @app.get("/failed")

@@ -44,13 +44,13 @@ from typing import Any, Callable, TypeVar, Union
 from azure.core import MatchConditions
 from azure.core.exceptions import (
     AzureError,
-    ClientAuthenticationError,
     HttpResponseError,
     ResourceExistsError,
     ResourceNotFoundError,
 )
 from azure.storage.blob import BlobProperties, ContainerClient
 
+from ..azure_storage import create_if_missing, sdk_client, store_error
 from ..backends.azure_common import short
 from ..backends.storage_queue_util import error_code
 from .base import READ_LIMIT, AttemptKey, Chunk, OutputConfigError, OutputStoreError
@@ -60,8 +60,6 @@ log = logging.getLogger("jobq.output")
 T = TypeVar("T")
 MAX_BLOCK = 4 << 20  # bytes per append_block call
 MAX_BLOCKS = 50_000  # committed blocks an append blob takes
-_NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
-                          "AuthorizationFailure")
 _ERRORS = (AzureError, OSError, ValueError)  # what SDK calls raise
 _CACHED = 256  # attempts whose append position is remembered
 
@@ -107,20 +105,11 @@ class BlobOutputStore:
         self.purge_max, self.page_size = purge_max, page_size
         self._tails: dict[AttemptKey, _Tail] = {}
         self._purge_token: Union[str, None] = None
-        options: dict[str, Any] = {"retry_total": 0, "connection_timeout": connect_timeout,
-                                   "read_timeout": read_timeout, **(client_options or {})}
         try:
-            if connection_string:
-                self._container = ContainerClient.from_connection_string(
-                    connection_string, container_name=container, **options)
-            else:
-                assert account_url is not None
-                if credential is None and "?" not in account_url:
-                    from azure.identity import DefaultAzureCredential  # only this path needs it
-
-                    credential = DefaultAzureCredential()
-                self._container = ContainerClient(account_url, container_name=container,
-                                                  credential=credential, **options)
+            self._container: ContainerClient = sdk_client(
+                ContainerClient, connection_string=connection_string, account_url=account_url,
+                credential=credential, connect_timeout=connect_timeout,
+                read_timeout=read_timeout, container_name=container, **(client_options or {}))
         except (ValueError, TypeError) as exc:
             raise OutputConfigError(f"output store: bad connection string or account URL: "
                                     f"{short(self.scrub(str(exc)))}") from None
@@ -131,12 +120,10 @@ class BlobOutputStore:
 
     # ------------------------------------------------------------------------- plumbing
     def _error(self, what: str, exc: BaseException) -> OutputStoreError:
-        status = getattr(getattr(exc, "response", None), "status_code", None)
         first = (str(exc).splitlines() or [""])[0]
-        detail = short(self.scrub(f"{type(exc).__name__}: {first}"))
-        if isinstance(exc, ClientAuthenticationError) or status in (401, 403):
-            return OutputConfigError(f"output store {what}: not authorized: {detail}")
-        return OutputStoreError(f"output store {what}: {detail}")
+        return store_error(exc, f"output store {what}",
+                           short(self.scrub(f"{type(exc).__name__}: {first}")),
+                           OutputConfigError, OutputStoreError)
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         try:
@@ -162,16 +149,9 @@ class BlobOutputStore:
         return sorted(found, key=lambda p: p[0])
 
     def _create_container(self) -> None:
-        try:
-            self._container.create_container()
-        except ResourceExistsError:
-            pass
-        except _ERRORS as exc:
-            if error_code(exc) in _NOT_ALLOWED_TO_CREATE:
-                log.warning("output store: not allowed to create container %s; assuming it "
-                            "exists", self._container.container_name)
-                return
-            raise self._error("create container", exc) from None
+        create_if_missing(self._container.create_container, store="output store",
+                          kind="container", name=self._container.container_name,
+                          errors=_ERRORS, fail=self._error, log=log)
 
     # -------------------------------------------------------------------- writer state
     def _tail(self, key: AttemptKey) -> _Tail:

@@ -34,6 +34,7 @@ See docs/architecture.rst, "Task output".
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 import threading
@@ -247,10 +248,8 @@ class OutputShipper:
             self.drain()
         finally:
             if self.store is not None:
-                try:
+                with contextlib.suppress(OutputStoreError):
                     self.store.close()
-                except OutputStoreError:
-                    pass
 
     def tick(self) -> float:
         """Open the store if need be, write what is due, purge when due; the seconds until

@@ -26,6 +26,7 @@ from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import wait_for
 from tests.control.conftest import table_connection_string
 from tests.faults.proxy import FaultProxy
+from tests.integration.helpers import read_output
 from tests.integration.test_output_e2e import Follow, check_live_follow
 from tests.outstore.conftest import ACCOUNT, ACCOUNT_KEY, blob_connection_string
 
@@ -83,13 +84,7 @@ def stores(azurite_table, azurite_blob) -> Iterator[Stores]:  # noqa: F811
 
 def _read_all(store: BlobOutputStore, queue: str, task_id: str,
               attempt: int = 1) -> tuple[bytes, bool]:
-    out, offset = bytearray(), 0
-    while True:
-        chunk = store.read(AttemptKey(queue, task_id, attempt), offset)
-        out += chunk.data
-        if not chunk.data:
-            return bytes(out), chunk.complete
-        offset = chunk.offset
+    return read_output(store, AttemptKey(queue, task_id, attempt))
 
 
 def _push(sq, control: dict[str, str], cmd: str, *extra: str) -> str:  # noqa: F811

@@ -7,6 +7,7 @@ import json
 import socket
 import threading
 import time
+from contextlib import closing
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -25,6 +26,7 @@ from supervisor.backends.base import BackendConfigError, BackendError, LeaseLost
 from supervisor.backends.storage_queue import StorageQueueBackend
 from supervisor.task import Task
 from tests.azurite import ACCOUNT, ACCOUNT_KEY
+from tests.conftest import wait_for
 from tests.faults.proxy import FaultProxy
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(60)]
@@ -41,32 +43,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(predicate, timeout: float, interval: float = 0.1):
-    """Poll until predicate() is truthy; return its value, or fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(interval)
-
-
 @pytest.fixture
-def make_backend(azurite, queue_name):
-    made = []
-
+def make_backend(azurite, queue_name, close_at_end):
     def make(port=None, **kw):
         kw.setdefault("worker_id", "w1")
-        backend = StorageQueueBackend(
-            queue_name, connection_string=connection_string(port or azurite.port), **kw)
-        made.append(backend)
-        return backend
+        return close_at_end(StorageQueueBackend(
+            queue_name, connection_string=connection_string(port or azurite.port), **kw))
 
-    yield make
-    for backend in made:
-        backend.close()
+    return make
 
 
 @pytest.fixture
@@ -77,16 +61,15 @@ def backend(make_backend):
 @pytest.fixture
 def raw(azurite, backend):
     """A plain SDK client on the same queue (what another producer would use)."""
-    client = QueueClient.from_connection_string(azurite.connection_string, backend.queue_name)
-    yield client
-    client.close()
+    with closing(QueueClient.from_connection_string(azurite.connection_string,
+                                                    backend.queue_name)) as client:
+        yield client
 
 
 @pytest.fixture
 def proxy(azurite):
-    p = FaultProxy(("127.0.0.1", azurite.port))
-    yield p
-    p.close()
+    with closing(FaultProxy(("127.0.0.1", azurite.port))) as p:
+        yield p
 
 
 def receive_one(backend, lock=30.0, timeout=5.0):

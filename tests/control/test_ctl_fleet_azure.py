@@ -17,6 +17,7 @@ from supervisor.control.azure_table import AzureTableControlStore
 from supervisor.control.records import TaskInfo, WorkerRecord
 from tests.conftest import command
 from tests.control.conftest import free_port, table_connection_string
+from tests.integration.helpers import one_error_line
 
 pytestmark = pytest.mark.azure
 
@@ -29,13 +30,6 @@ def ctl(conn: str | None, queue: str, *args: str,
     return subprocess.run([*command("jobq-ctl"), "--backend", "servicebus", "--namespace",
                            "nowhere.servicebus.windows.net", "--queue", queue, *args],
                           env=env, text=True, capture_output=True, timeout=timeout)
-
-
-def one_error_line(res: subprocess.CompletedProcess[str], code: int) -> str:
-    assert res.returncode == code, (res.returncode, res.stdout, res.stderr)
-    lines = res.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("jobq-ctl: error: "), res.stderr
-    return lines[0]
 
 
 @pytest.fixture

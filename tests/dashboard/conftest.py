@@ -141,3 +141,19 @@ def set_viewport(driver, w: int, h: int) -> None:
     """The viewport (not the window) at w x h, through the DevTools protocol."""
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
                            {"width": w, "height": h, "deviceScaleFactor": 1, "mobile": w < 600})
+
+
+class Unreachable:
+    """A store whose every call raises ``error(message)``, as one that cannot be reached
+    does; ``name``: the store's kind.  Closing it does nothing."""
+
+    def __init__(self, name: str, error: type[Exception], message: str) -> None:
+        self.name, self._error, self._message = name, error, message
+
+    def __getattr__(self, attr: str):
+        def fail(*args, **kwargs):
+            raise self._error(self._message)
+        return fail
+
+    def close(self) -> None:
+        pass

@@ -52,20 +52,29 @@ def _click(driver, element_id: str) -> None:
     wait_for(attempt, 10, what=f"button {element_id}")
 
 
-def _states(env) -> dict[str, str]:
+def _workers(env) -> list:
+    """The worker records of queue Q, read from the control store."""
     store = SqliteControlStore(str(env.db), busy_timeout=10.0)
     try:
-        return {w.id: w.state for w in store.workers(Q)}
+        return list(store.workers(Q))
     finally:
         store.close()
+
+
+def _states(env) -> dict[str, str]:
+    return {w.id: w.state for w in _workers(env)}
 
 
 def _used(env) -> dict[str, int]:
-    store = SqliteControlStore(str(env.db), busy_timeout=10.0)
-    try:
-        return {w.id: w.slots_used for w in store.workers(Q)}
-    finally:
-        store.close()
+    return {w.id: w.slots_used for w in _workers(env)}
+
+
+def _stays_pending(env, task: str, seconds: float, why: str) -> None:
+    """Intake stopped: for ``seconds`` (several control intervals) ``task`` stays pending."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert env.job(task)["status"] == "pending", why
+        time.sleep(0.2)
 
 
 def test_overview_pause_resume_and_drain_in_the_browser(env, dashboard, browser):
@@ -112,11 +121,7 @@ def test_overview_pause_resume_and_drain_in_the_browser(env, dashboard, browser)
     assert "alice@dashboard" in _text(browser, "paused")
     wait_for(lambda: set(_states(env).values()) == {"paused"}, 15, what="both workers paused")
     (late,) = env.push("echo late")
-    # intake stopped: for several control intervals the new task stays pending
-    deadline = time.monotonic() + 4.0
-    while time.monotonic() < deadline:
-        assert env.job(late)["status"] == "pending", "a worker took a task while paused"
-        time.sleep(0.2)
+    _stays_pending(env, late, 4.0, "a worker took a task while paused")
     browser.get(d.url + "/")
     assert _text(browser, "count-pending") == "1"
     _click(browser, "resume")

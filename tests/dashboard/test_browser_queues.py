@@ -4,13 +4,11 @@ that queue's intake while the worker goes on taking the other's tasks."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.conftest import wait_for
 from tests.dashboard.conftest import login, shoot
-from tests.dashboard.test_browser import _click, _reload_until, _text
+from tests.dashboard.test_browser import _click, _reload_until, _stays_pending, _text
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,10 +39,7 @@ def test_two_queues_overview_and_pausing_one_queue(env, dashboard, browser):
     (late_high,) = env.push("echo high", extra=("--queue", "high"))
     wait_for(lambda: env.job(late_high)["status"] == "succeeded", 20,
              what="high's task while low is paused")
-    deadline = time.monotonic() + 3.0  # several control intervals
-    while time.monotonic() < deadline:
-        assert env.job(late_low)["status"] == "pending", "a worker took low's task while paused"
-        time.sleep(0.2)
+    _stays_pending(env, late_low, 3.0, "a worker took low's task while paused")
     browser.get(d.url + "/")
     assert _text(browser, "count-pending-low") == "1"
     _click(browser, "resume-low")

@@ -47,17 +47,24 @@ def test_history_keeps_one_window_and_counts_finished_per_minute():
     assert h2.finished_per_minute() == [(960.0, 3, 1), (1020.0, 2, 1)]
 
 
+def _sampled(data: FakeData, start: float, times: int) -> History:
+    """The history after ``times`` samples of ``data``, 15 s apart from ``start`` (a fake
+    clock)."""
+    now = [start]
+    h = History()
+    s = Sampler(data, h, interval=15, clock=lambda: now[0])  # type: ignore[arg-type]
+    for _ in range(times):
+        s.sample_once()
+        now[0] += 15
+    return h
+
+
 def test_sampler_samples_on_its_clock_and_logs_an_outage_once(caplog):
     data = FakeData()
     data.counts_seq = [{"pending": 4, "running": 1, "succeeded": 2, "failed": 0},
                        Unavailable("queue", "down"), Unavailable("queue", "down"),
                        {"pending": 3, "running": 2}]
-    now = [100.0]
-    h = History()
-    s = Sampler(data, h, interval=15, clock=lambda: now[0])  # type: ignore[arg-type]
-    for _ in range(4):
-        s.sample_once()
-        now[0] += 15
+    h = _sampled(data, start=100.0, times=4)
     assert [(x.when, x.pending, x.running, x.succeeded) for x in h.samples()] == [
         (100.0, 4, 1, 2), (145.0, 3, 2, None)]
     assert sum("dashboard sampler" in r.message for r in caplog.records) == 1
@@ -100,12 +107,7 @@ def test_without_backend_counts_finished_comes_from_the_workers_counters():
         [_w("a", 1, 0), _w("b", 6, 5)],  # a restarted: +1; b +0/+1
         Unavailable("control store", "down"),
     ]
-    now = [960.0]
-    h = History()
-    s = Sampler(data, h, interval=15, clock=lambda: now[0])  # type: ignore[arg-type]
-    for _ in range(5):
-        s.sample_once()
-        now[0] += 15
+    h = _sampled(data, start=960.0, times=5)
     assert [(x.succeeded, x.failed) for x in h.samples()] == [
         (0, 0), (3, 0), (7, 1), (8, 2), (None, None)]
     assert h.finished_per_minute() == [(960.0, 8, 2)]

@@ -20,7 +20,7 @@ from supervisor.control.base import ControlStoreError
 from supervisor.control.records import WorkerRecord
 from supervisor.dashboard.app import create_app
 from supervisor.dashboard.data import DataSource
-from tests.dashboard.conftest import TOKEN
+from tests.dashboard.conftest import TOKEN, Unreachable
 
 pytestmark = pytest.mark.timeout(90)
 Q = "default"
@@ -118,25 +118,12 @@ def test_a_broken_database_is_a_503_page_and_the_dashboard_keeps_serving(env, da
     assert code == 503 and "Traceback" not in body
 
 
-class _Down:
-    """A control store whose every call fails, as a store that cannot be reached does."""
-
-    name = "sqlite"
-
-    def __getattr__(self, name: str):
-        def fail(*args, **kwargs):
-            raise ControlStoreError("control store: connection refused (test)")
-        return fail
-
-    def close(self) -> None:
-        pass
-
-
 def test_a_control_store_that_errors_is_503_for_its_pages_only(env):
     env.push("true")
     from supervisor.backends.sqlite import SqliteBackend
 
-    data = DataSource(Q, lambda: SqliteBackend(str(env.db), Q, "dash"), _Down)
+    data = DataSource(Q, lambda: SqliteBackend(str(env.db), Q, "dash"), lambda: Unreachable(
+        "sqlite", ControlStoreError, "control store: connection refused (test)"))
     client = create_app(data, token=TOKEN).test_client()
     for path in ("/workers", "/workers/w1", "/api/workers"):
         resp = client.get(path)

@@ -17,7 +17,7 @@ from supervisor.dashboard.data import DataSource
 from supervisor.dashboard.tasks import CAP
 from supervisor.outstore.base import AttemptKey, OutputStoreError
 from supervisor.outstore.files import FileOutputStore, output_dir
-from tests.dashboard.conftest import TOKEN
+from tests.dashboard.conftest import TOKEN, Unreachable
 from tests.dashboard.test_http import _csrf, _login, get
 
 pytestmark = pytest.mark.timeout(90)
@@ -129,20 +129,10 @@ def test_without_token_the_task_actions_are_403(env, dashboard):
     assert env.job(task_id)["status"] == "pending"
 
 
-class _DownOutput:
-    """An output store whose every call fails, as an unreachable blob service does."""
-
-    name = "blob"
-
-    def __getattr__(self, name: str):
-        def fail(*args, **kwargs):
-            raise OutputStoreError("output store: connection refused (test)")
-        return fail
-
-
 def test_an_output_store_that_is_down_is_said_on_the_task_page_and_503_in_the_api(env):
     (task_id,) = env.push("true")
-    client = create_app(_data(env, _DownOutput)).test_client()
+    client = create_app(_data(env, lambda: Unreachable(
+        "blob", OutputStoreError, "output store: connection refused (test)"))).test_client()
     resp = client.get(f"/api/task/{task_id}/output?attempt=1")
     assert resp.status_code == 503 and "connection refused" in resp.get_json()["error"]
     resp = client.get(f"/tasks/{task_id}")

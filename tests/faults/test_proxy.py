@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from contextlib import closing
 
 import pytest
 
@@ -51,16 +52,14 @@ class EchoServer:
 
 @pytest.fixture
 def echo():
-    server = EchoServer()
-    yield server
-    server.close()
+    with closing(EchoServer()) as server:
+        yield server
 
 
 @pytest.fixture
 def proxy(echo):
-    p = FaultProxy(("127.0.0.1", echo.port))
-    yield p
-    p.close()
+    with closing(FaultProxy(("127.0.0.1", echo.port))) as p:
+        yield p
 
 
 def _connect(proxy: FaultProxy, timeout: float = 2.0) -> socket.socket:

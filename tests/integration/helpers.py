@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
 import sys
 import threading
 import time
@@ -122,3 +123,34 @@ def database_held(db: Path, seconds: float) -> Iterator[HeldDatabase]:
     finally:
         hold.release.set()
         hold.thread.join()
+
+
+def read_output(store: Any, key: Any) -> tuple[bytes, bool]:
+    """All of an attempt's output in an output store (``key``: its AttemptKey), and whether
+    it is marked complete."""
+    out, offset = bytearray(), 0
+    while True:
+        chunk = store.read(key, offset)
+        out += chunk.data
+        if not chunk.data:
+            return bytes(out), chunk.complete
+        offset = chunk.offset
+
+
+def one_error_line(res: subprocess.CompletedProcess[str], code: int) -> str:
+    """The one line a jobq-ctl that failed with exit status ``code`` printed (it asserts
+    there is exactly one, a ``jobq-ctl: error:`` line)."""
+    assert res.returncode == code, (res.returncode, res.stdout, res.stderr)
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jobq-ctl: error: "), res.stderr
+    return lines[0]
+
+
+def one_usage_line(res: subprocess.CompletedProcess[str], option: str) -> str:
+    """The one line (naming ``option``) of a command that exited 2 on a usage error, with
+    nothing on stdout."""
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and option in lines[0], res.stderr
+    assert res.stdout == ""
+    return lines[0]

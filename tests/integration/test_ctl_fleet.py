@@ -24,6 +24,7 @@ from supervisor.control.sqlite import SqliteControlStore
 from supervisor.security import load_key
 from supervisor.task import Task
 from tests.conftest import command
+from tests.integration.helpers import one_error_line
 
 QUEUE = "jobs"
 WHO = f"{getpass.getuser()}@{socket.gethostname()}"
@@ -33,13 +34,6 @@ def ctl(db: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProces
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBQ_")}
     return subprocess.run([*command("jobq-ctl"), "--sqlite-path", str(db), "--queue", QUEUE,
                            *args], env=env, text=True, capture_output=True, timeout=timeout)
-
-
-def one_error_line(res: subprocess.CompletedProcess[str], code: int) -> str:
-    assert res.returncode == code, (res.returncode, res.stdout, res.stderr)
-    lines = res.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("jobq-ctl: error: "), res.stderr
-    return lines[0]
 
 
 @pytest.fixture

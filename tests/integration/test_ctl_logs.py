@@ -91,12 +91,19 @@ def q(tmp_path: Path) -> Iterator[Queue]:
     queue.close()
 
 
-def test_logs_follow_shows_each_line_within_3s_and_ends_with_the_exit_status(q):
-    (task,) = q.push("yes")
+def _following(q, cmd: str, first: bytes) -> tuple[str, Ctl]:
+    """A task pushed with ``cmd``, its attempt 1 running with output ``first``, and a
+    ``jobq-ctl logs -f`` of it that has printed its first line."""
+    (task,) = q.push(cmd)
     q.result(task, 1, "running")
-    q.output(task, 1, b"start\n")
+    q.output(task, 1, first)
     ctl = q.start("logs", "-f", task)
     wait_for(lambda: ctl.out, 30, what="the first line")
+    return task, ctl
+
+
+def test_logs_follow_shows_each_line_within_3s_and_ends_with_the_exit_status(q):
+    task, ctl = _following(q, "yes", b"start\n")
     written: dict[bytes, float] = {}
     for i in range(30):  # a line every 100 ms, then a pause the follower backs off in
         line = b"line %d\n" % i
@@ -184,11 +191,7 @@ def test_an_unreadable_output_store_is_one_line_exit_1(q):
 
 
 def test_ctrl_c_stops_logs_quietly(q):
-    (task,) = q.push("x")
-    q.result(task, 1, "running")
-    q.output(task, 1, b"running\n")
-    ctl = q.start("logs", "-f", task)
-    wait_for(lambda: ctl.out, 30, what="the first line")
+    _, ctl = _following(q, "x", b"running\n")
     ctl.proc.send_signal(signal.SIGINT)
     assert ctl.wait(30) == 130
     assert ctl.err == []

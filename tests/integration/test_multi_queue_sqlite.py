@@ -10,14 +10,7 @@ import subprocess
 import pytest
 
 from tests.conftest import Env, command, wait_for
-
-
-def one_usage_line(res, option: str) -> str:
-    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
-    lines = res.stderr.splitlines()
-    assert len(lines) == 1 and option in lines[0], res.stderr
-    assert res.stdout == ""
-    return lines[0]
+from tests.integration.helpers import one_usage_line
 
 
 def push_to(env: Env, queue: str, cmds: list[str], *extra: str) -> list[str]:

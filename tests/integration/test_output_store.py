@@ -23,6 +23,7 @@ import pytest
 from supervisor.outstore.base import DROPPED, TRUNCATED, AttemptKey, OutputStore
 from supervisor.outstore.files import FileOutputStore, output_dir
 from tests.conftest import Env, wait_for
+from tests.integration.helpers import read_output
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,13 +46,7 @@ class FilesBacking:
         return FileOutputStore(str(self.root))
 
     def read_all(self, task_id: str, attempt: int = 1) -> tuple[bytes, bool]:
-        store, out, offset = self.reader(), bytearray(), 0
-        while True:
-            chunk = store.read(AttemptKey(Q, task_id, attempt), offset)
-            out += chunk.data
-            if not chunk.data:
-                return bytes(out), chunk.complete
-            offset = chunk.offset
+        return read_output(self.reader(), AttemptKey(Q, task_id, attempt))
 
     def break_(self) -> None:
         if self.root.is_dir():

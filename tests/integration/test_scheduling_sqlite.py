@@ -15,16 +15,9 @@ import pytest
 from supervisor.backends.sqlite import SqliteBackend
 from supervisor.task import Task
 from tests.conftest import Env, command, wait_for
+from tests.integration.helpers import one_usage_line
 
 POLL = 0.5
-
-
-def one_usage_line(res, option: str) -> str:
-    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
-    lines = res.stderr.splitlines()
-    assert len(lines) == 1 and option in lines[0], res.stderr
-    assert res.stdout == ""
-    return lines[0]
 
 
 def stamp(path: Path) -> float:

@@ -28,6 +28,22 @@ def _started(env, cmd: str, processes: int, *args: str) -> tuple[Supervisor, lis
     return sup, _task_procs(sup.pid)
 
 
+def _recording_task(env, name: str, prefix: str = "") -> Supervisor:
+    """Push a recorder task (``prefix``: e.g. ``exec ``) that notes in ``name``.ready when it
+    runs, start a supervisor, and wait until the task is ready: the supervisor."""
+    rec = write_recorder(env.tmp)
+    f = env.tmp / name
+    env.push(f"{prefix}{rec} {f} 0")
+    sup = env.supervisor()
+    wait_for(lambda: ready_count(f) == 1, 30, what="task ready")
+    return sup
+
+
+def _assert_exit_0_and_requeued(env, sup: Supervisor) -> None:
+    assert sup.wait(30) == 0
+    assert env.rows("SELECT status, attempt FROM jobs") == [("pending", 0)]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_stop_signal_reaches_every_task_process_and_requeues(env, sig):
     rec = write_recorder(env.tmp)
@@ -66,8 +82,7 @@ def test_task_ignoring_sigterm_is_killed_after_kill_timeout(env):
     assert dead is not None, "task survived the kill timeout"
     assert dead - t0 >= 2.0 - 0.05, "killed before --kill-timeout"
     assert dead - t0 < 2.0 + 3.0
-    assert sup.wait(30) == 0
-    assert env.rows("SELECT status, attempt FROM jobs") == [("pending", 0)]
+    _assert_exit_0_and_requeued(env, sup)
     assert "SIGKILL" in sup.log()
 
 
@@ -81,33 +96,22 @@ def test_second_signal_kills_at_once(env):
     assert not death_time(procs, 0.5), "first SIGTERM must not kill a task that ignores it"
     sup.signal(signal.SIGINT)
     assert death_time(procs, 5) is not None
-    assert sup.wait(30) == 0
-    assert env.rows("SELECT status, attempt FROM jobs") == [("pending", 0)]
+    _assert_exit_0_and_requeued(env, sup)
 
 
 def test_sigterm_to_whole_process_group_requeues(env):
-    rec = write_recorder(env.tmp)
-    f = env.tmp / "g"
-    env.push(f"{rec} {f} 0")
-    sup = env.supervisor()  # its own session: pgid == pid, as under timeout or systemd
-    wait_for(lambda: ready_count(f) == 1, 30, what="task ready")
+    sup = _recording_task(env, "g")  # its own session: pgid == pid, as under timeout or systemd
     os.killpg(sup.pid, signal.SIGTERM)
-    assert sup.wait(30) == 0
-    assert env.rows("SELECT status, attempt FROM jobs") == [("pending", 0)]
+    _assert_exit_0_and_requeued(env, sup)
 
 
 def test_task_killed_by_sigterm_from_outside_is_requeued(env):
     """systemd KillMode=control-group: the task and the supervisor get SIGTERM together."""
-    rec = write_recorder(env.tmp)
-    f = env.tmp / "cg"
-    env.push(f"exec {rec} {f} 0")
-    sup = env.supervisor()
-    wait_for(lambda: ready_count(f) == 1, 30, what="task ready")
+    sup = _recording_task(env, "cg", "exec ")
     task_pid = int((env.tmp / "cg.ready").read_text().split()[0])
     os.kill(task_pid, signal.SIGTERM)
     sup.signal(signal.SIGTERM)
-    assert sup.wait(30) == 0
-    assert env.rows("SELECT status, attempt FROM jobs") == [("pending", 0)]
+    _assert_exit_0_and_requeued(env, sup)
 
 
 def test_no_task_outlives_supervisor_kill9(env):

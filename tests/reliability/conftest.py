@@ -16,7 +16,7 @@ import pytest
 
 # Re-exported so the tests here can use Azurite (pytest finds fixtures by name in conftest).
 from tests.azure.test_storage_queue_worker import SqEnv
-from tests.conftest import Env, Supervisor, wait_for
+from tests.conftest import Env, Supervisor, processes_by_environment, wait_for
 
 RUN_VAR = "JOBQ_RELIABILITY_RUN"
 
@@ -44,17 +44,8 @@ class RelSqEnv(_Scoped, SqEnv):
 
 def run_processes(run_id: str) -> list[psutil.Process]:
     """Live task processes (they carry JOBQ_LIFELINE) of supervisors of this run."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                continue
-            environ = proc.environ()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-        if environ.get(RUN_VAR) == run_id and "JOBQ_LIFELINE" in environ:
-            found.append(proc)
-    return found
+    return processes_by_environment(
+        lambda env: env.get(RUN_VAR) == run_id and "JOBQ_LIFELINE" in env)
 
 
 def assert_no_survivors(run_id: str, timeout: float = 10.0) -> None:

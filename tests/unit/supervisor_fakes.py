@@ -17,6 +17,8 @@ from supervisor.lease import LeaseKeeper
 from supervisor.process import Signaller, TaskProcess
 from supervisor.watchdog import RunningTask, Watchdog
 
+T0 = 5000.0  # where the ``clock`` fixture (conftest.py) starts
+
 
 class FakeClock:
     """The injected monotonic clock: moves only when a test says so."""

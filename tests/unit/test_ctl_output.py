@@ -97,6 +97,19 @@ def key(task: str, attempt: int) -> AttemptKey:
     return AttemptKey(Q, task, attempt)
 
 
+def complete_output(w: SimpleNamespace, task: str, attempt: int, data: bytes) -> None:
+    """The attempt's whole output, finished, in ``w``'s output store."""
+    w.out.append(key(task, attempt), data)
+    w.out.finish(key(task, attempt))
+
+
+def captured(command, args, w: SimpleNamespace) -> tuple[int, bytes, str]:
+    """``command(args, w.src, out, err)`` with fresh streams: (its exit status, what it wrote
+    to out, what it wrote to err)."""
+    out, err = io.BytesIO(), io.StringIO()
+    return command(args, w.src, out, err), out.getvalue(), err.getvalue()
+
+
 def ns(task: str, **kw) -> SimpleNamespace:
     base = {"id": task, "attempt": None, "all": False, "follow": False, "tail": None}
     base.update(kw)
@@ -137,26 +150,24 @@ def test_follow_waits_for_a_task_not_started_then_follows_each_retry_to_the_fina
 
     w.fake.at(5.0, lambda: attempt(1, b"one\n", "failed", False, 1))
     w.fake.at(20.0, lambda: attempt(2, b"two\n", "succeeded", True, 0))
-    out, err = io.BytesIO(), io.StringIO()
-    assert logs(ns("t2", follow=True), w.src, out, err) == 0
-    assert out.getvalue() == b"one\ntwo\n"
-    assert err.getvalue().splitlines() == ["waiting for task t2 to start...", "exit status 1",
-                                           "== attempt 2 ==", "exit status 0"]
+    rc, out, err = captured(logs, ns("t2", follow=True), w)
+    assert rc == 0
+    assert out == b"one\ntwo\n"
+    assert err.splitlines() == ["waiting for task t2 to start...", "exit status 1",
+                                "== attempt 2 ==", "exit status 0"]
 
 
 def test_complete_output_waits_for_its_result_record_a_bounded_time(world):
     w = world
     w.jobs["t3"] = "running"
-    w.out.append(key("t3", 1), b"x\n")
-    w.out.finish(key("t3", 1))
+    complete_output(w, "t3", 1, b"x\n")
     w.fake.at(4.0, lambda: w.control.put_result(result("t3", 1, "failed", True, signal=9)))
     err = io.StringIO()
     assert logs(ns("t3", follow=True), w.src, io.BytesIO(), err) == 0
     assert err.getvalue() == "killed by signal SIGKILL\n"
     assert 4.0 <= w.fake.now < 6.0
 
-    w.out.append(key("t4", 1), b"y\n")
-    w.out.finish(key("t4", 1))
+    complete_output(w, "t4", 1, b"y\n")
     w.jobs["t4"] = "succeeded"
     start, err = w.fake.now, io.StringIO()
     assert logs(ns("t4", follow=True), w.src, io.BytesIO(), err) == 0
@@ -173,11 +184,11 @@ def test_an_attempt_whose_worker_died_ends_on_its_record_and_the_next_one_is_fol
                              w.control.put_result(result("t5", 2, "cancelled", True,
                                                          cancelled_by="ann@box",
                                                          reason="wrong input"))))
-    out, err = io.BytesIO(), io.StringIO()
-    assert logs(ns("t5", follow=True), w.src, out, err) == 0
-    assert out.getvalue() == b"half a liagain\n"
-    assert err.getvalue().splitlines() == ["lock lost", "== attempt 2 ==",
-                                           "cancelled by ann@box: wrong input"]
+    rc, out, err = captured(logs, ns("t5", follow=True), w)
+    assert rc == 0
+    assert out == b"half a liagain\n"
+    assert err.splitlines() == ["lock lost", "== attempt 2 ==",
+                                "cancelled by ann@box: wrong input"]
 
 
 def test_ended_attempt_is_not_cut_while_its_output_still_flows(world):
@@ -187,16 +198,15 @@ def test_ended_attempt_is_not_cut_while_its_output_still_flows(world):
     w.out.append(key("t6", 1), b"a\n")
     w.control.put_result(result("t6", 1, "succeeded", True, 0))
     w.fake.at(ENDED_GRACE - 1, lambda: w.out.append(key("t6", 1), b"b\n"))
-    out, err = io.BytesIO(), io.StringIO()
-    assert logs(ns("t6", follow=True), w.src, out, err) == 0
-    assert out.getvalue() == b"a\nb\n" and err.getvalue() == "exit status 0\n"
+    rc, out, err = captured(logs, ns("t6", follow=True), w)
+    assert rc == 0
+    assert out == b"a\nb\n" and err == "exit status 0\n"
 
 
 def test_logs_without_follow_latest_all_attempt_and_unknown(world):
     w = world
     w.jobs.update({"t7": "succeeded", "t8": "pending"})
-    w.out.append(key("t7", 1), b"one\n")
-    w.out.finish(key("t7", 1))
+    complete_output(w, "t7", 1, b"one\n")
     w.control.put_result(result("t7", 2, "succeeded", True, 0))  # output kept locally
     w.out.append(key("t7", 3), b"three\n")
     out, err = io.BytesIO(), io.StringIO()
@@ -301,8 +311,7 @@ def test_push_follow_prefixes_lines_of_several_tasks(world):
     w = world
     for task, status in (("ta", 0), ("tb", 1)):
         w.jobs[task] = "running"
-        w.out.append(key(task, 1), b"hello from " + task.encode() + b"\n")
-        w.out.finish(key(task, 1))
+        complete_output(w, task, 1, b"hello from " + task.encode() + b"\n")
         w.control.put_result(result(task, 1, "succeeded" if status == 0 else "failed", True,
                                     status))
     out, err = io.BytesIO(), io.StringIO()
@@ -348,8 +357,7 @@ def test_follower_of_one_attempt_stops_at_its_end(world):
     """``logs -f --attempt 1``: not chained to the retry."""
     w = world
     w.jobs["t9"] = "pending"
-    w.out.append(key("t9", 1), b"1\n")
-    w.out.finish(key("t9", 1))
+    complete_output(w, "t9", 1, b"1\n")
     w.control.put_result(result("t9", 1, "failed", False, 1))
     f = Follower(w.src, "t9", Sink(io.BytesIO()), lambda s: None, attempt=1, chain=False)
     run([f], w.fake.clock(), lambda s: None)

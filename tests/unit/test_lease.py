@@ -247,9 +247,20 @@ def test_lost_reports_deadline_even_without_a_step(keeper, clock) -> None:
 
 
 # --------------------------------------------------------------------------- settlement
-def test_settle_runs_the_settlement(keeper, lease) -> None:
+def _settle_completed(keeper: LeaseKeeper, lease: FakeLease, errors: list | None = None,
+                      duration: float = 0.0) -> list[float]:
+    """Finish the task as completed and run the settlement, the fake lease's calls raising
+    ``errors`` first and each taking ``duration``; the clock at each call."""
+    if errors is not None:
+        lease.settle_errors = errors
+    lease.settle_duration = duration
     keeper.finish(Complete(), "completed")
     keeper.settle()
+    return lease.settle_calls
+
+
+def test_settle_runs_the_settlement(keeper, lease) -> None:
+    _settle_completed(keeper, lease)
     assert lease.settled == ["complete"]
     assert keeper.settle_result == "completed"
 
@@ -268,29 +279,19 @@ def test_each_step_is_one_call_on_the_lease(keeper, lease, step, call) -> None:
     assert lease.renews == []
 
 
-def test_settle_skipped_when_lost(keeper, lease) -> None:
-    keeper.lock_lost.set()
-    keeper.finish(Complete(), "completed")
-    keeper.settle()
-    assert lease.settled == []
-    assert keeper.settle_result.startswith("not settled")
-
-
-def test_settle_skipped_past_the_deadline(keeper, lease, clock) -> None:
-    clock.now = keeper.deadline + 0.5
-    keeper.finish(Complete(), "completed")
-    keeper.settle()
+@pytest.mark.parametrize("why", ["lost", "past the deadline"])
+def test_settle_skipped_when_lost_or_past_the_deadline(keeper, lease, clock, why) -> None:
+    if why == "lost":
+        keeper.lock_lost.set()
+    else:
+        clock.now = keeper.deadline + 0.5
+    _settle_completed(keeper, lease)
     assert lease.settled == []
     assert keeper.settle_result.startswith("not settled")
 
 
 def test_settle_retries_backend_errors_until_success(keeper, lease, clock) -> None:
-    lease.settle_errors = [BackendError("busy")] * 3
-    lease.settle_duration = 0.5
-    attempts = lease.settle_calls
-
-    keeper.finish(Complete(), "completed")
-    keeper.settle()
+    attempts = _settle_completed(keeper, lease, [BackendError("busy")] * 3, duration=0.5)
     assert len(attempts) == 4
     assert lease.settled == ["complete"]
     assert keeper.settle_result == "completed"
@@ -298,12 +299,7 @@ def test_settle_retries_backend_errors_until_success(keeper, lease, clock) -> No
 
 
 def test_settle_gives_up_when_the_deadline_passes_while_retrying(keeper, lease, clock) -> None:
-    lease.settle_errors = [BackendError("down")] * 100
-    lease.settle_duration = 10.0
-    attempts = lease.settle_calls
-
-    keeper.finish(Complete(), "completed")
-    keeper.settle()
+    attempts = _settle_completed(keeper, lease, [BackendError("down")] * 100, duration=10.0)
     # each call takes 10 s; the waits between them double from 1 s and never pass the
     # deadline at T0+54: calls at T0, +11, +23, +37; then the wait ends at the deadline
     assert attempts == [T0, T0 + 11, T0 + 23, T0 + 37]
@@ -315,21 +311,15 @@ def test_settle_retries_back_off_up_to_a_cap(lease, clock, on_lost) -> None:
     """A long outage: waits double from 1 s up to SETTLE_RETRY_MAX, not a call a second."""
     keeper = LeaseKeeper(lease, "task-1", t_sent=T0, granted=3600.0, renew_interval=600.0,
                          clock=clock, on_lost=on_lost, sleep=clock.advance)
-    lease.settle_errors = [BackendError("down")] * 9
-    keeper.finish(Complete(), "completed")
-    keeper.settle()
-    gaps = [b - a for a, b in zip(lease.settle_calls, lease.settle_calls[1:])]
+    calls = _settle_completed(keeper, lease, [BackendError("down")] * 9)
+    gaps = [b - a for a, b in zip(calls, calls[1:])]
     assert gaps == [1, 2, 4, 8, 16, SETTLE_RETRY_MAX, SETTLE_RETRY_MAX, SETTLE_RETRY_MAX,
                     SETTLE_RETRY_MAX]
     assert lease.settled == ["complete"]
 
 
 def test_settle_lease_lost_is_not_retried(keeper, lease, on_lost) -> None:
-    lease.settle_errors = [LeaseLost("token mismatch")] * 2
-    attempts = lease.settle_calls
-
-    keeper.finish(Complete(), "completed")
-    keeper.settle()
+    attempts = _settle_completed(keeper, lease, [LeaseLost("token mismatch")] * 2)
     assert len(attempts) == 1
     assert keeper.lock_lost.is_set()
     assert on_lost.calls == 1
@@ -366,12 +356,19 @@ class ThreadLease:
             self.settled.append("complete")
 
 
+def _keeper_thread(wanted: int, renew_interval: float) -> tuple[ThreadLease, LeaseKeeper]:
+    """A keeper of a 30 s lock, its thread started, on a ThreadLease awaiting ``wanted``
+    renewals."""
+    lease = ThreadLease(wanted=wanted)
+    keeper = LeaseKeeper(lease, "thread-task", t_sent=time.monotonic(), granted=30.0,
+                         renew_interval=renew_interval)
+    keeper.start()
+    return lease, keeper
+
+
 @pytest.mark.timeout(15)
 def test_keeper_thread_renews_and_settles() -> None:
-    lease = ThreadLease(wanted=3)
-    keeper = LeaseKeeper(lease, "thread-task", t_sent=time.monotonic(), granted=30.0,
-                         renew_interval=0.01)
-    keeper.start()
+    lease, keeper = _keeper_thread(wanted=3, renew_interval=0.01)
     try:
         assert lease.enough.wait(5.0), "fewer than 3 renewals within 5 s"
         assert keeper.renewals >= 3
@@ -388,10 +385,7 @@ def test_keeper_thread_renews_and_settles() -> None:
 
 @pytest.mark.timeout(15)
 def test_keeper_thread_finish_none_stops_without_settling() -> None:
-    lease = ThreadLease(wanted=1)
-    keeper = LeaseKeeper(lease, "thread-task", t_sent=time.monotonic(), granted=30.0,
-                         renew_interval=60.0)
-    keeper.start()
+    lease, keeper = _keeper_thread(wanted=1, renew_interval=60.0)
     keeper.finish(None)
     assert keeper.join(5.0)
     assert lease.settled == []

@@ -42,25 +42,32 @@ def metrics(tmp_path: Path) -> Metrics:
     return Metrics(str(tmp_path / "jobq.prom"), backend="sqlite", queue="jobs")
 
 
+def _record_a_run(m: Metrics) -> None:
+    """Every recording call once or more: 3 starts, 1 success, 2 failures, 1 dead letter, 1
+    requeue, 1 lock loss, renewals of 0.004 s and 0.2 s and a failed one of 40 s, backend
+    errors 2 x receive and 1 x renew, 2 running, a successful receive."""
+    for _ in range(3):
+        m.task_started()
+    m.task_succeeded()
+    m.task_failed()
+    m.task_failed()
+    m.task_dead_lettered()
+    m.task_requeued()
+    m.lock_lost()
+    m.renewal(0.004, ok=True)
+    m.renewal(0.2, ok=True)
+    m.renewal(40.0, ok=False)
+    m.backend_error("receive")
+    m.backend_error("receive")
+    m.backend_error("renew")
+    m.set_running(2)
+    m.receive_ok()
+
+
 def test_values_after_a_sequence_of_calls(metrics: Metrics, tmp_path: Path) -> None:
     path = tmp_path / "jobq.prom"
     before = time.time()
-    for _ in range(3):
-        metrics.task_started()
-    metrics.task_succeeded()
-    metrics.task_failed()
-    metrics.task_failed()
-    metrics.task_dead_lettered()
-    metrics.task_requeued()
-    metrics.lock_lost()
-    metrics.renewal(0.004, ok=True)
-    metrics.renewal(0.2, ok=True)
-    metrics.renewal(40.0, ok=False)
-    metrics.backend_error("receive")
-    metrics.backend_error("receive")
-    metrics.backend_error("renew")
-    metrics.set_running(2)
-    metrics.receive_ok()
+    _record_a_run(metrics)
     assert metrics.write() is True
 
     s = read(path)
@@ -164,17 +171,7 @@ def test_no_op_without_path_and_without_prometheus_client(tmp_path: Path,
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     m = Metrics(None, backend="sqlite", queue="jobs")
     assert not m.enabled
-    m.task_started()
-    m.task_succeeded()
-    m.task_failed()
-    m.task_dead_lettered()
-    m.task_requeued()
-    m.lock_lost()
-    m.renewal(0.1, ok=True)
-    m.renewal(0.1, ok=False)
-    m.backend_error("receive")
-    m.set_running(3)
-    m.receive_ok()
+    _record_a_run(m)  # every call a no-op
     assert m.write() is False
     assert list(tmp_path.iterdir()) == []
 

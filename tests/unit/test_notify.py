@@ -35,9 +35,11 @@ def abstract_receiver() -> Iterator[tuple[socket.socket, str]]:
     sock.close()
 
 
-def test_each_message_is_one_datagram_with_exact_bytes(receiver) -> None:
-    sock, path = receiver
-    n = Notifier(env={"NOTIFY_SOCKET": path})
+@pytest.mark.parametrize("socket_fixture", ["receiver", "abstract_receiver"])
+def test_each_message_is_one_datagram_with_exact_bytes(request, socket_fixture) -> None:
+    """On a socket path and on an abstract socket (``@name``) alike."""
+    sock, address = request.getfixturevalue(socket_fixture)
+    n = Notifier(env={"NOTIFY_SOCKET": address})
     assert n.enabled
     assert n.ready()
     assert sock.recv(4096) == b"READY=1"
@@ -62,16 +64,6 @@ def test_explicit_path_wins_over_env(receiver, tmp_path: Path) -> None:
     n = Notifier(path, env={"NOTIFY_SOCKET": str(tmp_path / "elsewhere")})
     n.ready()
     assert sock.recv(4096) == b"READY=1"
-
-
-def test_abstract_socket(abstract_receiver) -> None:
-    sock, name = abstract_receiver
-    n = Notifier(env={"NOTIFY_SOCKET": name})
-    assert n.enabled
-    assert n.ready()
-    assert sock.recv(4096) == b"READY=1"
-    assert n.watchdog()
-    assert sock.recv(4096) == b"WATCHDOG=1"
 
 
 def test_default_env_is_os_environ(receiver, monkeypatch) -> None:

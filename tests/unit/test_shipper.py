@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from supervisor_fakes import FakeClock
 
 from supervisor.outstore import shipper as mod
 from supervisor.outstore.base import (
@@ -25,14 +26,6 @@ pytestmark = pytest.mark.timeout(30)
 
 K = AttemptKey("q", "t1", 1)
 K2 = AttemptKey("q", "t2", 1)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class FakeStore:
@@ -94,9 +87,9 @@ class FakeStore:
 
 
 def make(store: FakeStore | None = None, *, buffer_limit: int = 10 << 20,
-         output_max: int = 100 << 20, opener=None) -> tuple[OutputShipper, FakeStore, Clock]:
+         output_max: int = 100 << 20, opener=None) -> tuple[OutputShipper, FakeStore, FakeClock]:
     store = store or FakeStore()
-    clock = Clock()
+    clock = FakeClock(1000.0)
     sh = OutputShipper(opener or (lambda: store), buffer_limit=buffer_limit,
                        output_max=output_max, retention=3600.0, clock=clock,
                        wall=lambda: 50_000.0)
@@ -112,14 +105,14 @@ def test_output_is_written_within_a_second_and_the_thread_wakes_each_second():
     assert sh.tick() == pytest.approx(mod.FLUSH_EVERY)  # opens, nothing to write
     sh.feed(K, b"line 1\n")
     assert stored(store) == b""  # feed itself never calls the store
-    clock.t += 0.4
+    clock.now += 0.4
     wait = sh.tick()
     assert stored(store) == b"" and wait == pytest.approx(0.6)
-    clock.t += wait
+    clock.now += wait
     sh.tick()
     assert stored(store) == b"line 1\n"
     sh.feed(K, b"line 2\n")
-    clock.t += mod.FLUSH_EVERY
+    clock.now += mod.FLUSH_EVERY
     sh.tick()
     assert stored(store) == b"line 1\nline 2\n"
     assert sh.bytes_stored == 14 and sh.held() == 0
@@ -163,14 +156,14 @@ def test_a_failed_write_is_retried_with_the_same_bytes_and_not_duplicated(caplog
     sh.tick()
     sh.feed(K, b"one\n")
     store.fail = store.store_then_fail = True  # stored, but the call raised (a timeout)
-    clock.t += 1
+    clock.now += 1
     wait = sh.tick()
     assert wait == pytest.approx(mod.BACKOFF_MIN)
     sh.feed(K, b"two\n")
     store.fail = store.store_then_fail = False
-    clock.t += wait
+    clock.now += wait
     sh.tick()  # the chunk in flight again, exactly
-    clock.t += 1
+    clock.now += 1
     sh.tick()
     assert stored(store) == b"one\ntwo\n"
     appends = [n for what, _k, n in store.calls if what == "append"]
@@ -186,10 +179,10 @@ def test_back_off_doubles_to_30s_and_the_outage_is_logged_once(caplog):
     waits = []
     for _ in range(8):
         sh.feed(K, b"x\n")
-        clock.t += mod.FLUSH_EVERY
+        clock.now += mod.FLUSH_EVERY
         w = sh.tick()
         waits.append(w)
-        clock.t += w
+        clock.now += w
     assert waits[:6] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0]
     assert waits[6:] == [30.0, 30.0]
     assert sum("output store unavailable" in r.message for r in caplog.records) == 1
@@ -200,8 +193,8 @@ def test_beyond_the_buffer_output_is_dropped_and_marked_at_the_gap():
     sh.tick()
     store.fail = True
     sh.feed(K, b"A" * 60)
-    clock.t += 1
-    clock.t += sh.tick()  # fails: 60 held in flight
+    clock.now += 1
+    clock.now += sh.tick()  # fails: 60 held in flight
     sh.feed(K, b"B" * 30)  # 90 held
     sh.feed(K, b"C" * 20)  # would be 110: dropped
     sh.feed(K, b"D" * 5)  # would fit, but dropping goes on until half the bound is free
@@ -212,7 +205,7 @@ def test_beyond_the_buffer_output_is_dropped_and_marked_at_the_gap():
     assert sh.held() == 0
     sh.feed(K, b"F" * 10)  # room again: the marker first, then the read
     sh.end(K2)  # a gap at the end is marked too, and stored though nothing else was
-    clock.t += 1
+    clock.now += 1
     sh.tick()
     assert stored(store) == (b"A" * 60 + b"B" * 30 + DROPPED.format(n=25).encode()
                              + b"F" * 10)
@@ -277,9 +270,9 @@ def test_an_open_failure_is_retried_with_back_off():
     sh, _s, clock = make(opener=opener)
     sh.feed(K, b"early\n")
     assert sh.tick() == 1.0
-    clock.t += 1.0
+    clock.now += 1.0
     assert sh.tick() == 2.0
-    clock.t += 2.0
+    clock.now += 2.0
     sh.tick()
     assert stored(store) == b"early\n" and len(tries) == 3
 
@@ -288,13 +281,13 @@ def test_retention_is_purged_soon_after_opening_then_hourly():
     sh, store, clock = make()
     sh.tick()
     assert store.purged == []
-    clock.t += mod.PURGE_FIRST
+    clock.now += mod.PURGE_FIRST
     sh.tick()
     assert store.purged == [50_000.0 - 3600.0]
-    clock.t += mod.PURGE_EVERY - 1
+    clock.now += mod.PURGE_EVERY - 1
     sh.tick()
     assert len(store.purged) == 1
-    clock.t += 1
+    clock.now += 1
     sh.tick()
     assert len(store.purged) == 2
 
@@ -366,7 +359,7 @@ def test_each_run_reopens_once_and_a_rerun_after_earlier_output_is_marked():
     sh, store, clock = make()
     sh.tick()
     sh.feed(K, b"first run\n")
-    clock.t += 1
+    clock.now += 1
     sh.tick()
     sh.feed(K, b"more\n")
     sh.end(K)
@@ -391,12 +384,12 @@ def test_a_rerun_that_starts_before_the_last_runs_end_is_stored_waits_for_it():
     one = b"1" * (mod.CHUNK_MAX + 10)  # two writes: the next run's bytes must not go between
     sh.feed(K, one)
     sh.end(K)
-    clock.t += 1
+    clock.now += 1
     sh.tick()  # the store is down: the first run is still held
     sh.feed(K, b"two\n")  # the next run of the same key, on this worker
     sh.end(K)
     store.fail = False
-    clock.t += 60
+    clock.now += 60
     sh.tick()
     assert stored(store) == one + RERUN.format(attempt=1).encode() + b"two\n"
     assert [c[0] for c in store.calls] == ["reopen", "append", "append", "finish",
@@ -411,15 +404,15 @@ def test_a_failed_reopen_is_retried_and_the_marker_written_once():
     sh.tick()
     sh.feed(K, b"again\n")
     store.fail = True
-    clock.t += 1
+    clock.now += 1
     wait = sh.tick()
     assert ("reopen", K, 0) not in store.calls  # it raised
     store.store_then_fail = True  # reopens, then the append stores and times out
-    clock.t += wait
+    clock.now += wait
     wait = sh.tick()
     assert [c[0] for c in store.calls] == ["reopen", "append"]
     store.fail = store.store_then_fail = False
-    clock.t += wait
+    clock.now += wait
     sh.end(K)
     sh.tick()
     assert stored(store) == b"earlier\n" + RERUN.format(attempt=1).encode() + b"again\n"

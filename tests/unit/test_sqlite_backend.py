@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -24,17 +24,11 @@ def db(tmp_path) -> str:
 
 
 @pytest.fixture
-def open_backend(db) -> Iterator:
-    opened: list[SqliteBackend] = []
-
+def open_backend(db, close_at_end) -> Callable[..., SqliteBackend]:
     def make(worker: str = "A", **kwargs) -> SqliteBackend:
-        backend = SqliteBackend(db, "default", worker, **kwargs)
-        opened.append(backend)
-        return backend
+        return close_at_end(SqliteBackend(db, "default", worker, **kwargs))
 
-    yield make
-    for backend in opened:
-        backend.close()
+    return make
 
 
 @pytest.fixture

@@ -9,20 +9,14 @@ from typing import Callable
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from supervisor_fakes import FakeClock, RecordingWatchdog, make_dog, make_task, run_until
+from supervisor_fakes import T0, FakeClock, RecordingWatchdog, make_dog, make_task, run_until
 
 from supervisor.settings import safety_margin
 from supervisor.watchdog import MAX_SLEEP, Escalation, RunningTask
 
 pytestmark = pytest.mark.timeout(30)
 
-T0 = 5000.0
 TERM, KILL = signal.SIGTERM, signal.SIGKILL
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(T0)
 
 
 def escalates(dog: RecordingWatchdog, clock: FakeClock, term_at: float, kill_at: float, *,

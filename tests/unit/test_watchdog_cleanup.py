@@ -6,19 +6,13 @@ from __future__ import annotations
 import signal
 
 import pytest
-from supervisor_fakes import FakeClock, RecordingWatchdog, make_dog, make_task, run_until
+from supervisor_fakes import T0, FakeClock, RecordingWatchdog, make_dog, make_task, run_until
 
 from supervisor.watchdog import LEFTOVER_GRACE, RunningTask
 
 pytestmark = pytest.mark.timeout(30)
 
-T0 = 5000.0
 TERM, KILL = signal.SIGTERM, signal.SIGKILL
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(T0)
 
 
 # --------------------------------------------------------------------------- the signaller

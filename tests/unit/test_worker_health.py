@@ -6,20 +6,13 @@ import logging
 import socket
 
 import pytest
+from supervisor_fakes import FakeClock
 
 from supervisor.backends.base import BackendError
 from supervisor.backends.sqlite import SqliteBackend
 from supervisor.lease import LeaseKeeper
 from supervisor.settings import Settings
 from supervisor.worker import Worker
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class NeverCalledLease:
@@ -57,7 +50,7 @@ def notify_sock(tmp_path, monkeypatch):
 
 
 def test_stalled_lease_thread_stops_watchdog_pings(tmp_path, notify_sock):
-    clock = Clock()
+    clock = FakeClock(1000.0)
     backend = SqliteBackend(str(tmp_path / "q.db"), "default", "w")
     worker = Worker(Settings(sqlite_path=str(tmp_path / "q.db"), worker_id="w"), backend,
                     clock=clock)
@@ -103,7 +96,7 @@ def test_an_unexpected_receive_error_backs_off_instead_of_ending_the_worker(tmp_
             Buggy.calls += 1
             raise RuntimeError("dictionary changed size during iteration")
 
-    clock = Clock()
+    clock = FakeClock(1000.0)
     backend = Buggy(str(tmp_path / "q.db"), "default", "w")
     worker = Worker(Settings(sqlite_path=str(tmp_path / "q.db"), worker_id="w"), backend,
                     clock=clock)
@@ -125,7 +118,7 @@ def test_a_receive_outage_is_logged_once_a_minute_not_per_retry(tmp_path, caplog
                 raise BackendError("attempt to write a readonly database")
             return []
 
-    clock = Clock()
+    clock = FakeClock(1000.0)
     backend = Failing(str(tmp_path / "q.db"), "default", "w")
     worker = Worker(Settings(sqlite_path=str(tmp_path / "q.db"), worker_id="w"), backend,
                     clock=clock)
