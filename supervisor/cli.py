@@ -73,6 +73,12 @@ def _add_backend_options(p: Any, suppress: bool = False) -> None:
                         "account", **kw)
 
 
+def _durations(p: argparse.ArgumentParser, *options: tuple[str, str]) -> None:
+    """Options that take a duration (``30``, ``90s``, ``5m``, ``1h``): (flag, help) each."""
+    for flag, text in options:
+        p.add_argument(flag, type=_duration, help=text)
+
+
 def worker_parser() -> _Parser:
     p = jobq_parser("jobq-supervisor", "Run shell tasks from a queue under renewed leases.",
                     ["-c", "--config"],
@@ -87,38 +93,31 @@ def worker_parser() -> _Parser:
                    default=argparse.SUPPRESS, help="alias of --lock-duration (Storage Queue)")
     p.add_argument("--renew-interval", type=_duration,
                    help=f"seconds between lease renewals ({_per_backend(1, 'lock/3')})")
-    p.add_argument("--renew-before", type=_duration,
-                   help="renew at the latest this long before the lock ends")
-    p.add_argument("--reaper-interval", type=_duration,
-                   help="SQLite stale-lock reaper period; 0 disables it")
-    p.add_argument("--stale-lock-age", type=_duration,
-                   help="reap running jobs whose lock expired this long ago (default: lock)")
-    p.add_argument("--kill-timeout", type=_duration,
-                   help="SIGTERM to SIGKILL escalation delay; 0 never escalates")
+    _durations(p,
+               ("--renew-before", "renew at the latest this long before the lock ends"),
+               ("--reaper-interval", "SQLite stale-lock reaper period; 0 disables it"),
+               ("--stale-lock-age",
+                "reap running jobs whose lock expired this long ago (default: lock)"),
+               ("--kill-timeout", "SIGTERM to SIGKILL escalation delay; 0 never escalates"))
     p.add_argument("--lock-lost-behavior", choices=LOCK_LOST_BEHAVIORS,
                    help="signal sent to a task whose lease is lost")
     p.add_argument("--max-attempts", type=int,
                    help="attempts per task before it is failed (a task may set its own)")
-    p.add_argument("--retry-delay", type=_duration,
-                   help="first retry backoff; doubles per attempt")
-    p.add_argument("--retry-delay-max", type=_duration,
-                   help="upper bound of the retry backoff")
-    p.add_argument("--task-time-limit", type=_duration,
-                   help="SIGTERM a task running longer than this")
-    p.add_argument("--time-limit", type=_duration,
-                   help="worker lifetime: then requeue running tasks and exit 0")
+    _durations(p,
+               ("--retry-delay", "first retry backoff; doubles per attempt"),
+               ("--retry-delay-max", "upper bound of the retry backoff"),
+               ("--task-time-limit", "SIGTERM a task running longer than this"),
+               ("--time-limit", "worker lifetime: then requeue running tasks and exit 0"))
     p.add_argument("--max-consecutive-failures", type=_positive_int,
                    help="exit 3 after this many failed tasks in a row (0 = off)")
     p.add_argument("--exit-when-empty", action="store_true",
                    help="exit 0 once nothing is pending and nothing runs")
-    p.add_argument("--idle-timeout", type=_duration,
-                   help="exit 0 after this long without a task")
-    p.add_argument("--poll-interval", type=_duration,
-                   help="seconds between receives while the queue is empty")
+    _durations(p, ("--idle-timeout", "exit 0 after this long without a task"),
+               ("--poll-interval", "seconds between receives while the queue is empty"))
     p.add_argument("--queue-order", choices=QUEUE_ORDERS,
                    help="with several --queue names: strict = a free slot takes from the first "
                         "queue that has work (default); round-robin = the queues take turns")
-    p.add_argument("--task-log-dir",
+    p.add_argument("--task-log-dir", metavar="DIR",
                    help="also write each task's output to DIR/<task id>.<attempt>.log")
     p.add_argument("--task-output", choices=TASK_OUTPUT_MODES,
                    help="task output: store = the output store (jobq-ctl logs) and the log; "
@@ -132,23 +131,21 @@ def worker_parser() -> _Parser:
                    help="stored output older than this is purged")
     p.add_argument("--worker-id", help="name of this worker in logs and task records "
                                        "(default when empty: HOST:PID:6 random hex digits)")
-    p.add_argument("--lock-file",
+    p.add_argument("--lock-file", metavar="PATH",
                    help="hold an flock on PATH for the run; a second run exits 0 at once")
-    p.add_argument("--metrics-file",
+    p.add_argument("--metrics-file", metavar="PATH",
                    help="write Prometheus metrics to PATH (node_exporter textfile collector)")
-    p.add_argument("--metrics-interval", type=_duration,
-                   help="seconds between metrics file writes")
-    p.add_argument("--heartbeat-interval", type=_duration,
-                   help="seconds between updates of this worker's record in the control store")
-    p.add_argument("--control-interval", type=_duration,
-                   help="seconds between reads of cancels, pause flags and commands")
+    _durations(p,
+               ("--metrics-interval", "seconds between metrics file writes"),
+               ("--heartbeat-interval",
+                "seconds between updates of this worker's record in the control store"),
+               ("--control-interval", "seconds between reads of cancels, pause flags and commands"))
     p.add_argument("--scheduled-events", choices=SCHEDULED_EVENTS_MODES,
                    help="poll Azure Scheduled Events for Preempt/Terminate (auto: on Azure VMs "
                         "unless JOBQ_DISABLE_SCHEDULED_EVENTS=1)")
-    p.add_argument("--scheduled-events-url",
+    p.add_argument("--scheduled-events-url", metavar="URL",
                    help="Scheduled Events endpoint (Instance Metadata Service)")
-    p.add_argument("--scheduled-events-interval", type=_duration,
-                   help="seconds between Scheduled Events polls")
+    _durations(p, ("--scheduled-events-interval", "seconds between Scheduled Events polls"))
     p.add_argument("--scheduled-events-ack", action="store_true",
                    help="acknowledge a Preempt (StartRequests) once every task is requeued")
     _add_security_options(p)

@@ -16,7 +16,7 @@ final (an upsert of the same key).  See docs/architecture.rst, "The fleet layer"
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Callable, Union
 
 from .control.records import ResultRecord
@@ -33,21 +33,21 @@ def exit_parts(rc: Union[int, None]) -> tuple[Union[int, None], Union[int, None]
     return (None, -rc) if rc < 0 else (rc, None)
 
 
+@dataclass(eq=False)
 class ResultLog:
     """Builds result records and remembers the end records whose settlement is not yet
     known (main thread only).  ``clock`` is the monotonic clock of ``RunningTask.started``;
     ``wall`` the epoch time written."""
 
-    def __init__(self, queue: str, worker_id: str, *,
-                 clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
-        self.queue = queue
-        self.worker_id = worker_id
-        self.clock = clock
-        self.wall = wall
-        self.sink: Union[Callable[[ResultRecord], None], None] = None
-        self._unsettled: dict[LeaseKeeper, ResultRecord] = {}
-        self._queues: dict[str, str] = {}  # task id -> its queue, when not ``queue``
+    queue: str
+    worker_id: str
+    _: KW_ONLY
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+    sink: Union[Callable[[ResultRecord], None], None] = field(default=None, init=False)
+    _unsettled: dict[LeaseKeeper, ResultRecord] = field(default_factory=dict, init=False)
+    # task id -> its queue, when not ``queue``
+    _queues: dict[str, str] = field(default_factory=dict, init=False)
 
     def note_queue(self, task_id: str, queue: str) -> None:
         """The task came from ``queue``, one of the worker's several (launcher, at dispatch):
