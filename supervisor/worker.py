@@ -323,7 +323,7 @@ class Worker:
                 and self.backend.changed()):
             return
         t_sent = self.clock()
-        want = free + self.launcher.ahead()
+        want = free + self.launcher.ahead(free)
         try:
             leases = self.backend.receive(want, self.s.lock)
         except BackendConfigError:
