@@ -352,7 +352,7 @@ class Worker:
             self.ready_sent = True
             # once ready, not before: a run stopped by a config error stays one line
             self.guard.log_warnings()
-        if len(leases) < want:
+        if len(leases) < free:  # a slot left empty, not just fewer held: wait a poll
             self.next_receive = t_sent + self.s.poll_interval
             if not leases:
                 self.last_empty_receive = t_sent
