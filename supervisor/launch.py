@@ -124,6 +124,12 @@ class Launcher:
             self._unhold(held, verdict, f"not started within {self.held.hold_bound:.1f}s")
         return self.held.next_due()
 
+    def next_ready_due(self) -> float:
+        """When the first held lease must go if it has not started (inf: none held; main
+        thread).  Read live: a wake-up time kept aside went stale once a pause or a drain
+        gave the held leases back, and the idle loop then spun on it."""
+        return self.held.next_due()
+
     def take_ready(self, free: int) -> int:
         """Start up to ``free`` held leases; return how many slots they took (main thread).
 

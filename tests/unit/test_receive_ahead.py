@@ -169,3 +169,35 @@ def test_a_stop_gives_every_held_lease_back_uncounted() -> None:
     assert not la.ready and started(la) == []
     for i in range(5):
         assert given_back(h, f"t{i}") == ([("release", False, 0.0)], "released")
+
+
+# ------------------------------------------------------------------ the worker's wake-up
+def test_the_worker_does_not_spin_once_a_pause_gave_held_leases_back(tmp_path) -> None:
+    """While a lease is held the main loop wakes for its bound; once a pause gave it back the
+    loop waits its poll again (it used to keep the stale bound and spin on 0 s waits)."""
+    from supervisor.backends.sqlite import SqliteBackend
+    from supervisor.settings import Settings
+    from supervisor.worker import Worker
+
+    h = Harness()
+    db = str(tmp_path / "q.db")
+    backend = SqliteBackend(db, "default", "w")
+    try:
+        backend.push([Task(cmd="true", id=f"t{i}") for i in range(3)])
+        worker = Worker(Settings(sqlite_path=db, worker_id="w", poll_interval=1.0,
+                                 num_workers=1), backend, clock=h.clock)
+        worker._report(h.clock.now)  # nothing due from the reporter for a while
+        worker.launcher.note_duration(0.01)  # short tasks: one lease more than the slot
+        t0 = h.clock.now
+        worker.next_receive = t0
+        worker._receive(t0)  # one dispatched (the spawner is not running), one held
+        assert len(worker.launcher.starting) == 1 and len(worker.launcher.ready) == 1
+        worker.paused = True
+        h.clock.now = t0 + HOLD_MAX - 0.5
+        assert worker._next_wakeup() == pytest.approx(0.5)  # the held lease's bound
+        worker.launcher.release_ready()  # what a turn does while paused
+        h.clock.now = t0 + HOLD_MAX + 1.0
+        assert worker._next_wakeup() > 0.5
+        worker.launcher.cancel_starting()
+    finally:
+        backend.close()
