@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .ahead import LOST, START, Held, ReceiveAhead
 from .backends.base import Lease
 from .backends.multi import queue_of
 from .events import WAKE, Event
@@ -39,11 +40,6 @@ task_log = logging.getLogger("jobq.task")
 
 SPAWN_THREADS = 2
 KEEPER_START_AHEAD = 1.0
-# Receive-ahead: while tasks are this short (moving average of their run time), a receive also
-# takes up to one more lease per slot, held here until a slot frees.  A held lease goes back
-# to the queue (attempt not counted) after HOLD_MAX seconds, or at once when the worker stops.
-SHORT_TASK = 0.5
-HOLD_MAX = 2.0
 
 
 @dataclass(frozen=True)
@@ -83,10 +79,10 @@ class Launcher:
         self.next_keeper_start = math.inf  # the earliest start_by of a keeper not started
         # The inherited environment minus secrets, computed once: os.environ does not change.
         self.base_env = task_environment(dict(os.environ), {"PYTHONUNBUFFERED": "1"})
-        # Leases received ahead, not started: (lease, monotonic time the receive was sent).
-        self.ready: collections.deque[tuple[Lease, float]] = collections.deque()
-        self.recent_duration: float | None = None  # moving average of tasks' run times
-        self.can_hold = settlement.backend.receive_ahead
+        backend = settlement.backend
+        self.held = ReceiveAhead(lock=settings.lock, slots=settings.num_workers,
+                                 can_hold=backend.receive_ahead,
+                                 max_receive=backend.max_receive, clock=clock)
         # task id -> Cancel, kept by the control thread (control/agent.py; several queues:
         # a ChainMap over their agents' caches, control/group.py); read only here
         self.cancels: Mapping[str, Any] = {}
@@ -97,55 +93,84 @@ class Launcher:
     def stop(self) -> None:
         self.spawner.stop()
 
-    # -- receive-ahead -------------------------------------------------------------------
-    def ahead(self) -> int:
-        """How many leases a receive may take beyond the free slots (main thread).
+    # -- receive-ahead (the rules: ahead.py) -----------------------------------------------
+    @property
+    def ready(self) -> collections.deque[Held]:
+        """The leases received ahead and not started yet."""
+        return self.held.ready
 
-        Each receive costs a round trip and a commit; taking a few more at once halves what a
-        short task costs the main loop.  Only for short tasks, and only where the backend says
-        holding a lease a moment is cheap (SQLite): a long task would keep held work from
-        other workers."""
-        if not self.can_hold or self.recent_duration is None \
-                or self.recent_duration > SHORT_TASK:
-            return 0
-        return max(0, self.s.num_workers - len(self.ready))
+    def ahead(self, free: int) -> int:
+        """How many leases a receive for ``free`` slots may take beyond them (main thread).
+
+        Each receive costs a round trip (and on SQLite a commit); taking more at once cuts
+        what a short task costs the main loop, and on Azure the calls per task."""
+        return self.held.extra(free)
 
     def note_duration(self, seconds: float) -> None:
         """A task ran this long (main thread)."""
-        r = self.recent_duration
-        self.recent_duration = seconds if r is None else 0.8 * r + 0.2 * seconds
+        self.held.note_duration(seconds)
 
     def hold(self, leases: Sequence[Lease], t_sent: float) -> None:
+        """Keep ``leases`` for the next free slots (main thread)."""
+        self.held.hold(leases, t_sent)
         for lease in leases:
-            self.ready.append((lease, t_sent))
             log.debug("received ahead: held for the next free slot",
                       extra={"task_id": _task_id(lease)})
 
     def expire_ready(self, now: float) -> float:
-        """Release held leases past HOLD_MAX; return when the next one expires (main thread)."""
-        self.release_ready(older_than=now - self._hold_max())
-        return self.ready[0][1] + self._hold_max() if self.ready else math.inf
+        """Give back the held leases that may no longer start; return when the next one must
+        go (main thread)."""
+        for held, verdict in self.held.due(now):
+            self._unhold(held, verdict, f"not started within {self.held.hold_bound:.1f}s")
+        return self.held.next_due()
+
+    def next_ready_due(self) -> float:
+        """When the first held lease must go if it has not started (inf: none held; main
+        thread).  Read live: a wake-up time kept aside went stale once a pause or a drain
+        gave the held leases back, and the idle loop then spun on it."""
+        return self.held.next_due()
 
     def take_ready(self, free: int) -> int:
-        """Start up to ``free`` held leases; return how many slots they took (main thread)."""
+        """Start up to ``free`` held leases; return how many slots they took (main thread).
+
+        A held lease is started only within its bounds (ahead.py), checked on the clock now:
+        the main loop may have been held up since the turn began."""
         taken = 0
-        while self.ready and taken < free:
-            lease, t_sent = self.ready.popleft()
-            self.dispatch(lease, t_sent)
-            taken += 1
+        while taken < free and (item := self.held.pop(self.clock())) is not None:
+            held, verdict = item
+            if verdict == START:
+                self.dispatch(held.lease, held.t_sent)
+                taken += 1
+            else:
+                self._unhold(held, verdict, f"not started within {self.held.hold_bound:.1f}s")
         return taken
 
-    def release_ready(self, older_than: float = math.inf) -> None:
-        """Give held leases received before ``older_than`` back to the queue, attempt not
-        counted (main thread)."""
-        while self.ready and self.ready[0][1] < older_than:
-            lease, t_sent = self.ready.popleft()
-            task_id = _task_id(lease)
-            log.debug("received ahead, not started: back to the queue",
-                      extra={"task_id": task_id})
-            keeper = self._keeper(lease, task_id, t_sent)
-            self.settlement.settle(keeper, Release(count_attempt=False), "returned unstarted")
-            self.settlement.awaiting_return[task_id] = (keeper, 0.0, "released")
+    def release_ready(self) -> None:
+        """Give every held lease back to the queue, attempt not counted (main thread): the
+        worker stops, drains, pauses or is preempted."""
+        if self.held.ready:
+            for held, verdict in self.held.pop_all(self.clock()):
+                self._unhold(held, verdict, "the worker starts no more tasks")
+
+    def _unhold(self, held: Held, verdict: str, why: str) -> None:
+        """A held lease that will not start: released on its keeper's thread (the main loop
+        never waits for the call), or, past its deadline, left to the broker (main thread)."""
+        lease = held.lease
+        task_id = _task_id(lease)
+        keeper = self._keeper(lease, task_id, held.t_sent)
+        if verdict == LOST:
+            log.warning("received ahead, not started: its lease deadline passed while it was "
+                        "held; not settled, the broker hands it out again",
+                        extra={"task_id": task_id})
+            keeper.finish(None, "not started: lease deadline passed")  # no thread, no call
+            self.settlement.awaiting_return[task_id] = (
+                keeper, self.settlement.backend.lost_lease_return_delay + self.s.poll_interval,
+                "lost")
+            return
+        log.debug("received ahead, not started: back to the queue (%s)", why,
+                  extra={"task_id": task_id})
+        self.settlement.settle(keeper, Release(count_attempt=False), "returned unstarted")
+        self.settlement.awaiting_return[task_id] = (keeper, 0.0, "released")
 
     def cancel_starting(self) -> None:
         """The worker stops: spawns submitted and not yet forked never start (main thread).
@@ -154,10 +179,6 @@ class Launcher:
         attempt not counted."""
         for job in self.starting:
             job.cancelled = True
-
-    def _hold_max(self) -> float:
-        # Well before the lease's first renewal would be due: a held lease has no thread.
-        return min(HOLD_MAX, self.s.lock / 8)
 
     # -- start ---------------------------------------------------------------------------
     def _keeper(self, lease: Lease, task_id: str, t_sent: float) -> LeaseKeeper:

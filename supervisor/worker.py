@@ -65,7 +65,6 @@ class Worker:
         self.active: list[RunningTask] = []  # spawned, not yet settled
         self.cleaning: list[RunningTask] = []  # settled, leftovers being cleaned
         self.cleaned_seen = 0  # the watchdog's cleaned_count when ``cleaning`` was last scanned
-        self.next_ready_expiry = math.inf  # when a lease received ahead goes back unstarted
         self.lifeline: Lifeline | None = None
         self.output_pump = OutputPump.for_worker(settings)  # and the output-store thread
         self.next_lifeline_flush = clock()
@@ -233,7 +232,7 @@ class Worker:
                 t = min(t, now + 0.05)
         if self.cleaning or self.settling:
             t = min(t, now + 0.1)
-        t = min(t, self.launcher.next_keeper_start, self.next_ready_expiry)
+        t = min(t, self.launcher.next_keeper_start, self.launcher.next_ready_due())
         if self.s.time_limit is not None:
             t = min(t, self.lifecycle.started_at + self.s.time_limit)
         t = min(t, self.reporter.next_due())
@@ -311,7 +310,7 @@ class Worker:
         return sum(1 for rt in self.active if rt.exited_at is None)
 
     def _receive(self, now: float) -> None:
-        self.next_ready_expiry = self.launcher.expire_ready(now)
+        self.launcher.expire_ready(now)
         free = self.s.num_workers - self._running() - len(self.launcher.starting)
         if free <= 0 or self.settlement.streak_may_end(self.active):
             return  # a failure streak may stop the worker: start nothing before it is known
@@ -323,7 +322,7 @@ class Worker:
                 and self.backend.changed()):
             return
         t_sent = self.clock()
-        want = free + self.launcher.ahead()
+        want = free + self.launcher.ahead(free)
         try:
             leases = self.backend.receive(want, self.s.lock)
         except BackendConfigError:
@@ -352,14 +351,14 @@ class Worker:
             self.ready_sent = True
             # once ready, not before: a run stopped by a config error stays one line
             self.guard.log_warnings()
-        if len(leases) < want:
+        if len(leases) < free:  # a slot left empty, not just fewer held: wait a poll
             self.next_receive = t_sent + self.s.poll_interval
             if not leases:
                 self.last_empty_receive = t_sent
         for lease in leases[:free]:
             self.launcher.dispatch(lease, t_sent)
         self.launcher.hold(leases[free:], t_sent)
-        self.next_ready_expiry = self.launcher.expire_ready(self.clock())
+        self.launcher.expire_ready(self.clock())
 
     def _spawned(self, job: SpawnJob[TaskStart]) -> None:
         """A spawner thread is done with ``job``: register the task (main thread)."""

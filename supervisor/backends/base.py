@@ -109,9 +109,9 @@ class Lease(Protocol):
 class Backend(Protocol):
     """A queue.  Methods are called from the main thread unless a docstring says otherwise.
 
-    The optional capabilities (``receive_ahead``, ``change_probe``/``changed``,
-    ``quick_settle``/``quick_writes``, ``tells_age``/``oldest_pending_age``) are members like
-    any other: every backend class
+    The optional capabilities (``receive_ahead`` with ``max_receive``,
+    ``change_probe``/``changed``, ``quick_settle``/``quick_writes``,
+    ``tells_age``/``oldest_pending_age``) are members like any other: every backend class
     inherits ``BackendBase``, whose defaults say "not supported", and the core asks the flag.
     """
 
@@ -120,8 +120,12 @@ class Backend(Protocol):
     # (SQLite: its reaper's delay; Azure: 0).  --exit-when-empty waits that long.
     lost_lease_return_delay: float
     # Holding a received lease a moment is cheap: the worker may receive ahead for short
-    # tasks (launch.py).  Default False.
+    # tasks (ahead.py).  Default False.
     receive_ahead: bool
+    # The most messages one receive may return (Storage Queue: 32, the service's limit);
+    # receive-ahead asks up to that many.  None (the default): no limit of the backend's own,
+    # and receive-ahead takes at most one lease per slot beyond the free ones.
+    max_receive: int | None
     # ``changed()`` is a cheap "anything new?" probe the idle main loop may ask every
     # 100 ms.  Default False (and ``changed`` is never called).
     change_probe: bool
@@ -192,6 +196,7 @@ class BackendBase:
     overrides a flag (with its method) only for what it really supports."""
 
     receive_ahead: bool = False
+    max_receive: int | None = None
     change_probe: bool = False
     quick_settle: bool = False
     tells_age: bool = False

@@ -69,6 +69,10 @@ class StorageQueueBackend(BackendBase):
 
     name = "storage-queue"
     tells_age = True  # ``oldest_pending_age``: one peek
+    # Receive-ahead: one call takes up to 32 messages, a call per task fewer; a held message
+    # goes back (visible at once, attempt unchanged) when it cannot start soon (ahead.py).
+    receive_ahead = True
+    max_receive: int | None = _PAGE
     # A lapsed visibility timeout makes the message visible; slack for a renewal in transit.
     lost_lease_return_delay = 2.0
     # push --delay: the initial visibility timeout, which the service caps at 7 days
