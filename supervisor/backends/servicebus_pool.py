@@ -78,18 +78,19 @@ class SharedReceiver:
             self._close_if_done()
         return True
 
-    def retire(self) -> None:
+    def retire(self, close: bool = True) -> bool:
         """No receive uses this receiver again; it is closed once no lease holds it (any
-        thread)."""
+        thread).  True if that is now: closed here, or by the caller if not ``close``."""
         self.retired = True
-        self._close_if_done()
+        return self._close_if_done(close)
 
-    def _close_if_done(self) -> None:
+    def _close_if_done(self, close: bool = True) -> bool:
         with self._state:
-            close = self.retired and not self._holders and not self._closed
-            self._closed = self._closed or close
-        if close:
+            now = self.retired and not self._holders and not self._closed
+            self._closed = self._closed or now
+        if now and close:
             self.pool.discard(self.receiver)
+        return now
 
 
 class ReceiverPool:
@@ -101,8 +102,9 @@ class ReceiverPool:
         self._scrub = scrub
         self._ready: collections.deque[SharedReceiver] = collections.deque()
         self._doomed: list[Any] = []
-        self._want = 1  # ready receivers to keep
-        self._cap = 2  # ready receivers kept at most
+        self._want = 1  # receivers to keep open: ready ones and the one taken
+        self._cap = 2  # receivers kept at most (more are retired)
+        self._out = 0  # taken by the main thread, not given back yet
         self._cond = threading.Condition()
         self._stopped = False
         self._error: Exception | None = None  # the last open failure, until an open succeeds
@@ -133,8 +135,10 @@ class ReceiverPool:
                 for shared in list(self._ready):
                     if shared.retired:
                         self._ready.remove(shared)
+                        self._cond.notify_all()  # the opener replaces it
                     elif shared.lock.acquire(blocking=False):
                         self._ready.remove(shared)
+                        self._out += 1
                         return shared
                 if isinstance(self._error, BackendConfigError):
                     raise self._error
@@ -151,6 +155,7 @@ class ReceiverPool:
     def give_back(self, shared: SharedReceiver, front: bool = False) -> None:
         """A receiver the main thread took, its lock released (main thread)."""
         with self._cond:
+            self._out -= 1
             if self._stopped or shared.retired or len(self._ready) >= self._cap:
                 retire = True
             else:
@@ -177,7 +182,7 @@ class ReceiverPool:
         while True:
             with self._cond:
                 while not self._stopped and not self._doomed and (
-                        len(self._ready) >= self._want or delay > 0):
+                        len(self._ready) + self._out >= self._want or delay > 0):
                     if delay > 0:
                         self._cond.wait(delay)
                         delay = 0.0
@@ -185,7 +190,7 @@ class ReceiverPool:
                         self._cond.wait()
                 stopped = self._stopped
                 doomed, self._doomed = self._doomed, []
-                need = not stopped and len(self._ready) < self._want
+                need = not stopped and len(self._ready) + self._out < self._want
             for receiver in doomed:
                 _close(receiver)
             if stopped:
@@ -219,16 +224,24 @@ class ReceiverPool:
 
     def close(self, timeout: float = 5.0) -> None:
         """Close every ready receiver; the opener thread ends (it may be stuck in an open on
-        a dead network, so it is a daemon thread and we wait only ``timeout``)."""
+        a dead network, so it is a daemon thread and we wait only ``timeout``).
+
+        The receivers close at once, each on a thread of its own: a close ends with a join
+        of the SDK's keep-alive thread, which sleeps in steps of 1 s -- one after the other
+        they cost the worker's exit up to a second each."""
         with self._cond:
             self._stopped = True
             ready, self._ready = list(self._ready), collections.deque()
             self._cond.notify_all()
             thread = self._thread
-        for shared in ready:
-            shared.retire()  # closed now, or by its last lease
-        if thread is not None:
-            thread.join(timeout)
+        closers = [threading.Thread(target=_close, args=(shared.receiver,), name="sb-close",
+                                    daemon=True)
+                   for shared in ready if shared.retire(close=False)]  # else: by its last lease
+        for closer in closers:
+            closer.start()
+        deadline = time.monotonic() + timeout
+        for t in closers + ([thread] if thread is not None else []):
+            t.join(max(0.0, deadline - time.monotonic()))
 
 
 def _close(receiver: Any) -> None:
