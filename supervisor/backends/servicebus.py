@@ -200,6 +200,9 @@ class ServiceBusBackend(BackendBase):
             t_sent = time.monotonic()
             got = shared.receiver.receive_messages(max_message_count=max_messages,
                                                    max_wait_time=self.receive_wait)
+            if got:
+                LOG.debug("received %d message(s) in one call (asked for %d)", len(got),
+                          max_messages)
             for message in got:
                 until = message.locked_until_utc
                 granted = self.lock_check.granted(until.timestamp() - time.time()) if until \
