@@ -222,7 +222,8 @@ class Worker:
         now = self.clock()
         t = now + self.s.poll_interval
         if (self.state is State.RUNNING and not self.paused
-                and self._running() + len(self.launcher.starting) < self.s.num_workers):
+                and self._running() + len(self.launcher.starting) < self.s.num_workers
+                and not self.settlement.backlogged(self.active)):
             t = min(t, self.next_receive)
             if self.launcher.ready:
                 t = now
@@ -316,7 +317,7 @@ class Worker:
         if free <= 0 or self.settlement.streak_may_end(self.active):
             return  # a failure streak may stop the worker: start nothing before it is known
         free -= self.launcher.take_ready(free)  # leases received ahead go first
-        if free <= 0:
+        if free <= 0 or self.settlement.backlogged(self.active):  # slow settlements
             return
         if now < self.next_receive and not (
                 self.change_probe and self.receive_backoff == 0
