@@ -34,6 +34,7 @@ from .servicebus_util import translate
 LOG = logging.getLogger(__name__)
 RETRY_MAX = 10.0  # s between failed opens, at most
 BUSY_RECHECK = 0.005  # s: take looks again this soon when every ready receiver is busy
+BUSY_GROWTH = 4  # receivers kept open grow up to this many times ``keep`` when all are busy
 T = TypeVar("T")
 
 
@@ -124,13 +125,14 @@ class ReceiverPool:
         Raises BackendConfigError (bad credentials, no such queue) or BackendError when
         none is free in time."""
         with self._cond:
-            self._want = keep
-            self._cap = max(self._cap, keep)
+            self._want = max(keep, self._want)  # grown by contention below: kept
+            self._cap = max(self._cap, self._want)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="sb-opener", daemon=True)
                 self._thread.start()
             self._cond.notify_all()
             deadline = time.monotonic() + wait
+            grown = False
             while True:
                 for shared in list(self._ready):
                     if shared.retired:
@@ -148,8 +150,14 @@ class ReceiverPool:
                 if left <= 0:
                     raise self._error or BackendError(
                         f"receive: no connection to Service Bus ready after {wait:.1f}s")
-                # A keeper's call holds every ready one: look again soon (a lock release
-                # does not notify us).
+                if self._ready and not grown and self._want < keep * BUSY_GROWTH:
+                    # Keepers' calls hold every open one (a slow broker, many slots): open
+                    # one more, kept from now on, so settling never holds up a receive.
+                    grown = True
+                    self._want += 1
+                    self._cap = max(self._cap, self._want)
+                    self._cond.notify_all()
+                # Look again soon: a lock release does not notify us.
                 self._cond.wait(min(left, BUSY_RECHECK) if self._ready else left)
 
     def give_back(self, shared: SharedReceiver, front: bool = False) -> None:

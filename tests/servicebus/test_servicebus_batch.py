@@ -224,3 +224,23 @@ def test_sigterm_settles_every_lease_of_a_shared_receiver(sb_env):
     assert sorted(json.loads(m.body)["id"] for m in back) == sorted(ids)
     assert all(not m.locked and m.delivery_count == 0 for m in back)
     assert broker.events("settle_lock_lost") == [] and broker.events("lock_expired") == []
+
+
+def test_a_receive_does_not_wait_behind_busy_receivers(backend, sb_broker):
+    """When keepers' calls hold every open receiver (a broker slow to settle), the pool opens
+    another rather than holding up the receive, and keeps it."""
+    backend.push([Task(cmd="true", id="t1")])
+    pool = backend.pool
+    wait_for(lambda: len(pool._ready) >= 2, 20, what="the receivers kept open")
+    busy = list(pool._ready)
+    for shared in busy:
+        shared.lock.acquire()
+    try:
+        want = pool._want
+        (lease,) = _receive(backend, 1)
+        assert lease._shared not in busy
+        assert pool._want > want
+        lease.complete()
+    finally:
+        for shared in busy:
+            shared.lock.release()
