@@ -2,10 +2,11 @@
 
 Made on the main thread by ServiceBusBackend.receive; from then on its LeaseKeeper thread
 calls the receiver (renew, settle) -- as do the keepers of the other messages of the same
-receive call, which share it: every call holds the receiver's lock
-(servicebus_pool.SharedReceiver), so no SDK object is used by two threads at once.  When the
-last lease of the batch is over the receiver goes back to the pool; if any was lost, it is
-closed.
+receive call, and later receives, which share it: every call holds the receiver's lock
+(servicebus_pool.SharedReceiver), so no SDK object is used by two threads at once.  A lost
+lease retires the receiver: no receive uses it again, and it is closed once its other leases
+are over.  A renewal's ``t_sent`` is taken before the wait for the lock: earlier, so the
+deadline it gives is never late.
 
 * renew: ``renew_message_lock`` with the keeper's timeout (the SDK does not retry).  The
   lock granted is the configured length (queue LockDuration or --lock-duration); the new
@@ -97,7 +98,7 @@ class ServiceBusLease:
             self.busy = False
 
     def lost(self) -> None:
-        """The lease is over without a settlement: its receiver is closed once the batch's
+        """The lease is over without a settlement: its receiver is retired, closed once its
         other leases are over too (any thread; once)."""
         self.done = True
         if self._shared.leave(self, lost=True):
