@@ -161,11 +161,16 @@ class Settlement:
         return (sum(1 for k in self.settling if not k.done.is_set())
                 + sum(1 for k in self.overdue if not k.done.is_set()))
 
+    def holds_starts(self, active: list[RunningTask]) -> bool:
+        """Start nothing now, not even a lease held ahead: a failure streak may stop the
+        worker, or settlements are at their bound (main thread)."""
+        return self.streak_may_end(active) or self.backlogged(active)
+
     def backlogged(self, active: list[RunningTask]) -> bool:
         """True while ``max_settling`` settlements are in flight or due (a shell of
         ``active`` exited, its settlement not handed over yet): the worker then receives
-        nothing until some are over, so at most ``max_settling`` + slots - 1 are ever in
-        flight (leases already held ahead still start) (main thread)."""
+        nothing and starts nothing held ahead until some are over, so at most
+        ``max_settling`` + slots - 1 are ever in flight (main thread)."""
         n = self.in_flight() + sum(1 for rt in active if rt.exited_at is not None)
         full = n >= self.max_settling
         if full != self._backlog_logged:

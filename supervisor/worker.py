@@ -314,10 +314,10 @@ class Worker:
     def _receive(self, now: float) -> None:
         self.next_ready_expiry = self.launcher.expire_ready(now)
         free = self.s.num_workers - self._running() - len(self.launcher.starting)
-        if free <= 0 or self.settlement.streak_may_end(self.active):
-            return  # a failure streak may stop the worker: start nothing before it is known
+        if free <= 0 or self.settlement.holds_starts(self.active):
+            return  # a failure streak may stop the worker, or settlements are at their bound
         free -= self.launcher.take_ready(free)  # leases received ahead go first
-        if free <= 0 or self.settlement.backlogged(self.active):  # slow settlements
+        if free <= 0:
             return
         if now < self.next_receive and not (
                 self.change_probe and self.receive_backoff == 0
