@@ -35,6 +35,14 @@ from .watchdog import RunningTask
 log = logging.getLogger("jobq.worker")
 
 
+# Settlements in flight (keeper threads applying a step, each holding a thread and a lease) at
+# which the worker takes no new lease until some finish: SETTLING_PER_SLOT per slot, at least
+# SETTLING_MIN.  A slot is free once its shell exits, whatever its settlement does, so a broker
+# slow to settle would otherwise let a fleet of short tasks pile up threads and held messages
+# without end.
+SETTLING_PER_SLOT = 4
+SETTLING_MIN = 8
+
 # What a settlement's description counted, undone when the broker refuses it.
 PER_QUEUE = ("succeeded", "failed", "dead_lettered")  # what a worker record shows
 
@@ -86,6 +94,8 @@ class Settlement:
         self.metrics = metrics
         self.on_failure_streak = on_failure_streak
         self.settling: list[LeaseKeeper] = []  # settlement running on the keeper thread
+        self.max_settling = max(SETTLING_MIN, SETTLING_PER_SLOT * settings.num_workers)
+        self._backlog_logged = False  # a "settlements backlogged" line is out, no "caught up"
         self.overdue: list[LeaseKeeper] = []  # past their deadline, not yet done
         # SQLite's: a short task's lease is settled on this thread when the write is instant
         self.quick_settle = backend.quick_settle
@@ -144,6 +154,33 @@ class Settlement:
         failing = sum(1 for rt in active if rt.exited_at is not None and not rt.cancel_handled
                       and (rt.proc.returncode != 0 or rt.term_reason is not None))
         return failing > 0 and self.consecutive_failures + failing >= limit
+
+    def in_flight(self) -> int:
+        """Settlements not over yet: handed to a keeper thread, or past their deadline with a
+        call still hung (main thread)."""
+        return (sum(1 for k in self.settling if not k.done.is_set())
+                + sum(1 for k in self.overdue if not k.done.is_set()))
+
+    def holds_starts(self, active: list[RunningTask]) -> bool:
+        """Start nothing now, not even a lease held ahead: a failure streak may stop the
+        worker, or settlements are at their bound (main thread)."""
+        return self.streak_may_end(active) or self.backlogged(active)
+
+    def backlogged(self, active: list[RunningTask]) -> bool:
+        """True while ``max_settling`` settlements are in flight or due (a shell of
+        ``active`` exited, its settlement not handed over yet): the worker then receives
+        nothing and starts nothing held ahead until some are over, so at most
+        ``max_settling`` + slots - 1 are ever in flight (main thread)."""
+        n = self.in_flight() + sum(1 for rt in active if rt.exited_at is not None)
+        full = n >= self.max_settling
+        if full != self._backlog_logged:
+            self._backlog_logged = full
+            if full:
+                log.warning("%d settlements in flight (the broker is slow to settle): no new "
+                            "task until fewer than %d are", n, self.max_settling)
+            else:
+                log.info("settlements caught up (%d in flight): receiving again", n)
+        return full
 
     def prune(self) -> None:
         """Forget the keepers that are done settling (main thread)."""

@@ -221,7 +221,8 @@ class Worker:
         now = self.clock()
         t = now + self.s.poll_interval
         if (self.state is State.RUNNING and not self.paused
-                and self._running() + len(self.launcher.starting) < self.s.num_workers):
+                and self._running() + len(self.launcher.starting) < self.s.num_workers
+                and not self.settlement.backlogged(self.active)):
             t = min(t, self.next_receive)
             if self.launcher.ready:
                 t = now
@@ -312,8 +313,8 @@ class Worker:
     def _receive(self, now: float) -> None:
         self.launcher.expire_ready(now)
         free = self.s.num_workers - self._running() - len(self.launcher.starting)
-        if free <= 0 or self.settlement.streak_may_end(self.active):
-            return  # a failure streak may stop the worker: start nothing before it is known
+        if free <= 0 or self.settlement.holds_starts(self.active):
+            return  # a failure streak may stop the worker, or settlements are at their bound
         free -= self.launcher.take_ready(free)  # leases received ahead go first
         if free <= 0:
             return

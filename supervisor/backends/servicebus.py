@@ -8,8 +8,9 @@ exit status, attempts, worker and the output's end.  Attempts: the wire's delive
 (0 on the first delivery) + 1 + ``jobq_prior_attempts`` (set when a preempted task is sent
 again, see servicebus_lease.py).
 
-Threads: each received message comes on a receiver of its own, which its lease then owns
-(see servicebus_pool.py); the receivers are opened by one opener thread.  The main thread
+Threads: the messages of one receive call come on one receiver, which their leases then share
+(each SDK call on it under its lock; see servicebus_pool.py); the receivers are opened by one
+opener thread.  The main thread
 has its own client for push/peek/ctl commands.
 
 Lock length (docs/architecture.rst, the lease deadline): the queue's LockDuration, read once
@@ -52,7 +53,7 @@ T = TypeVar("T")
 
 CALL_TIMEOUT = 10.0  # s: one SDK call of the main thread or an opener (no SDK retries)
 OPEN_WAIT = 15.0  # s: the worker's backend waits this long for its first connection
-NEXT_WAIT = 0.3  # s: receive waits this long for a second, third ... message
+KEEPERS_PER_RECEIVER = 8  # slots per receiver kept open (see __init__)
 PEEK_PAGE = 250
 COUNT_LIMIT = 10000  # peek-count fallback of size(): stop here
 ADMIN_RETRY = 600.0  # s: after the administration API failed, count by peeking this long
@@ -106,13 +107,17 @@ class ServiceBusBackend(BackendBase):
         self._no_admin_until = 0.0
         self._main = self.new_client()
         self.pool = ReceiverPool(self._new_pool_receiver, self.scrub)
+        # Receivers kept open: a receive takes one whose lock is free (not in a keeper's
+        # renewal or settlement), so one more than the main thread needs, and more with many
+        # slots, whose keepers call more often.
+        self._keep = max(2, -(-receivers // KEEPERS_PER_RECEIVER))
         self._leases: set[ServiceBusLease] = set()  # unsettled; under _leases_lock
         self._leases_lock = threading.Lock()
         self.lock_check = LockCheck(
             (self._queue_lock_duration() if receivers else None) or lock_duration)
         if receivers:
             try:
-                self.pool.start(receivers, OPEN_WAIT)
+                self.pool.start(self._keep, OPEN_WAIT)
             except BaseException:
                 self.close()
                 raise
@@ -180,35 +185,38 @@ class ServiceBusBackend(BackendBase):
             return fn()
 
     def receive(self, max_messages: int, lock_duration: float) -> list[Lease]:
-        """Up to ``max_messages``, one receiver each; the first waits ``receive_wait`` s."""
+        """Up to ``max_messages`` in one call, on a receiver that their leases then share
+        with every other call on it (servicebus_pool.py); waits ``receive_wait`` s for the
+        first message.
+
+        Prefetch stays 0: the call gives the broker credit for exactly ``max_messages`` (the
+        free slots), so every lock it takes belongs to a lease that starts now, renewed or
+        settled by its keeper like any other."""
         if max_messages < 1:
             return []
-        receivers = self.pool.take(max_messages, self.receive_wait)
+        shared = self.pool.take(self._keep, self.receive_wait)
         leases: list[Lease] = []
-        for i, receiver in enumerate(receivers):
+        try:
             t_sent = time.monotonic()
-            try:
-                got = receiver.receive_messages(
-                    max_message_count=1, max_wait_time=self.receive_wait if i == 0 else NEXT_WAIT)
-            except SDK_ERRORS as exc:
-                self.pool.discard(receiver)  # closed on the opener thread
-                self.pool.give_back(receivers[i + 1:], front=True)
-                error = self.translate(exc, "receive")
-                if leases:
-                    LOG.warning("%s", error)
-                    return leases
-                raise error from None
-            if not got:
-                self.pool.give_back(receivers[i:], front=True)
-                break
-            message = got[0]
-            until = message.locked_until_utc
-            granted = self.lock_check.granted(until.timestamp() - time.time()) if until \
-                else self.lock_check.configured
-            lease = ServiceBusLease(self, receiver, message, granted, t_sent)
-            with self._leases_lock:
-                self._leases.add(lease)
-            leases.append(lease)
+            got = shared.receiver.receive_messages(max_message_count=max_messages,
+                                                   max_wait_time=self.receive_wait)
+            if got:
+                LOG.debug("received %d message(s) in one call (asked for %d)", len(got),
+                          max_messages)
+            for message in got:
+                until = message.locked_until_utc
+                granted = self.lock_check.granted(until.timestamp() - time.time()) if until \
+                    else self.lock_check.configured
+                lease = ServiceBusLease(self, shared, message, granted, t_sent)
+                with self._leases_lock:
+                    self._leases.add(lease)
+                leases.append(lease)
+        except SDK_ERRORS as exc:
+            shared.retire()  # closed on the opener thread once no lease holds it
+            raise self.translate(exc, "receive") from None
+        finally:
+            shared.lock.release()
+            self.pool.give_back(shared, front=True)
         return leases
 
     def forget(self, lease: ServiceBusLease) -> None:

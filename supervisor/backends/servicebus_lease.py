@@ -1,8 +1,12 @@
 """The lease of the Service Bus backend: one PeekLock message and the receiver it came on.
 
-Made on the main thread by ServiceBusBackend.receive; from then on only its LeaseKeeper
-thread uses the receiver (renew, settle), so no SDK object is used by two threads at once.
-Once settled, the receiver goes back to the pool; after a lost lock it is closed.
+Made on the main thread by ServiceBusBackend.receive; from then on its LeaseKeeper thread
+calls the receiver (renew, settle) -- as do the keepers of the other messages of the same
+receive call, and later receives, which share it: every call holds the receiver's lock
+(servicebus_pool.SharedReceiver), so no SDK object is used by two threads at once.  A lost
+lease retires the receiver: no receive uses it again, and it is closed once its other leases
+are over.  A renewal's ``t_sent`` is taken before the wait for the lock: earlier, so the
+deadline it gives is never late.
 
 * renew: ``renew_message_lock`` with the keeper's timeout (the SDK does not retry).  The
   lock granted is the configured length (queue LockDuration or --lock-duration); the new
@@ -41,6 +45,7 @@ from .servicebus_util import (
 
 if TYPE_CHECKING:
     from .servicebus import ServiceBusBackend
+    from .servicebus_pool import SharedReceiver
 
 LOG = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -50,10 +55,11 @@ MIN_CALL = 0.5  # s: a settlement call gets at least this long
 class ServiceBusLease:
     """One received message.  Made on the main thread; used by its LeaseKeeper thread."""
 
-    def __init__(self, backend: ServiceBusBackend, receiver: Any,
+    def __init__(self, backend: ServiceBusBackend, shared: SharedReceiver,
                  message: ServiceBusReceivedMessage, granted: float, t_sent: float) -> None:
         self._backend = backend
-        self._receiver: Any = receiver
+        self._shared = shared
+        shared.hold(self)
         self._message = message
         self.message_id = str(message.message_id or message.sequence_number)
         self.lock_duration = granted
@@ -72,61 +78,62 @@ class ServiceBusLease:
     def __repr__(self) -> str:
         return f"ServiceBusLease(message_id={self.message_id!r}, attempt={self.attempt})"
 
-    def _call(self, what: str, fn: Callable[[Any], T], timeout: float | None = None) -> T:
+    def _call(self, what: str, fn: Callable[[Any, float], T],
+              timeout: float | None = None) -> T:
+        """``fn(receiver, seconds left)`` on the shared receiver, errors mapped."""
         what = f"{what} {self.message_id}"
         if self.done:
             raise settled_error(what)
         if timeout is None:  # settlement: bounded by the time left on the lock
             timeout = max(MIN_CALL, (self.expires - time.monotonic()) / 2)
-        _bound(self._receiver, timeout)
         self.busy = True
         # Unless the lease is lost, the receiver stays ours after an error: the SDK reopens a
         # failed link by itself on the next call.  It is never swapped for another one, as
-        # the SDK settles on the current link by delivery id.
+        # the SDK settles on the current link by delivery id.  The wait for the receiver's
+        # lock (another lease of the batch calling) counts against this call's timeout.
         try:
             with mapped_errors(what, SDK_ERRORS, self._backend.translate_lease, on_lost=self.lost):
-                return fn(self._receiver)
+                return self._shared.call(timeout, lambda r, left: fn(_bound(r, left), left))
         finally:
             self.busy = False
 
     def lost(self) -> None:
-        """The lease is over without a settlement: the receiver is closed (any thread that
-        holds the lease exclusively)."""
-        if not self.done:
-            self.done = True
+        """The lease is over without a settlement: its receiver is retired, closed once its
+        other leases are over too (any thread; once)."""
+        self.done = True
+        if self._shared.leave(self, lost=True):
             self._backend.forget(self)
-            self._backend.pool.discard(self._receiver)
 
     def _settled(self) -> None:
         self.done = True
-        self._backend.forget(self)
-        self._backend.pool.give_back([self._receiver])
+        if self._shared.leave(self, lost=False):
+            self._backend.forget(self)
 
     def renew(self, timeout: float) -> float:
         """LeaseKeeper thread: extend the lock; seconds granted from when the call was sent."""
         if timeout <= 0:
             raise BackendError(f"renew {self.message_id}: no time left")
         t_sent, wall = time.monotonic(), time.time()
-        until = self._call("renew", lambda r: r.renew_message_lock(
-            self._message, timeout=timeout), timeout)
+        until = self._call("renew", lambda r, left: r.renew_message_lock(
+            self._message, timeout=left), timeout)
         granted = self._backend.lock_check.granted(until.timestamp() - wall)
         self.expires = t_sent + granted
         return granted
 
     def complete(self) -> None:
-        self._call("complete", lambda r: r.complete_message(self._message))
+        self._call("complete", lambda r, _: r.complete_message(self._message))
         self._settled()
 
     def release(self, count_attempt: bool, delay: float = 0.0) -> None:
         """Retry: abandon (``delay`` is not applied: Service Bus has no delayed abandon).
         Preemption: send the task again with the attempt given back, complete the original."""
         if count_attempt or self.task is None:
-            self._call("abandon", lambda r: r.abandon_message(self._message))
+            self._call("abandon", lambda r, _: r.abandon_message(self._message))
             self._settled()
             return
         if not self._resent:
             self._resend(self.task)
-        self._call("complete preempted", lambda r: r.complete_message(self._message))
+        self._call("complete preempted", lambda r, _: r.complete_message(self._message))
         self._settled()
 
     def _resend(self, task: Task) -> None:
@@ -144,16 +151,18 @@ class ServiceBusLease:
     def dead_letter(self, reason: str, output_tail: str, exit_status: int | None = None) -> None:
         description = describe(exit_status, self.attempt, self._backend.worker_id, time.time(),
                                output_tail)
-        self._call("dead-letter", lambda r: r.dead_letter_message(
+        self._call("dead-letter", lambda r, _: r.dead_letter_message(
             self._message, reason=reason[:MAX_DEAD_LETTER_TEXT], error_description=description))
         self._settled()
 
 
-def _bound(receiver: Any, seconds: float) -> None:
-    """Cap the receiver's next calls at ``seconds``: a settlement waits for the outcome on the
-    receive link up to ``_config.timeout``, then falls back to the management link for up to
-    ``_config.try_timeout`` -- neither can be passed per call in azure-servicebus 7.15."""
+def _bound(receiver: Any, seconds: float) -> Any:
+    """Cap the receiver's next calls at ``seconds`` (under its lock: the receiver is shared):
+    a settlement waits for the outcome on the receive link up to ``_config.timeout``, then
+    falls back to the management link for up to ``_config.try_timeout`` -- neither can be
+    passed per call in azure-servicebus 7.15.  Returns the receiver."""
     config = getattr(receiver, "_config", None)
     if config is not None:
         config.timeout = seconds / 2
         config.try_timeout = seconds / 2
+    return receiver

@@ -1,13 +1,22 @@
 """Open PeekLock receivers kept ready by one opener thread (Service Bus backend).
 
 Why: a receiver that settles a message must be the one that received it (the SDK settles
-on the receive link by delivery id), and SDK clients are not thread-safe.  So every message
-is received on a receiver of its own, which its lease then owns; once the lease is settled
-the receiver comes back here for reuse.  Opening a connection (TLS, SASL, CBS, attach; ~0.5 s
-even on loopback) happens on the opener thread only, never on the main thread: the SDK's
-SASL handshake reads without any timeout, so a server that accepts TCP and then stays silent
-would hang the caller until the network comes back.  Receivers that failed, or whose lease
-was lost, are closed on the opener thread too (a close can take ~1 s on a dead link).
+on the receive link by delivery id), and SDK clients are not thread-safe (its README: "We do
+not guarantee that ... ServiceBusReceiver [is] thread-safe ... ensure proper thread-safety
+management using mechanisms like threading.Lock()"; a settlement, a renewal and a receive
+each read the one connection until their answer comes).  So every receiver is a
+``SharedReceiver``: each SDK call on it -- the main thread's receive of several messages,
+the renewals and settlements of their keepers -- holds its lock.  A receive takes a ready
+receiver whose lock is free and gives it back at once; the leases it made keep calling it.
+A receiver whose receive failed, or one of whose leases was lost (the link may be what
+failed; a lease lost by the sweep may still have a call hung on it), is retired: no receive
+uses it again, and it is closed once its last lease is over.
+
+Opening a connection (TLS, SASL, CBS, attach; ~0.5 s even on loopback) happens on the opener
+thread only, never on the main thread: the SDK's SASL handshake reads without any timeout, so
+a server that accepts TCP and then stays silent would hang the caller until the network comes
+back.  Retired receivers are closed on the opener thread too (a close can take ~1 s on a dead
+link).
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from .azure_common import Scrubber
 from .base import BackendConfigError, BackendError
@@ -24,18 +33,79 @@ from .servicebus_util import translate
 
 LOG = logging.getLogger(__name__)
 RETRY_MAX = 10.0  # s between failed opens, at most
+BUSY_RECHECK = 0.005  # s: take looks again this soon when every ready receiver is busy
+BUSY_GROWTH = 4  # receivers kept open grow up to this many times ``keep`` when all are busy
+T = TypeVar("T")
+
+
+class SharedReceiver:
+    """One open receiver and the leases whose messages it received (thread-safe)."""
+
+    def __init__(self, pool: ReceiverPool, receiver: Any) -> None:
+        self.pool = pool
+        self.receiver = receiver
+        self.lock = threading.Lock()  # held around every SDK call on ``receiver``
+        self._state = threading.Lock()
+        self._holders: set[int] = set()  # id() of the leases not over yet
+        self.retired = False  # no receive again; closed when the last lease is over
+        self._closed = False
+
+    def hold(self, lease: object) -> None:
+        """Main thread, while it holds ``lock`` after a receive."""
+        with self._state:
+            self._holders.add(id(lease))
+
+    def call(self, timeout: float, fn: Callable[[Any, float], T]) -> T:
+        """``fn(receiver, seconds left)`` alone on the receiver, if the lock comes within
+        ``timeout`` s, else BackendError, which the keeper retries (keeper threads)."""
+        start = time.monotonic()
+        if not self.lock.acquire(timeout=max(0.0, timeout)):
+            raise BackendError(f"receiver busy for {timeout:.1f}s (calls of other leases)")
+        try:
+            return fn(self.receiver, max(0.05, timeout - (time.monotonic() - start)))
+        finally:
+            self.lock.release()
+
+    def leave(self, lease: object, lost: bool) -> bool:
+        """The lease is over (``lost``: without a settlement, which retires the receiver);
+        True the first time (any thread)."""
+        with self._state:
+            if id(lease) not in self._holders:
+                return False
+            self._holders.discard(id(lease))
+        if lost:
+            self.retire()
+        else:
+            self._close_if_done()
+        return True
+
+    def retire(self, close: bool = True) -> bool:
+        """No receive uses this receiver again; it is closed once no lease holds it (any
+        thread).  True if that is now: closed here, or by the caller if not ``close``."""
+        self.retired = True
+        return self._close_if_done(close)
+
+    def _close_if_done(self, close: bool = True) -> bool:
+        with self._state:
+            now = self.retired and not self._holders and not self._closed
+            self._closed = self._closed or now
+        if now and close:
+            self.pool.discard(self.receiver)
+        return now
 
 
 class ReceiverPool:
-    """Thread-safe.  ``take`` is called by the main thread, ``give_back``/``discard`` by any."""
+    """Thread-safe.  ``take`` and ``give_back`` are called by the main thread, ``discard``
+    by any."""
 
     def __init__(self, factory: Callable[[], Any], scrub: Scrubber) -> None:
         self._factory = factory  # makes an unopened receiver (opener thread only)
         self._scrub = scrub
-        self._ready: collections.deque[Any] = collections.deque()
+        self._ready: collections.deque[SharedReceiver] = collections.deque()
         self._doomed: list[Any] = []
-        self._want = 1  # ready receivers to keep: the last receive's max_messages
-        self._cap = 2  # ready receivers kept at most: the largest receive + 1
+        self._want = 1  # receivers to keep open: ready ones and the one taken
+        self._cap = 2  # receivers kept at most (more are retired)
+        self._out = 0  # taken by the main thread, not given back yet
         self._cond = threading.Condition()
         self._stopped = False
         self._error: Exception | None = None  # the last open failure, until an open succeeds
@@ -44,42 +114,67 @@ class ReceiverPool:
     def start(self, want: int, wait: float) -> None:
         """Start the opener thread and wait up to ``wait`` s for the first open receiver
         (raises like ``take``)."""
-        self.give_back(self.take(want, wait), front=True)
+        shared = self.take(want, wait)
+        shared.lock.release()
+        self.give_back(shared, front=True)
 
-    def take(self, n: int, wait: float) -> list[Any]:
-        """Up to ``n`` open receivers; waits up to ``wait`` s for the first one.
+    def take(self, keep: int, wait: float) -> SharedReceiver:
+        """A ready receiver whose lock was free, returned with its lock held; waits up to
+        ``wait`` s for one.  ``keep``: how many to keep open from now on.
 
         Raises BackendConfigError (bad credentials, no such queue) or BackendError when
-        none is ready in time, never returns an empty list."""
+        none is free in time."""
         with self._cond:
-            self._want = n
-            self._cap = max(self._cap, n + 1)
+            self._want = max(keep, self._want)  # grown by contention below: kept
+            self._cap = max(self._cap, self._want)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="sb-opener", daemon=True)
                 self._thread.start()
             self._cond.notify_all()
             deadline = time.monotonic() + wait
-            while not self._ready and not self._stopped:
+            grown = False
+            while True:
+                for shared in list(self._ready):
+                    if shared.retired:
+                        self._ready.remove(shared)
+                        self._cond.notify_all()  # the opener replaces it
+                    elif shared.lock.acquire(blocking=False):
+                        self._ready.remove(shared)
+                        self._out += 1
+                        return shared
                 if isinstance(self._error, BackendConfigError):
                     raise self._error
+                if self._stopped:
+                    raise BackendError("receive: the backend is closed")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise self._error or BackendError(
                         f"receive: no connection to Service Bus ready after {wait:.1f}s")
-                self._cond.wait(left)
-            return [self._ready.popleft() for _ in range(min(n, len(self._ready)))]
+                if self._ready and not grown and self._want < keep * BUSY_GROWTH:
+                    # Keepers' calls hold every open one (a slow broker, many slots): open
+                    # one more, kept from now on, so settling never holds up a receive.
+                    grown = True
+                    self._want += 1
+                    self._cap = max(self._cap, self._want)
+                    self._cond.notify_all()
+                # Look again soon: a lock release does not notify us.
+                self._cond.wait(min(left, BUSY_RECHECK) if self._ready else left)
 
-    def give_back(self, receivers: list[Any], front: bool = False) -> None:
-        """Healthy receivers with nothing unsettled on them, for reuse."""
+    def give_back(self, shared: SharedReceiver, front: bool = False) -> None:
+        """A receiver the main thread took, its lock released (main thread)."""
         with self._cond:
-            for receiver in reversed(receivers) if front else receivers:
-                if self._stopped or len(self._ready) >= self._cap:
-                    self._doomed.append(receiver)
-                elif front:
-                    self._ready.appendleft(receiver)
+            self._out -= 1
+            if self._stopped or shared.retired or len(self._ready) >= self._cap:
+                retire = True
+            else:
+                retire = False
+                if front:
+                    self._ready.appendleft(shared)
                 else:
-                    self._ready.append(receiver)
+                    self._ready.append(shared)
             self._cond.notify_all()
+        if retire:
+            shared.retire()
 
     def discard(self, receiver: Any) -> None:
         """Close ``receiver`` on the opener thread (or now, when there is none)."""
@@ -95,7 +190,7 @@ class ReceiverPool:
         while True:
             with self._cond:
                 while not self._stopped and not self._doomed and (
-                        len(self._ready) >= self._want or delay > 0):
+                        len(self._ready) + self._out >= self._want or delay > 0):
                     if delay > 0:
                         self._cond.wait(delay)
                         delay = 0.0
@@ -103,7 +198,7 @@ class ReceiverPool:
                         self._cond.wait()
                 stopped = self._stopped
                 doomed, self._doomed = self._doomed, []
-                need = not stopped and len(self._ready) < self._want
+                need = not stopped and len(self._ready) + self._out < self._want
             for receiver in doomed:
                 _close(receiver)
             if stopped:
@@ -131,22 +226,30 @@ class ReceiverPool:
             if self._stopped:
                 self._doomed.append(receiver)
             else:
-                self._ready.append(receiver)
+                self._ready.append(SharedReceiver(self, receiver))
             self._cond.notify_all()
         return 0.0
 
     def close(self, timeout: float = 5.0) -> None:
         """Close every ready receiver; the opener thread ends (it may be stuck in an open on
-        a dead network, so it is a daemon thread and we wait only ``timeout``)."""
+        a dead network, so it is a daemon thread and we wait only ``timeout``).
+
+        The receivers close at once, each on a thread of its own: a close ends with a join
+        of the SDK's keep-alive thread, which sleeps in steps of 1 s -- one after the other
+        they cost the worker's exit up to a second each."""
         with self._cond:
             self._stopped = True
             ready, self._ready = list(self._ready), collections.deque()
             self._cond.notify_all()
             thread = self._thread
-        for receiver in ready:
-            _close(receiver)
-        if thread is not None:
-            thread.join(timeout)
+        closers = [threading.Thread(target=_close, args=(shared.receiver,), name="sb-close",
+                                    daemon=True)
+                   for shared in ready if shared.retire(close=False)]  # else: by its last lease
+        for closer in closers:
+            closer.start()
+        deadline = time.monotonic() + timeout
+        for t in closers + ([thread] if thread is not None else []):
+            t.join(max(0.0, deadline - time.monotonic()))
 
 
 def _close(receiver: Any) -> None:

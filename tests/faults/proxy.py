@@ -8,6 +8,7 @@ Used to put faults between a backend's SDK and its local test server::
     proxy.restore()     # held bytes are delivered, traffic flows again
     proxy.reset_all()   # every current connection is closed with a TCP RST
     proxy.latency(0.5)  # each forwarded chunk waits 0.5 s first
+    proxy.delay_requests(b"DELETE ", 2.0)  # client chunks starting so wait 2 s first
     proxy.close()
 
 Only loopback addresses are accepted, for the listener and for the target.
@@ -105,6 +106,8 @@ class _Connection:
                 delay = self.proxy._latency
                 if delay > 0:
                     time.sleep(delay)
+                if src is self.client:
+                    self.proxy._hold_request(data)
                 # Bytes read just before a blackhole() are held, not sent, until restore().
                 if not self._wait_flowing():
                     return
@@ -125,6 +128,10 @@ class FaultProxy:
         self._flowing = threading.Event()
         self._flowing.set()
         self._latency = 0.0
+        self._request_delay: tuple[bytes, float] | None = None
+        self.held = 0  # requests being delayed now (delay_requests)
+        self.held_max = 0  # the most ever delayed at once
+        self.held_total = 0
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._connections: set[_Connection] = set()
@@ -159,6 +166,27 @@ class FaultProxy:
     def latency(self, seconds: float) -> None:
         """Delay each forwarded chunk by ``seconds`` (0 turns it off)."""
         self._latency = max(0.0, float(seconds))
+
+    def delay_requests(self, prefix: bytes, seconds: float) -> None:
+        """Hold each chunk a client sends that starts with ``prefix`` (an HTTP method, say)
+        ``seconds`` before forwarding it -- a server slow at one kind of request.  That
+        connection's later bytes wait behind it.  ``seconds`` 0 turns it off."""
+        self._request_delay = (prefix, float(seconds)) if seconds > 0 else None
+
+    def _hold_request(self, data: bytes) -> None:
+        """Pump thread: the delay of ``delay_requests``, counted in ``held``/``held_max``."""
+        rule = self._request_delay
+        if rule is None or not data.startswith(rule[0]):
+            return
+        with self._lock:
+            self.held += 1
+            self.held_total += 1
+            self.held_max = max(self.held_max, self.held)
+        try:
+            self._stopping.wait(rule[1])
+        finally:
+            with self._lock:
+                self.held -= 1
 
     def reset_all(self) -> int:
         """Close every current connection with RST; return how many there were."""

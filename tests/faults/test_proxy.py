@@ -148,6 +148,26 @@ def test_latency(proxy):
         assert time.monotonic() - start < 0.25
 
 
+def test_delay_requests_holds_only_matching_chunks(proxy):
+    with _connect(proxy) as slow, _connect(proxy) as other:
+        proxy.delay_requests(b"DELETE ", 0.5)
+        start = time.monotonic()
+        assert _roundtrip(other, b"GET /") == b"GET /"  # not matched: at once
+        assert time.monotonic() - start < 0.3
+        done = []
+        t = threading.Thread(target=lambda: done.append(_roundtrip(slow, b"DELETE /m")))
+        t.start()
+        assert _wait_for(lambda: proxy.held == 1, timeout=2)
+        assert _roundtrip(other, b"PUT /") == b"PUT /"  # another connection is not held up
+        t.join(5)
+        assert done == [b"DELETE /m"] and time.monotonic() - start >= 0.45
+        assert (proxy.held, proxy.held_max, proxy.held_total) == (0, 1, 1)
+        proxy.delay_requests(b"DELETE ", 0)
+        start = time.monotonic()
+        assert _roundtrip(slow, b"DELETE /n") == b"DELETE /n"
+        assert time.monotonic() - start < 0.3
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
