@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 from bench_dashboard import azure_calls, render_times
-from bench_dispatch import fig_dispatch_azurite, fig_dispatch_servicebus
+from bench_dispatch import fig_drain_azurite, fig_drain_servicebus
 from bench_measure import (
     azurite_lock_loss,
     control_calls,
@@ -234,8 +234,8 @@ def fig_receive_depth(b: Bench) -> None:
 # The table's rows, in order.  Consecutive Azurite figures share one Azurite.
 FIGURES = [
     Figure(fig_sqlite_throughput),
-    Figure(fig_dispatch_servicebus),  # its own broker process, no Azurite
-    Figure(fig_dispatch_azurite, azurite=True),  # issue 19's whole-process drains
+    Figure(fig_drain_servicebus),  # its own broker process, no Azurite
+    Figure(fig_drain_azurite, azurite=True),  # issue 19's whole-process drains
     Figure(fig_azurite_lock_loss, azurite=True),
     Figure(fig_dispatch_latency),
     Figure(fig_overhead),
