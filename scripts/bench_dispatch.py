@@ -83,11 +83,11 @@ def timed_exit(cmd: list[str], cwd: Path, log: str, env: dict[str, str],
 
 
 def supervisor_drain(tmp: Path, args: list[str], env: dict[str, str], n: int, log: str,
-                     lost: Counter[str], key: str) -> float:
+                     lost: Counter[str]) -> float:
     """tasks/s of one ``jobq-supervisor --exit-when-empty`` run over ``n`` pushed tasks.
     Its summary must account for all ``n``, each succeeded or lock lost (a delete that timed
     out while the broker stalled, retried into "message gone": the task ran and its
-    message is gone, so the drain is complete; counted in ``lost[key]`` and shown)."""
+    message is gone, so the drain is complete; counted in ``lost[log]`` and shown)."""
     seconds = timed_exit([str(BIN / "jobq-supervisor"), *args, "--exit-when-empty"], tmp, log,
                          env)
     found = SUMMARY.search((tmp / log).read_text(errors="replace"))
@@ -97,7 +97,7 @@ def supervisor_drain(tmp: Path, args: list[str], env: dict[str, str], n: int, lo
         raise BenchError(f"{log}: {found.group(0)}, of {n} tasks pushed (the rest received "
                          f"by calls that timed out, invisible until their timeout)\n"
                          f"{log_tail(tmp / log)}")
-    lost[key] += int(found.group(3))
+    lost[log] += int(found.group(3))
     return n / seconds
 
 
@@ -198,7 +198,7 @@ def sq_drain(tmp: Path, conn_str: str, queue: str, n: int, slots: int,
         backend.close()
     rate = supervisor_drain(tmp, ["--backend", "storage-queue", "--queue", queue, "-n",
                                   str(slots)], {"JOBQ_CONNECTION_STRING": conn_str}, n,
-                            f"{queue}.log", lost, f"n{slots}")
+                            f"{queue}.log", lost)
     if queue_length(conn_str, queue):
         raise BenchError(f"jobq-supervisor exited with messages left in {queue}")
     return rate
@@ -225,10 +225,11 @@ def fig_drain_azurite(b: Bench) -> None:
         rate = median([r[key] for r in runs])
         vs_raw = median([r[key] / r["raw"] for r in runs])
         vs_ai4s = median([r[key] / r["ai4s"] for r in runs])
+        kept_lost = sum(lost[f"dsp{r['run']:.0f}{key}.log"] for r in runs)
         b.results[f"drain_azurite_{key}"] = {"tasks_per_s": rate, "vs_raw": vs_raw,
-                                                "vs_ai4s": vs_ai4s, "lock_lost": lost[key]}
+                                             "vs_ai4s": vs_ai4s, "lock_lost": kept_lost}
         b.row(f"Azurite drain, {b.n} true, -n {slots} (exec -> exit)",
-              f"{rate:.0f} tasks/s{notes(lost[key], discarded, b.runs)}",
+              f"{rate:.0f} tasks/s{notes(kept_lost, discarded, b.runs)}",
               f"raw 1-msg receive+delete, 4 threads: {raw:.0f}/s; "
               f"ai4s-jobq {AI4S_VERSION} -n 4 (exec -> exit): {ai4s:.1f} tasks/s",
               f"{verdict(vs_raw, 1.0)} raw, {verdict(vs_ai4s, 10.0)} ai4s-jobq")
@@ -305,8 +306,7 @@ def sb_drain(tmp: Path, conn_str: str, queue: str, n: int, slots: int,
     # administration API to read it from).
     return supervisor_drain(tmp, ["--backend", "servicebus", "--queue", queue, "-n",
                                   str(slots), "--lock-duration", "60"],
-                            {"JOBQ_CONNECTION_STRING": conn_str}, n, f"{queue}.log", lost,
-                            f"n{slots}")
+                            {"JOBQ_CONNECTION_STRING": conn_str}, n, f"{queue}.log", lost)
 
 
 def fig_drain_servicebus(b: Bench) -> None:
@@ -325,17 +325,18 @@ def fig_drain_servicebus(b: Bench) -> None:
         key = f"n{slots}"
         rate = median([r[key] for r in runs])
         vs_raw = median([r[key] / r["raw"] for r in runs])
+        kept_lost = sum(lost[f"sb{r['run']:.0f}{key}.log"] for r in runs)
         b.results[f"drain_servicebus_{key}"] = {"tasks_per_s": rate, "vs_raw": vs_raw,
-                                                   "lock_lost": lost[key]}
+                                                "lock_lost": kept_lost}
         b.row(f"Service Bus drain, {b.n} true, -n {slots} (exec -> exit)",
-              f"{rate:.0f} tasks/s{notes(lost[key], discarded, b.runs)}",
+              f"{rate:.0f} tasks/s{notes(kept_lost, discarded, b.runs)}",
               f"raw 1-msg receive+complete, 4 threads: {raw:.0f}/s (test broker)",
               f"{verdict(vs_raw, 0.8)} raw")
 
 
 def paired_runs(runs: int, sides: Callable[[int], dict[str, Callable[[], float]]],
                 what: str) -> tuple[list[dict[str, float]], list[str]]:
-    """``runs`` runs of every side (``sides(i)``: name -> measurement), in reverse order
+    """``runs`` runs of every side (``sides(i)``: name -> measurement; "run": i), in reverse order
     every other run: a drift of the VM's speed weighs on both sides alike.  Each number also
     goes to stderr at once.  A run where one side fails (BenchError: a drain that left tasks
     behind, a stalled broker) is discarded whole and its reason kept; none left raises."""
@@ -344,7 +345,7 @@ def paired_runs(runs: int, sides: Callable[[int], dict[str, Callable[[], float]]
     for i in range(runs):
         measure = sides(i)
         order = list(measure) if i % 2 == 0 else list(reversed(measure))
-        out = {}
+        out = {"run": float(i)}
         try:
             for name in order:
                 out[name] = measure[name]()
@@ -362,7 +363,7 @@ def paired_runs(runs: int, sides: Callable[[int], dict[str, Callable[[], float]]
 def notes(lost: int, discarded: list[str], runs: int) -> str:
     """What the value's reader must know: tasks whose delete was retried into "message gone"
     after a broker stall (counted lock lost, drained all the same); runs discarded."""
-    out = f", {lost} lock lost (retried deletes)" if lost else ""
+    out = f", {lost} tasks lock lost (deletes retried after a stall)" if lost else ""
     out += f", {len(discarded)} of {runs} runs discarded" if discarded else ""
     return f" ({out[2:]})" if out else ""
 
