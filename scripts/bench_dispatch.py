@@ -40,17 +40,18 @@ AI4S_VENV = REPO / ".bench" / "ai4s-venv"
 T = TypeVar("T")
 SUMMARY = re.compile(r"summary: succeeded=(\d+) failed=(\d+) .*lock_lost=(\d+)")
 
-# The test broker in a process of its own: it writes its port to argv[2] once it listens,
-# and runs until killed.  Its internal errors go to argv[3] (checked after each figure).
+# The test broker in a process of its own: it writes its port to argv[2] once it listens
+# (renamed into place: the bench never reads half a number), and runs until it is killed.
+# Its internal errors go to argv[3], which the bench checks when it kills it.
 BROKER = r'''
-import logging, signal, sys
+import logging, os, signal, sys
 sys.path.insert(0, sys.argv[1])
 logging.basicConfig(filename=sys.argv[3], level=logging.ERROR)
 from tests.servicebus.broker import ServiceBusTestBroker
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
 broker = ServiceBusTestBroker().start()
 with open(sys.argv[2] + ".tmp", "w") as fh:
     fh.write(str(broker.port))
-import os
 os.rename(sys.argv[2] + ".tmp", sys.argv[2])
 signal.sigwait({signal.SIGTERM, signal.SIGINT})
 broker.stop()
@@ -94,9 +95,9 @@ def supervisor_drain(tmp: Path, args: list[str], env: dict[str, str], n: int, lo
     if not found:
         raise BenchError(f"no summary line in {log}:\n{log_tail(tmp / log)}")
     if int(found.group(1)) + int(found.group(3)) != n:
-        raise BenchError(f"{log}: {found.group(0)}, of {n} tasks pushed (the rest received "
-                         f"by calls that timed out, invisible until their timeout)\n"
-                         f"{log_tail(tmp / log)}")
+        raise BenchError(f"{log}: {found.group(0)}, of {n} tasks pushed (the rest never ran: "
+                         "e.g. received by a call that timed out, invisible until their "
+                         f"visibility timeout)\n{log_tail(tmp / log)}")
     lost[log] += int(found.group(3))
     return n / seconds
 
