@@ -25,15 +25,14 @@ from pathlib import Path
 
 import psutil
 from bench_dashboard import azure_calls, render_times
+from bench_dispatch import fig_drain_azurite, fig_drain_servicebus
 from bench_fleet import fleet, print_fleet
 from bench_measure import (
     azurite_lock_loss,
-    azurite_throughput,
     control_calls,
     dispatch_latency,
     escalation_lateness,
     overhead,
-    raw_azurite_rate,
     raw_spawn_rate,
     sigterm_forwarding,
     sqlite_lock_loss,
@@ -61,17 +60,6 @@ def fig_sqlite_throughput(b: Bench) -> None:
                      sqlite_ratios=[s / r for r, s in pairs])
     b.row("SQLite throughput, -n 4", f"{sq:.0f} tasks/s",
           f"raw bash -c true spawn, 4 threads: {raw:.0f}/s", f"{ratio:.0%} (target >= 50%)")
-
-
-def fig_azurite_throughput(b: Bench) -> None:
-    assert b.azurite is not None
-    conn_str = b.azurite.conn_str
-    pairs = [(raw_azurite_rate(conn_str, f"raw{i}", b.n),
-              azurite_throughput(b.tmp, conn_str, f"tp{i}", b.n)) for i in range(b.runs)]
-    raw, azt, ratio = paired_medians(pairs)
-    b.results.update(raw_azurite_rate=raw, azurite_throughput=azt, azurite_ratio=ratio)
-    b.row("Azurite throughput, -n 4", f"{azt:.0f} tasks/s",
-          f"raw receive+delete, 4 threads: {raw:.0f}/s", f"{ratio:.0%} (target >= 60%)")
 
 
 def fig_azurite_lock_loss(b: Bench) -> None:
@@ -266,7 +254,8 @@ def fig_receive_depth(b: Bench) -> None:
 # The table's rows, in order.  Consecutive Azurite figures share one Azurite.
 FIGURES = [
     Figure(fig_sqlite_throughput),
-    Figure(fig_azurite_throughput, azurite=True),
+    Figure(fig_drain_servicebus),  # its own broker process, no Azurite
+    Figure(fig_drain_azurite, azurite=True),  # issue 19's whole-process drains
     Figure(fig_azurite_lock_loss, azurite=True),
     Figure(fig_dispatch_latency),
     Figure(fig_overhead),
