@@ -58,6 +58,11 @@ def error_code(exc: BaseException) -> str:
     return str(getattr(code, "value", code) or "")
 
 
+class MessageGone(LeaseLost):
+    """404 MessageNotFound on a lease's call: the message no longer exists.  After a delete
+    whose answer never came, that is our own delete, applied (storage_queue_lease.py)."""
+
+
 def translate(exc: BaseException, what: str, scrub: Scrubber, lease: bool = False) -> Exception:
     """Map an SDK exception onto LeaseLost / BackendError / BackendConfigError.
 
@@ -75,7 +80,9 @@ def translate(exc: BaseException, what: str, scrub: Scrubber, lease: bool = Fals
     tag = f" [{' '.join(parts)}]" if parts else ""
     if isinstance(exc, ClientAuthenticationError) or status in (401, 403):
         return BackendConfigError(f"{what}: not authorized{tag}: {summary}")
-    if lease and (status == 404 or code in ("PopReceiptMismatch", "MessageNotFound")):
+    if lease and code == "MessageNotFound":
+        return MessageGone(f"{what}: message gone or taken by another receiver{tag}")
+    if lease and (status == 404 or code == "PopReceiptMismatch"):
         return LeaseLost(f"{what}: message gone or taken by another receiver{tag}")
     if status == 404 and code == "QueueNotFound":
         return BackendError(f"{what}: queue does not exist (deleted?){tag}")

@@ -509,3 +509,28 @@ def test_sas_without_create_permission_works_on_an_existing_queue(azurite, backe
     finally:
         limited.close()
     assert [r.worker for r in backend.failed()] == ["sas"]
+
+
+def test_a_delete_retried_after_a_lost_answer_is_done_not_a_lost_lease(make_backend, proxy,
+                                                                       raw):
+    # The first delete reaches Azurite but its answer comes after the read timeout; the
+    # retry finds the message gone: that is our delete, applied, not a lost lease.
+    backend = make_backend(port=proxy.port, read_timeout=1.0, connect_timeout=1.0)
+    backend.push([Task(cmd="x")])
+    lease = receive_one(backend)
+    proxy.latency(0.8)  # each way: the request lands at 0.8 s, the answer at 1.6 s
+    with pytest.raises(BackendError) as info:
+        lease.complete()
+    assert not isinstance(info.value, LeaseLost)
+    proxy.latency(0)
+    wait_for(lambda: raw.get_queue_properties().approximate_message_count == 0, 10,
+             what="the first delete applied")
+    lease.complete()  # no LeaseLost
+
+
+def test_a_message_deleted_by_someone_else_is_a_lost_lease(backend, raw):
+    backend.push([Task(cmd="x")])
+    lease = receive_one(backend)
+    raw.delete_message(lease.message_id, lease._pop_receipt)  # not by this lease's call
+    with pytest.raises(LeaseLost):
+        lease.complete()

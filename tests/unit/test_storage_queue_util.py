@@ -22,6 +22,7 @@ from supervisor.backends.azure_common import Scrubber, reset_for_requeue  # noqa
 from supervisor.backends.base import BackendConfigError, BackendError, LeaseLost  # noqa: E402
 from supervisor.backends.common import poison_reason  # noqa: E402
 from supervisor.backends.storage_queue_util import (  # noqa: E402
+    MessageGone,
     clamp_visibility,
     make_record,
     parse_record,
@@ -50,7 +51,7 @@ def _http_error(cls, status: int, code: str):
 
 @pytest.mark.parametrize("exc, lease, expected", [
     (_http_error(HttpResponseError, 400, "PopReceiptMismatch"), True, LeaseLost),
-    (_http_error(ResourceNotFoundError, 404, "MessageNotFound"), True, LeaseLost),
+    (_http_error(ResourceNotFoundError, 404, "MessageNotFound"), True, MessageGone),
     (_http_error(ResourceNotFoundError, 404, "QueueNotFound"), True, LeaseLost),
     (_http_error(ResourceNotFoundError, 404, "QueueNotFound"), False, BackendError),
     (_http_error(ClientAuthenticationError, 403, "AuthenticationFailed"), True,
