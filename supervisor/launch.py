@@ -52,6 +52,7 @@ class TaskStart:
     max_attempts: int
 
 
+@dataclass(eq=False)
 class Launcher:
     """Starts tasks for leases (main thread only).
 
@@ -59,19 +60,18 @@ class Launcher:
     by the worker once its helper runs.  Spawner results and task output closing wake the main
     loop through ``events``."""
 
-    def __init__(self, settings: Settings, guard: TaskGuard, settlement: Settlement,
-                 metrics: Metrics, watchdog: Watchdog, output_pump: OutputPump,
-                 events: queue.SimpleQueue[Event], token: str,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.s = settings
-        self.guard = guard
-        self.settlement = settlement
-        self.metrics = metrics
-        self.watchdog = watchdog
-        self.output_pump = output_pump
-        self.events = events
-        self.token = token
-        self.clock = clock
+    s: Settings
+    guard: TaskGuard
+    settlement: Settlement
+    metrics: Metrics
+    watchdog: Watchdog
+    output_pump: OutputPump
+    events: queue.SimpleQueue[Event]
+    token: str
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        settings, settlement, clock = self.s, self.settlement, self.clock
         self._seq = 0
         self.lifeline: Lifeline | None = None
         self.spawner: Spawner[TaskStart] = Spawner(SPAWN_THREADS, on_done=self.events.put)
