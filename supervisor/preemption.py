@@ -33,6 +33,11 @@ if TYPE_CHECKING:  # imported where used: a worker off Azure never loads http/em
     import urllib.request
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+INHERITED_IGNORED = (signal.SIGHUP, signal.SIGQUIT)
+
+
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    """Ignore the signal (main thread), as SIG_IGN would -- but a task gets the default."""
 
 
 class SignalQueue:
@@ -49,6 +54,12 @@ class SignalQueue:
     def install(self) -> None:
         for sig in (*STOP_SIGNALS, signal.SIGCHLD, signal.SIGUSR1):
             self._previous[sig] = signal.signal(sig, self._handler)
+        # Started under nohup or as a shell's background job, we inherit these ignored, and
+        # an ignored signal stays ignored across exec: every task would too.  A handler
+        # that does nothing ignores them as well, and exec resets it to the default.
+        for sig in INHERITED_IGNORED:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                self._previous[sig] = signal.signal(sig, _ignore)
 
     def restore(self) -> None:
         for sig, previous in self._previous.items():

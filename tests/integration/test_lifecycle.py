@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sqlite3
+import sys
 import time
 
 import psutil
@@ -284,21 +285,33 @@ def _open_files(pid: int) -> set[str]:
         return set()
 
 
-def test_tasks_start_with_no_signal_blocked_or_ignored(env, tmp_path):
+# Starts the command after it with SIGHUP and SIGQUIT ignored, as nohup and a shell's
+# background job (`cmd &`) leave them.
+IGNORING = (sys.executable, "-c", "import os, signal, sys; "
+            "[signal.signal(s, signal.SIG_IGN) for s in (signal.SIGHUP, signal.SIGQUIT)]; "
+            "os.execvp(sys.argv[1], sys.argv[1:])")
+
+
+@pytest.mark.parametrize("prefix", [(), IGNORING], ids=["plain-start", "started-ignoring"])
+def test_tasks_start_with_no_signal_blocked_or_ignored(env, tmp_path, prefix):
     """Both ways of starting a shell (posix_spawn; Popen when the task has a cwd): the
     supervisor's threads block its signals and Python ignores SIGPIPE, the task must inherit
-    neither (`yes | head` must end by SIGPIPE, a task must be able to get SIGTERM)."""
+    neither (`yes | head` must end by SIGPIPE, a task must be able to get SIGTERM) -- nor
+    the SIGHUP and SIGQUIT a supervisor started by nohup or as a background job ignores.
+    Probed in a program the task runs (grep), not in bash: bash ignores SIGQUIT itself and
+    gives its programs the dispositions it got."""
     out = tmp_path / "masks"
 
     def probe(tag: str) -> str:
-        return (f"grep -E '^Sig(Blk|Ign)' /proc/$$/status > {out}.{tag}; "
+        return (f"grep -E '^Sig(Blk|Ign)' /proc/self/status > {out}.{tag}; "
                 f"yes | head -1 > /dev/null; echo ${{PIPESTATUS[0]}} > {out}.{tag}.pipe")
 
     env.push(probe("plain"))
     env.push(probe("cwd"), extra=("--cwd", str(tmp_path)))
-    sup = env.supervisor("--exit-when-empty")
+    sup = env.supervisor("--exit-when-empty", prefix=prefix)
     assert sup.wait(60) == 0, sup.log()[-2000:]
-    ours = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGPIPE}
+    ours = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+            signal.SIGPIPE}
     for tag in ("plain", "cwd"):
         masks = dict(line.split(":") for line in (tmp_path / f"masks.{tag}").read_text()
                      .splitlines())
