@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -43,6 +44,22 @@ def sb_broker() -> Iterator[ServiceBusTestBroker]:
 # -- the jobq-supervisor commands against the broker ----------------------------------------
 
 SECRET_KEY = "c2VjcmV0LWtleS1mb3ItdGhlLXRlc3RzLW9ubHk9PQ=="  # any key works with the broker
+
+
+def connection_string(port: int) -> str:
+    """The test broker's connection string (the SDK's development-emulator form)."""
+    return (f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=test;"
+            f"SharedAccessKey={SECRET_KEY};UseDevelopmentEmulator=true")
+
+
+def work_backend(sb_broker: ServiceBusTestBroker, receivers: int) -> Any:
+    """A ServiceBusBackend on a fresh queue "work" with a 5 s lock (the backend tests)."""
+    from supervisor.backends.servicebus import ServiceBusBackend
+
+    sb_broker.create_queue("work", lock_duration=5)
+    return ServiceBusBackend("work", connection_string=connection_string(sb_broker.port),
+                             worker_id="w1", lock_duration=5, receivers=receivers,
+                             receive_wait=0.5)
 
 
 class SbEnv(Env):

@@ -19,21 +19,14 @@ from supervisor.backends.servicebus_util import LockCheck, translate
 from supervisor.task import Task
 from tests.conftest import command
 
-from .conftest import SECRET_KEY
+from .conftest import SECRET_KEY, connection_string, work_backend
 
 pytestmark = [pytest.mark.servicebus, pytest.mark.timeout(60)]
 
 
-def _cs(port: int) -> str:
-    return (f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=test;"
-            f"SharedAccessKey={SECRET_KEY};UseDevelopmentEmulator=true")
-
-
 @pytest.fixture
 def backend(sb_broker):
-    sb_broker.create_queue("work", lock_duration=5)
-    b = ServiceBusBackend("work", connection_string=_cs(sb_broker.port), worker_id="w1",
-                          lock_duration=5, receivers=1, receive_wait=0.5)
+    b = work_backend(sb_broker, receivers=1)
     yield b
     b.close()
     assert not [t for t in threading.enumerate() if t.name == "sb-opener" and t.is_alive()]
@@ -60,8 +53,9 @@ def test_error_mapping(exc, lease, expected):
 
 
 def test_errors_are_scrubbed():
-    scrub = Scrubber(_cs(1), None)
-    exc = sbx.ServiceBusConnectionError(message=f"failed with {_cs(1)} and {SECRET_KEY}")
+    scrub = Scrubber(connection_string(1), None)
+    exc = sbx.ServiceBusConnectionError(
+        message=f"failed with {connection_string(1)} and {SECRET_KEY}")
     error = translate(exc, "receive", scrub)
     assert SECRET_KEY not in str(error) and SECRET_KEY not in repr(error)
 
@@ -82,7 +76,7 @@ def test_bad_connection_string_and_dead_endpoint_leak_no_key(sb_broker):
     assert SECRET_KEY not in str(info.value)
     port = sb_broker.port
     sb_broker.stop()  # nothing listens there any more
-    b = ServiceBusBackend("work", connection_string=_cs(port))
+    b = ServiceBusBackend("work", connection_string=connection_string(port))
     try:
         assert SECRET_KEY not in repr(b)
         with pytest.raises(BackendError) as info2:
@@ -113,8 +107,8 @@ def test_receive_renew_complete(backend, sb_broker):
 
 def test_lock_shorter_than_configured_is_seen(sb_broker, caplog):
     sb_broker.create_queue("work", lock_duration=5)
-    b = ServiceBusBackend("work", connection_string=_cs(sb_broker.port), lock_duration=60,
-                          receivers=1, receive_wait=0.5)
+    b = ServiceBusBackend("work", connection_string=connection_string(sb_broker.port),
+                          lock_duration=60, receivers=1, receive_wait=0.5)
     try:
         b.push([Task(cmd="true")])
         with caplog.at_level(logging.WARNING):

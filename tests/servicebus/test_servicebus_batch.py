@@ -13,26 +13,18 @@ from pathlib import Path
 import pytest
 
 from supervisor.backends.base import BackendError, LeaseLost
-from supervisor.backends.servicebus import ServiceBusBackend
 from supervisor.task import Task
 from tests.conftest import wait_for
 from tests.integration.helpers import ready_count, write_recorder
 
-from .conftest import SECRET_KEY
+from .conftest import work_backend
 
 pytestmark = [pytest.mark.servicebus, pytest.mark.timeout(90)]
 
 
-def _cs(port: int) -> str:
-    return (f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=test;"
-            f"SharedAccessKey={SECRET_KEY};UseDevelopmentEmulator=true")
-
-
 @pytest.fixture
 def backend(sb_broker):
-    sb_broker.create_queue("work", lock_duration=5)
-    b = ServiceBusBackend("work", connection_string=_cs(sb_broker.port), worker_id="w1",
-                          lock_duration=5, receivers=4, receive_wait=0.5)
+    b = work_backend(sb_broker, receivers=4)
     yield b
     b.close()
 
