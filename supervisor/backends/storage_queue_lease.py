@@ -47,7 +47,6 @@ class StorageQueueLease:
         self.task, self.format_error = parse_body(self.raw_body)
         preemptions = self.task.preemptions if self.task is not None else 0
         self.attempt = max(1, self.dequeue_count - preemptions)
-        self._client: QueueClient | None = None
         self._failed_client: QueueClient | None = None
         self._settled = False
         self._recorded = False  # dead_letter sent its record already
@@ -60,17 +59,21 @@ class StorageQueueLease:
         what = f"{what} {self.message_id}"
         if self._settled:
             raise settled_error(what)
-        if self._client is None:
-            self._client = self._backend.new_client(self._backend.queue_name)
-        with mapped_errors(what, SDK_ERRORS, self._backend.translate_lease, on_lost=self._finish):
-            return fn(self._client)
+        client, ok = self._backend.lease_client(), False
+        try:
+            with mapped_errors(what, SDK_ERRORS, self._backend.translate_lease,
+                               on_lost=self._finish):
+                result = fn(client)
+            ok = True
+            return result
+        finally:
+            self._backend.return_client(client, ok)
 
     def _finish(self) -> None:
         self._settled = True
-        for client in (self._client, self._failed_client):
-            if client is not None:
-                client.close()
-        self._client = self._failed_client = None
+        if self._failed_client is not None:
+            self._failed_client.close()
+        self._failed_client = None
 
     def renew(self, timeout: float) -> float:
         """LeaseKeeper thread: hide the message for another ``lock_duration`` seconds.

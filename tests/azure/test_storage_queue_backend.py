@@ -455,8 +455,8 @@ def test_leases_renew_concurrently_from_their_own_threads(backend):
 def test_dead_letter_retry_after_failed_delete_sends_one_record(backend):
     backend.push([Task(cmd="x", id="once")])
     lease = receive_one(backend)
-    lease._client = backend.new_client(backend.queue_name)
-    real_delete, failures = lease._client.delete_message, []
+    flaky = backend.new_client(backend.queue_name)
+    real_delete, failures = flaky.delete_message, []
 
     def flaky_delete(*args, **kwargs):
         if not failures:
@@ -464,7 +464,8 @@ def test_dead_letter_retry_after_failed_delete_sends_one_record(backend):
             raise ServiceRequestError("connection reset (injected)")
         return real_delete(*args, **kwargs)
 
-    lease._client.delete_message = flaky_delete
+    flaky.delete_message = flaky_delete
+    backend._idle_clients.append(flaky)  # the lease's next call takes it
     with pytest.raises(BackendError) as info:
         lease.dead_letter("boom", "")
     assert not isinstance(info.value, LeaseLost)
