@@ -8,11 +8,12 @@ with the count incremented, so giving the message back does not use up an attemp
 Failed tasks go to ``<queue>-failed`` as JSON records (storage_queue_util.make_record).
 
 Threads: Azure SDK clients are not documented thread-safe, so no client is shared between
-threads.  The backend's own two clients are used by the main thread only.  Each lease makes
-its own client on first use -- by its LeaseKeeper thread -- and closes it once settled or
-lost.  A single client behind a lock would be simpler, but then one renewal hanging on a
-dead connection (up to its timeout) would hold back every other lease's renewal past its
-deadline.  Clients are cheap (~0.2 ms, no I/O); each lease pays one new connection.
+threads.  The backend's own two clients are used by the main thread only.  A LeaseKeeper's
+call takes an idle client (``lease_client``) and gives it back after it (``return_client``):
+one call, one thread, and a client whose call failed -- its connection may hang -- is closed.
+A single client behind a lock would be simpler, but then one renewal hanging on a dead
+connection (up to its timeout) would hold back every other lease's renewal past its
+deadline; a client per lease paid a pipeline and a new connection per task.
 """
 
 from __future__ import annotations

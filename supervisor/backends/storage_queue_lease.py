@@ -1,8 +1,8 @@
 """The lease of the Storage Queue backend: one received message and its pop receipt.
 
 Made on the main thread by StorageQueueBackend.receive; renewed and settled by its own
-LeaseKeeper thread, which alone uses the lease's clients (see storage_queue.py on why each
-lease has its own client).
+LeaseKeeper thread, each call on a client it takes from the backend and gives back (see
+storage_queue.py on why no client is shared between threads).
 """
 
 from __future__ import annotations
