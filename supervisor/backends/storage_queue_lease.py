@@ -50,7 +50,7 @@ class StorageQueueLease:
         self._failed_client: QueueClient | None = None
         self._settled = False
         self._recorded = False  # dead_letter sent its record already
-        self._delete_sent = False  # a delete failed without an answer: it may have been applied
+        self._unanswered = False  # a settlement call failed without an answer: maybe applied
 
     def __repr__(self) -> str:
         return f"StorageQueueLease(message_id={self.message_id!r}, attempt={self.attempt})"
@@ -111,14 +111,14 @@ class StorageQueueLease:
         try:
             self._call(what, lambda c: c.delete_message(self.message_id, self._pop_receipt))
         except MessageGone:
-            if not self._delete_sent:
+            if not self._unanswered:
                 raise
             LOG.debug("%s %s: already deleted by the retried call", what, self.message_id)
             return  # _call's on_lost finished the lease
         except LeaseLost:
             raise
         except BackendError:
-            self._delete_sent = True
+            self._unanswered = True
             raise
         self._finish()
 
@@ -132,9 +132,21 @@ class StorageQueueLease:
             except TaskFormatError as exc:  # one more digit pushed it over the size limit
                 LOG.warning("preemption of %s not recorded: %s", self.message_id, exc)
         visibility = clamp_visibility(delay, 0)
-        self._call("release", lambda c: c.update_message(
-            self.message_id, pop_receipt=self._pop_receipt, content=content,
-            visibility_timeout=visibility))
+        try:
+            self._call("release", lambda c: c.update_message(
+                self.message_id, pop_receipt=self._pop_receipt, content=content,
+                visibility_timeout=visibility))
+        except LeaseLost:
+            # A release that failed without an answer may have been applied: the message
+            # was visible again, and another receive (ours, too) took or finished it -- the
+            # pop receipt no longer matches, or the message is gone.  Released, not lost.
+            if not self._unanswered:
+                raise
+            LOG.debug("release %s: applied by the call that timed out", self.message_id)
+            return  # _call's on_lost finished the lease
+        except BackendError:
+            self._unanswered = True
+            raise
         self._finish()
 
     def dead_letter(self, reason: str, output_tail: str, exit_status: int | None = None) -> None:

@@ -535,3 +535,21 @@ def test_a_message_deleted_by_someone_else_is_a_lost_lease(backend, raw):
     raw.delete_message(lease.message_id, lease._pop_receipt)  # not by this lease's call
     with pytest.raises(LeaseLost):
         lease.complete()
+
+
+def test_a_release_retried_after_a_lost_answer_is_done_not_a_lost_lease(make_backend, proxy,
+                                                                        raw):
+    # The same for a release (a held message given back): applied, its pop receipt changed,
+    # so the retry is refused -- yet the message is back in the queue, as the release wanted.
+    backend = make_backend(port=proxy.port, read_timeout=1.0, connect_timeout=1.0)
+    backend.push([Task(cmd="x")])
+    lease = receive_one(backend)
+    proxy.latency(0.8)
+    with pytest.raises(BackendError) as info:
+        lease.release(count_attempt=False)
+    assert not isinstance(info.value, LeaseLost)
+    proxy.latency(0)
+    wait_for(lambda: raw.peek_messages(max_messages=1), 10, what="the first release applied")
+    lease.release(count_attempt=False)  # no LeaseLost
+    again = receive_one(backend)
+    assert again.message_id == lease.message_id and again.attempt == 1
