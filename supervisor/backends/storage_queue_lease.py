@@ -101,22 +101,28 @@ class StorageQueueLease:
         self._delete("complete")
 
     def _delete(self, what: str) -> None:
-        """Delete the message (LeaseKeeper thread).
-
-        A delete that failed without an answer (a timeout, a 5xx) may have been applied.
-        Its retry then finds the message gone: ours, deleted, not a lost lease -- nobody else
+        """Delete the message (LeaseKeeper thread).  A retry that finds it gone (404
+        MessageNotFound) after a delete without an answer: ours, deleted -- nobody else
         could delete a message hidden by our lock, and the keeper retries only within it.
         (Counted as lock lost, a drain through a slow Azurite showed 841 of 1,000 tasks
         "lost" that had all run and been deleted.)"""
+        self._settle(what, lambda c: c.delete_message(self.message_id, self._pop_receipt),
+                     MessageGone)
+
+    def _settle(self, what: str, fn: Callable[[QueueClient], Any],
+                applied: type[LeaseLost]) -> None:
+        """One settlement call, then the lease is over (LeaseKeeper thread).
+
+        A call that failed without an answer (a timeout, a 5xx) may have been applied; when
+        its retry is refused with ``applied``, it was, and the settlement is done, not a
+        lost lease."""
         try:
-            self._call(what, lambda c: c.delete_message(self.message_id, self._pop_receipt))
-        except MessageGone:
-            if not self._unanswered:
+            self._call(what, fn)
+        except LeaseLost as exc:
+            if not (self._unanswered and isinstance(exc, applied)):
                 raise
-            LOG.debug("%s %s: already deleted by the retried call", what, self.message_id)
+            LOG.debug("%s %s: applied by the call that got no answer", what, self.message_id)
             return  # _call's on_lost finished the lease
-        except LeaseLost:
-            raise
         except BackendError:
             self._unanswered = True
             raise
@@ -132,22 +138,12 @@ class StorageQueueLease:
             except TaskFormatError as exc:  # one more digit pushed it over the size limit
                 LOG.warning("preemption of %s not recorded: %s", self.message_id, exc)
         visibility = clamp_visibility(delay, 0)
-        try:
-            self._call("release", lambda c: c.update_message(
-                self.message_id, pop_receipt=self._pop_receipt, content=content,
-                visibility_timeout=visibility))
-        except LeaseLost:
-            # A release that failed without an answer may have been applied: the message
-            # was visible again, and another receive (ours, too) took or finished it -- the
-            # pop receipt no longer matches, or the message is gone.  Released, not lost.
-            if not self._unanswered:
-                raise
-            LOG.debug("release %s: applied by the call that timed out", self.message_id)
-            return  # _call's on_lost finished the lease
-        except BackendError:
-            self._unanswered = True
-            raise
-        self._finish()
+        # A release applied by a call without an answer made the message visible, and another
+        # receive (ours, too) took or finished it: the pop receipt no longer matches, or the
+        # message is gone -- either refusal means released, not lost.
+        self._settle("release", lambda c: c.update_message(
+            self.message_id, pop_receipt=self._pop_receipt, content=content,
+            visibility_timeout=visibility), LeaseLost)
 
     def dead_letter(self, reason: str, output_tail: str, exit_status: int | None = None) -> None:
         """LeaseKeeper thread: record in ``<queue>-failed``, then delete the message.
