@@ -43,7 +43,6 @@ log = logging.getLogger("jobq.worker")
 SETTLING_PER_SLOT = 4
 SETTLING_MIN = 8
 
-# What a settlement's description counted, undone when the broker refuses it.
 PER_QUEUE = ("succeeded", "failed", "dead_lettered")  # what a worker record shows
 
 
@@ -55,6 +54,7 @@ class OutcomeCounts(dict[str, int]):
     per_queue: dict[str, dict[str, int]]
 
 
+# What a settlement's description counted, undone when the broker refuses it.
 _COUNT_OF = {"completed": "succeeded", "retry": "retried", "failed": "failed",
              "dead-lettered": "dead_lettered", "requeued": "requeued", "cancelled": "cancelled"}
 
