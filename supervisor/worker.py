@@ -16,7 +16,6 @@ reporting.py (systemd, metrics file, summary).
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import secrets
 import time
@@ -32,6 +31,7 @@ from .lifeline import Lifeline
 from .metrics import Metrics
 from .notify import Notifier
 from .output import OutputPump
+from .pacing import ReceivePacing
 from .preemption import SignalQueue
 from .process import set_child_subreaper
 from .reaping import Reaper, ready_to_settle
@@ -46,8 +46,6 @@ log = logging.getLogger("jobq.worker")
 
 LIFELINE_FLUSH_EVERY = 0.2
 CHANGE_PROBE_EVERY = 0.1
-BACKEND_RETRY_MAX = 10.0
-RECEIVE_FAILURE_LOG_EVERY = 60.0  # s between two "receive failed" lines of one outage
 
 
 class Worker:
@@ -77,9 +75,7 @@ class Worker:
         self.lifecycle = Lifecycle(settings, self.notifier, self.watchdog, self.events, clock)
         self.idle_since = clock()
         self.next_receive = clock()
-        self.receive_backoff = 0.0
-        self.receive_failures = 0
-        self.receive_failure_logged = -math.inf
+        self.pacing = ReceivePacing(settings.poll_interval)  # back-off; the hold when dry
         self.last_empty_receive: float | None = None
         self.reaper = Reaper(self.watchdog, self._helper_pids, clock())
         self.metrics = Metrics(settings.metrics_file, backend=settings.backend,
@@ -223,7 +219,8 @@ class Worker:
         if (self.state is State.RUNNING and not self.paused
                 and self._running() + len(self.launcher.starting) < self.s.num_workers
                 and not self.settlement.backlogged(self.active)):
-            t = min(t, self.next_receive)
+            if not self._receive_held(now):  # else: a spawn job, an exit or a settle poll
+                t = min(t, self.next_receive)
             if self.launcher.ready:
                 t = now
             if self.change_probe:
@@ -306,6 +303,10 @@ class Worker:
         return self.settlement.all_back_by(self.last_empty_receive)
 
     # ------------------------------------------------------------------------- receive
+    def _receive_held(self, now: float) -> bool:
+        return self.pacing.holds(now, bool(self.launcher.starting or self.settling or any(
+            rt.exited_at is not None for rt in self.active)))
+
     def _running(self) -> int:
         """Tasks whose shell has not exited: an exited one no longer takes a slot."""
         return sum(1 for rt in self.active if rt.exited_at is None)
@@ -318,8 +319,10 @@ class Worker:
         free -= self.launcher.take_ready(free)  # leases received ahead go first
         if free <= 0:
             return
+        if self._receive_held(now):
+            return
         if now < self.next_receive and not (
-                self.change_probe and self.receive_backoff == 0
+                self.change_probe and self.pacing.backoff == 0
                 and self.backend.changed()):
             return
         t_sent = self.clock()
@@ -331,21 +334,9 @@ class Worker:
         except Exception as exc:  # BackendError; or a client library's bug (the Storage
             # Queue SDK has raised RuntimeError from a race in its model cache): retried too
             self.metrics.backend_error("receive")
-            self.receive_backoff = min(max(1.0, self.receive_backoff * 2), BACKEND_RETRY_MAX)
-            self.receive_failures += 1
-            # An outage (a database gone read-only, a queue service down) is one line a
-            # minute, not one per retry.
-            if now >= self.receive_failure_logged + RECEIVE_FAILURE_LOG_EVERY:
-                self.receive_failure_logged = now
-                log.warning("receive failed (%d time(s) in a row; retrying in %.0fs): %s",
-                            self.receive_failures, self.receive_backoff, exc,
-                            exc_info=not isinstance(exc, BackendError))
-            self.next_receive = self.clock() + self.receive_backoff
+            self.next_receive = self.clock() + self.pacing.failed(now, exc)
             return
-        if self.receive_failures:
-            log.info("receive works again after %d failure(s)", self.receive_failures)
-            self.receive_failures, self.receive_failure_logged = 0, -math.inf
-        self.receive_backoff = 0.0
+        self.pacing.worked()
         self.metrics.receive_ok()
         if not self.ready_sent:
             self.notifier.ready()
@@ -354,8 +345,11 @@ class Worker:
             self.guard.log_warnings()
         if len(leases) < free:  # a slot left empty, not just fewer held: wait a poll
             self.next_receive = t_sent + self.s.poll_interval
+            self.pacing.ran_dry(self.clock())
             if not leases:
                 self.last_empty_receive = t_sent
+        else:
+            self.pacing.filled()
         for lease in leases[:free]:
             self.launcher.dispatch(lease, t_sent)
         self.launcher.hold(leases[free:], t_sent)

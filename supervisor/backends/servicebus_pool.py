@@ -35,6 +35,10 @@ LOG = logging.getLogger(__name__)
 RETRY_MAX = 10.0  # s between failed opens, at most
 BUSY_RECHECK = 0.005  # s: take looks again this soon when every ready receiver is busy
 BUSY_GROWTH = 4  # receivers kept open grow up to this many times ``keep`` when all are busy
+# s the exit waits for its receivers' closes: enough for the part that matters (the link's
+# drain, which releases messages delivered on credit left by a short receive: ~0.2 s), not
+# for the SDK's keep-alive thread that a close joins last (it sleeps in steps of 1 s).
+EXIT_CLOSE_WAIT = 0.5
 T = TypeVar("T")
 
 
@@ -234,9 +238,13 @@ class ReceiverPool:
         """Close every ready receiver; the opener thread ends (it may be stuck in an open on
         a dead network, so it is a daemon thread and we wait only ``timeout``).
 
-        The receivers close at once, each on a thread of its own: a close ends with a join
-        of the SDK's keep-alive thread, which sleeps in steps of 1 s -- one after the other
-        they cost the worker's exit up to a second each."""
+        The receivers close at once, each on a (daemon) thread of its own: a close drains
+        the link, releases what that brought in, sends the detach and the connection's
+        close, and ends with a join of the SDK's keep-alive thread, which sleeps in steps
+        of 1 s.  Waiting for that join cost every exit up to a second; a close still
+        running after ``EXIT_CLOSE_WAIT`` is left to the process's exit, where the kernel closes
+        its socket and the broker drops the link as after a crash -- by then every lease
+        is settled, so nothing is left locked."""
         with self._cond:
             self._stopped = True
             ready, self._ready = list(self._ready), collections.deque()
@@ -247,9 +255,11 @@ class ReceiverPool:
                    for shared in ready if shared.retire(close=False)]  # else: by its last lease
         for closer in closers:
             closer.start()
-        deadline = time.monotonic() + timeout
-        for t in closers + ([thread] if thread is not None else []):
-            t.join(max(0.0, deadline - time.monotonic()))
+        start = time.monotonic()
+        for closer in closers:
+            closer.join(max(0.0, start + min(timeout, EXIT_CLOSE_WAIT) - time.monotonic()))
+        if thread is not None:  # its own closes of retired receivers (usually none by now)
+            thread.join(max(0.0, start + timeout - time.monotonic()))
 
 
 def _close(receiver: Any) -> None:

@@ -103,7 +103,7 @@ def test_an_unexpected_receive_error_backs_off_instead_of_ending_the_worker(tmp_
     worker.next_receive = clock.now
     worker._receive(clock.now)
     assert Buggy.calls == 1
-    assert worker.receive_backoff == 1.0 and worker.next_receive == clock.now + 1.0
+    assert worker.pacing.backoff == 1.0 and worker.next_receive == clock.now + 1.0
     backend.close()
 
 
@@ -127,12 +127,12 @@ def test_a_receive_outage_is_logged_once_a_minute_not_per_retry(tmp_path, caplog
         while clock.now < start + 600:  # ten minutes of an outage, retried as scheduled
             worker.next_receive = clock.now
             worker._receive(clock.now)
-            clock.now += worker.receive_backoff
+            clock.now += worker.pacing.backoff
         Failing.fail = False
         worker.next_receive = clock.now
         worker._receive(clock.now)
     failed = [r for r in caplog.records if r.getMessage().startswith("receive failed")]
-    assert worker.receive_backoff == 0.0
+    assert worker.pacing.backoff == 0.0
     assert 10 <= len(failed) <= 11, [r.getMessage() for r in failed]  # not ~60
     assert "in a row" in failed[-1].getMessage()
     assert any("receive works again after" in r.getMessage() for r in caplog.records)
