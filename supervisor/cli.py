@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
 from .settings import (
@@ -198,8 +199,23 @@ def _fail_usage(prog: str, message: str) -> int:
 SWITCH_INTERVAL = 0.0002
 
 
+def worker_entry() -> NoReturn:
+    """The ``jobq-supervisor`` command (main thread): ``worker_main``, then the process ends
+    at once.  By then every thread of ours that matters was joined or stopped (the rest are
+    daemons, which a normal exit does not wait for either) and the log is written; what a
+    normal exit adds is the interpreter's teardown of the SDKs' module graph -- 50-90 ms of
+    every batch run (exit on an empty Azurite queue 0.53 -> 0.45 s)."""
+    from .logs import stop_logging
+
+    code = worker_main()
+    stop_logging()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
 def worker_main(argv: list[str] | None = None) -> int:
-    """Entry point of ``jobq-supervisor`` (main thread)."""
+    """The worker, in-process (main thread); ``worker_entry`` is the command."""
     from .backends.base import BackendConfigError
     from .logs import setup_logging
     from .worker import Worker

@@ -329,6 +329,16 @@ def _record(created: float, name: str, level: int, msg: str, args: tuple,
     return record
 
 
+_WRITERS: list[LogWriter] = []  # started by setup_logging
+
+
+def stop_logging() -> None:
+    """Write what is queued and end the writer thread, as the atexit hook would (main
+    thread, when the process ends without the interpreter's teardown)."""
+    for writer in _WRITERS:
+        writer.stop()
+
+
 def setup_logging(level: str, fmt: str) -> None:
     """Records are built where they are logged; formatting and writing happen on the writer
     thread, so a busy main loop does not wait on stderr (stopped, and drained, at exit)."""
@@ -343,6 +353,7 @@ def setup_logging(level: str, fmt: str) -> None:
                        JsonFormatter() if fmt == "json" else TextFormatter())
     writer.start()
     atexit.register(writer.stop)
+    _WRITERS.append(writer)
     root = logging.getLogger()
     handler = _QueueHandler(records)
     root.handlers[:] = [handler]

@@ -34,7 +34,7 @@ def command(name: str) -> list[str]:
     script = BIN / name
     if script.exists():
         return [str(script)]
-    func = {"jobq-supervisor": "worker_main", "jobq-ctl": "ctl_main"}[name]
+    func = {"jobq-supervisor": "worker_entry", "jobq-ctl": "ctl_main"}[name]
     return [sys.executable, "-c", f"import sys; from supervisor.cli import {func}; "
             f"sys.exit({func}())"]
 

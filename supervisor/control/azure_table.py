@@ -33,6 +33,7 @@ from azure.data.tables import TableClient, UpdateMode
 
 from ..azure_storage import create_if_missing, sdk_client, store_error
 from ..backends.azure_common import Scrubber
+from ..backends.storage_queue_util import error_code
 from .azure_claims import AzureClaims
 from .base import (
     INDEX_KIND,
@@ -116,8 +117,10 @@ class AzureTableControlStore(AzureClaims):
                 f"{self.scrub(str(exc))}") from None
         self.endpoint = self.scrub(self._client.url.split("?", 1)[0])
         self.create = create
-        if create:
-            self._create()
+        # The table is made by the first call that finds it missing, not here: a worker's
+        # first poll is then one round trip (not two) before its first receive, on every
+        # run but the first on a new account.
+        self._made = not create
 
     def __repr__(self) -> str:
         return f"AzureTableControlStore({self.endpoint!r}, table={self._client.table_name!r})"
@@ -137,8 +140,15 @@ class AzureTableControlStore(AzureClaims):
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
+        except ResourceNotFoundError as exc:
+            # (an insert's error carries the code only in its text)
+            if self._made or "TableNotFound" not in (error_code(exc) or str(exc)):
+                raise self._error(what, exc) from None
         except (AzureError, OSError, ValueError) as exc:
             raise self._error(what, exc) from None
+        self._create()
+        self._made = True
+        return self._call(what, fn)
 
     def _put(self, part: str, row: str, record: Record, at: float) -> None:
         entity = _entity(part, row, record, at)
