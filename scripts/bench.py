@@ -40,6 +40,7 @@ from bench_measure import (
 )
 from bench_output import blob_store_rate, output_rate, store_rate
 from bench_receive import receive_time
+from bench_rtt import fig_drain_servicebus_rtt
 from bench_startup import fig_startup
 from benchlib import Azurite, Bench, Figure, Row, pct
 
@@ -255,6 +256,7 @@ def fig_receive_depth(b: Bench) -> None:
 FIGURES = [
     Figure(fig_sqlite_throughput),
     Figure(fig_drain_servicebus),  # its own broker process, no Azurite
+    Figure(fig_drain_servicebus_rtt),  # the same through a ~10 ms round trip
     Figure(fig_drain_azurite, azurite=True),  # issue 19's whole-process drains
     Figure(fig_azurite_lock_loss, azurite=True),
     Figure(fig_dispatch_latency),

@@ -197,6 +197,10 @@ def sq_drain(tmp: Path, conn_str: str, queue: str, n: int, slots: int,
         push_with_retry(backend, [Task(cmd="true") for _ in range(n)])
     finally:
         backend.close()
+    pushed = queue_length(conn_str, queue)
+    if pushed != n:  # a push retried after a reset whose first try was applied after all
+        raise BenchError(f"{queue}: {pushed} messages queued for {n} pushes (a push retried "
+                         "after Azurite reset its connection was applied twice)")
     rate = supervisor_drain(tmp, ["--backend", "storage-queue", "--queue", queue, "-n",
                                   str(slots)], {"JOBQ_CONNECTION_STRING": conn_str}, n,
                             f"{queue}.log", lost)
