@@ -316,27 +316,37 @@ def sb_drain(tmp: Path, conn_str: str, queue: str, n: int, slots: int,
 
 def fig_drain_servicebus(b: Bench) -> None:
     """Acceptance 2 of issue 19: -n 4 and -n 16 next to the raw receive+complete loop."""
-    lost: Counter[str] = Counter()
     with broker(b.tmp) as conn:
-        def sides(i: int) -> dict[str, Callable[[], float]]:
-            return {"raw": partial(raw_servicebus_rate, conn, f"sb{i}raw", b.n),
-                    "n4": partial(sb_drain, b.tmp, conn, f"sb{i}n4", b.n, 4, lost),
-                    "n16": partial(sb_drain, b.tmp, conn, f"sb{i}n16", b.n, 16, lost)}
+        servicebus_drains(b, conn, "sb", "drain_servicebus",
+                          "Service Bus drain, {n} true, -n {slots} (exec -> exit)",
+                          "raw 1-msg receive+complete, 4 threads: {raw:.0f}/s (test broker)")
 
-        runs, discarded = paired_runs(b.runs, sides, "drain_servicebus")
-    b.results.update(drain_servicebus=runs, drain_servicebus_discarded=discarded)
+
+def servicebus_drains(b: Bench, conn: str, prefix: str, what: str, label: str,
+                      reference: str) -> None:
+    """Paired runs of the raw loop and ``-n 4`` / ``-n 16`` drains on ``conn`` (queues named
+    ``prefix``...); results under ``what``, a row per slot count (``label`` formatted with
+    ``n`` and ``slots``, ``reference`` with ``raw``)."""
+    lost: Counter[str] = Counter()
+
+    def sides(i: int) -> dict[str, Callable[[], float]]:
+        return {"raw": partial(raw_servicebus_rate, conn, f"{prefix}{i}raw", b.n),
+                "n4": partial(sb_drain, b.tmp, conn, f"{prefix}{i}n4", b.n, 4, lost),
+                "n16": partial(sb_drain, b.tmp, conn, f"{prefix}{i}n16", b.n, 16, lost)}
+
+    runs, discarded = paired_runs(b.runs, sides, what)
+    b.results.update({what: runs, f"{what}_discarded": discarded})
     raw = median([r["raw"] for r in runs])
     for slots in (4, 16):
         key = f"n{slots}"
         rate = median([r[key] for r in runs])
         vs_raw = median([r[key] / r["raw"] for r in runs])
-        kept_lost = sum(lost[f"sb{r['run']:.0f}{key}.log"] for r in runs)
-        b.results[f"drain_servicebus_{key}"] = {"tasks_per_s": rate, "vs_raw": vs_raw,
-                                                "lock_lost": kept_lost}
-        b.row(f"Service Bus drain, {b.n} true, -n {slots} (exec -> exit)",
+        kept_lost = sum(lost[f"{prefix}{r['run']:.0f}{key}.log"] for r in runs)
+        b.results[f"{what}_{key}"] = {"tasks_per_s": rate, "vs_raw": vs_raw,
+                                      "lock_lost": kept_lost}
+        b.row(label.format(n=b.n, slots=slots),
               f"{rate:.0f} tasks/s{notes(kept_lost, discarded, b.runs)}",
-              f"raw 1-msg receive+complete, 4 threads: {raw:.0f}/s (test broker)",
-              f"{verdict(vs_raw, 0.8)} raw")
+              reference.format(raw=raw), f"{verdict(vs_raw, 0.8)} raw")
 
 
 def paired_runs(runs: int, sides: Callable[[int], dict[str, Callable[[], float]]],

@@ -17,12 +17,8 @@ threads.
 from __future__ import annotations
 
 import sys
-from collections import Counter
-from collections.abc import Callable
-from functools import partial
-from statistics import median
 
-from bench_dispatch import broker, notes, paired_runs, raw_servicebus_rate, sb_drain, verdict
+from bench_dispatch import broker, servicebus_drains
 from benchlib import REPO, Bench
 
 ONE_WAY = 0.005  # s each chunk is held, each direction
@@ -40,29 +36,11 @@ def fig_drain_servicebus_rtt(b: Bench) -> None:
     sys.path.insert(0, str(REPO))
     from tests.faults.proxy import FaultProxy
 
-    lost: Counter[str] = Counter()
     with broker(b.tmp) as direct:
         port = int(direct.split(";", 1)[0].rsplit(":", 1)[1])
         with FaultProxy(("127.0.0.1", port)) as proxy:
             proxy.latency(ONE_WAY)
-            conn = _through_proxy(direct, proxy.port)
-
-            def sides(i: int) -> dict[str, Callable[[], float]]:
-                return {"raw": partial(raw_servicebus_rate, conn, f"rt{i}raw", b.n),
-                        "n4": partial(sb_drain, b.tmp, conn, f"rt{i}n4", b.n, 4, lost),
-                        "n16": partial(sb_drain, b.tmp, conn, f"rt{i}n16", b.n, 16, lost)}
-
-            runs, discarded = paired_runs(b.runs, sides, "drain_servicebus_rtt")
-    b.results.update(drain_servicebus_rtt=runs, drain_servicebus_rtt_discarded=discarded)
-    raw = median([r["raw"] for r in runs])
-    for slots in (4, 16):
-        key = f"n{slots}"
-        rate = median([r[key] for r in runs])
-        vs_raw = median([r[key] / r["raw"] for r in runs])
-        kept_lost = sum(lost[f"rt{r['run']:.0f}{key}.log"] for r in runs)
-        b.results[f"drain_servicebus_rtt_{key}"] = {"tasks_per_s": rate, "vs_raw": vs_raw,
-                                                    "lock_lost": kept_lost}
-        b.row(f"Service Bus drain, ~10 ms round trip, {b.n} true, -n {slots}",
-              f"{rate:.0f} tasks/s{notes(kept_lost, discarded, b.runs)}",
-              f"raw 1-msg receive+complete, 4 threads, same proxy: {raw:.0f}/s",
-              f"{verdict(vs_raw, 0.8)} raw")
+            servicebus_drains(b, _through_proxy(direct, proxy.port), "rt",
+                              "drain_servicebus_rtt",
+                              "Service Bus drain, ~10 ms round trip, {n} true, -n {slots}",
+                              "raw 1-msg receive+complete, 4 threads, same proxy: {raw:.0f}/s")
