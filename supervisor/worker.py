@@ -304,6 +304,8 @@ class Worker:
 
     # ------------------------------------------------------------------------- receive
     def _receive_held(self, now: float) -> bool:
+        # ``settling``, not Settlement.pending: a keeper done but not pruned yet still keeps
+        # _empty false, and a receive made then was one more 1 s wait at a drain's end.
         return self.pacing.holds(now, bool(self.launcher.starting or self.settling or any(
             rt.exited_at is not None for rt in self.active)))
 
