@@ -6,6 +6,7 @@ Kept apart from the backend so that sqlite.py stays about receiving and settling
 from __future__ import annotations
 
 import sqlite3
+import time
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -84,9 +85,31 @@ def connect(path: str, busy_timeout: float, setup: bool = True) -> sqlite3.Conne
     # U+FFFD instead and the body is dead-lettered as poison (as on Storage Queue).
     conn.text_factory = _decode_text
     if setup:  # WAL is a property of the file: switching to it is a write
-        conn.execute("PRAGMA journal_mode=WAL")
+        use_wal(conn, busy_timeout)
     conn.execute("PRAGMA synchronous=NORMAL")
     return conn
+
+
+def use_wal(conn: sqlite3.Connection, busy_timeout: float) -> None:
+    """Switch the file to WAL, retrying while it is locked, up to ``busy_timeout`` (the
+    thread opening a queue or control store connection, at open).
+
+    SQLite answers the switch with SQLITE_BUSY at once, without its busy handler, while
+    another connection holds a write lock on a file still in rollback mode (it would have
+    to wait holding a read lock: a deadlock).  Several processes opening a database made by
+    an older tool (or sqlite3's default) at once hit that: each must wait its turn."""
+    deadline = time.monotonic() + busy_timeout
+    pause = 0.005
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            left = deadline - time.monotonic()
+            if not is_lock_error(exc) or left <= 0:
+                raise
+        time.sleep(min(pause, left))  # at open, bounded by busy_timeout
+        pause = min(pause * 2, 0.1)
 
 
 def _decode_text(data: bytes) -> str:

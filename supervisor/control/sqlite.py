@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Union
 
+from ..backends.sqlite_db import use_wal
 from . import base, records
 from .base import ControlConfigError, ControlSnapshot, ControlStoreError, OnceLog, PurgeCounts
 
@@ -67,7 +68,7 @@ class SqliteControlStore:
             raise ControlStoreError(f"control store {path}: cannot open: {exc}") from None
         try:
             self._conn.text_factory = lambda b: b.decode("utf-8", "replace")
-            self._conn.execute("PRAGMA journal_mode=WAL")
+            use_wal(self._conn, busy_timeout)
             # As the queue's own connections: no fsync per commit (WAL keeps the file
             # consistent; a power cut may lose the last records).  An fsync holds the write
             # lock for milliseconds, and the main loop's settlements wait for that lock.

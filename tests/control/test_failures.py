@@ -143,6 +143,25 @@ def test_sqlite_locked_database_raises_within_busy_timeout(tmp_path) -> None:
     store.close()
 
 
+def test_sqlite_store_opening_a_rollback_mode_file_waits_for_its_writer(tmp_path) -> None:
+    # SQLite refuses the switch to WAL at once (no busy handler) while another connection
+    # holds the write lock of a file still in rollback mode; the store waits its turn.
+    path = str(tmp_path / "queue.db")
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("CREATE TABLE other (x)")
+    writer.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.3, writer.execute, ("ROLLBACK",))
+    release.start()
+    try:
+        store = SqliteControlStore(path, busy_timeout=20.0)
+    finally:
+        release.join()
+        writer.close()
+    store.put_cancel(_cancel())
+    assert store.get_cancel(QUEUE, "t1") is not None
+    store.close()
+
+
 def test_sqlite_missing_directory_is_a_config_error(tmp_path) -> None:
     from supervisor.control import ControlConfigError
 

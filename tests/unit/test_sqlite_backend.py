@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -394,6 +395,44 @@ def test_journal_mode_is_wal(db, a) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         conn.close()
+
+
+def _rollback_file_with_a_writer(path: str) -> sqlite3.Connection:
+    """A database still in rollback-journal mode (as sqlite3 or an older tool makes it),
+    with another connection holding its write lock."""
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("CREATE TABLE other (x)")
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("INSERT INTO other VALUES (1)")
+    return writer
+
+
+def test_opening_a_rollback_mode_file_waits_for_its_writer(db, close_at_end) -> None:
+    # SQLite refuses the switch to WAL at once (no busy handler) while another connection
+    # holds the write lock of a rollback-mode file: four jobq-ctl pushes opening an old
+    # database at once failed "database is busy" that way.  Opening waits its turn.
+    writer = _rollback_file_with_a_writer(db)
+    release = threading.Timer(0.3, writer.execute, ("COMMIT",))
+    release.start()
+    try:
+        b = close_at_end(SqliteBackend(db, "default", "A", busy_timeout=20.0))
+    finally:
+        release.join()
+        writer.close()
+    push(b, "true")
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("SELECT x FROM other").fetchall() == [(1,)]
+
+
+def test_opening_a_file_whose_writer_never_lets_go_is_busy(db) -> None:
+    writer = _rollback_file_with_a_writer(db)
+    try:
+        with pytest.raises(BackendError, match="busy"):
+            SqliteBackend(db, "default", "A", busy_timeout=0.3)
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
 
 
 def test_queues_are_separate(db, open_backend) -> None:
