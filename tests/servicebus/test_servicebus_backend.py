@@ -105,6 +105,31 @@ def test_receive_renew_complete(backend, sb_broker):
     assert sb_broker.active_count("work") == 0 and backend.clear(failed=True) == 1
 
 
+def test_receive_waits_briefly_while_a_lease_is_not_over(backend, monkeypatch):
+    # The main thread blocks for a receive's whole wait on an empty queue; while a task of
+    # this worker runs or settles, a short wait keeps that from holding it up.
+    from azure.servicebus import ServiceBusReceiver
+
+    from supervisor.backends.servicebus import BUSY_RECEIVE_WAIT
+
+    waits: list[float] = []
+    real = ServiceBusReceiver.receive_messages
+
+    def receive_messages(self, *args, **kwargs):
+        waits.append(kwargs["max_wait_time"])
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ServiceBusReceiver, "receive_messages", receive_messages)
+    backend.receive_wait = 3.0
+    backend.push([Task(cmd="true")])
+    (lease,) = receive_when_ready(backend, 1, 5)
+    assert backend.receive(1, 5) == []  # the queue is empty; the lease is not over
+    lease.complete()
+    assert backend.receive(1, 5) == []  # nothing in flight: the full wait
+    assert waits[-2:] == [BUSY_RECEIVE_WAIT, 3.0]
+    assert waits[0] == 3.0  # the first receive: nothing was in flight
+
+
 def test_lock_shorter_than_configured_is_seen(sb_broker, caplog):
     sb_broker.create_queue("work", lock_duration=5)
     b = ServiceBusBackend("work", connection_string=connection_string(sb_broker.port),
