@@ -32,7 +32,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any, TypeVar
 
-from bench_measure import push_with_retry, raw_azurite_rate
+from bench_measure import push_with_retry, raw_azurite_rate, raw_spawn_rate
 from benchlib import BIN, REPO, Bench, BenchError, log_tail, stop, wait_until
 
 AI4S_VERSION = "3.13.1"
@@ -319,34 +319,83 @@ def fig_drain_servicebus(b: Bench) -> None:
     with broker(b.tmp) as conn:
         servicebus_drains(b, conn, "sb", "drain_servicebus",
                           "Service Bus drain, {n} true, -n {slots} (exec -> exit)",
-                          "raw 1-msg receive+complete, 4 threads: {raw:.0f}/s (test broker)")
+                          "raw 1-msg receive+complete, 4 threads: {raw:.0f}/s (test broker); "
+                          "bash -c true alone, 4 threads: {spawn:.0f}/s; exec -> SDK imported "
+                          "and one receiver open: {floor:.2f} s", spawn=True)
+
+
+def sdk_floor(conn_str: str, queue: str, runs: int = 5) -> float:
+    """Median seconds from the exec of a fresh interpreter to one PeekLock receiver open on
+    ``queue`` (``import azure.servicebus``, the client, the link): what any process timed
+    from exec that receives with the SDK pays before its first message."""
+    code = ("import os, sys\n"
+            "from azure.servicebus import ServiceBusClient\n"
+            "c = ServiceBusClient.from_connection_string(sys.argv[1])\n"
+            "c.get_queue_receiver(sys.argv[2], prefetch_count=0).__enter__()\n"
+            "os._exit(0)\n")
+    times = []
+    for _ in range(runs):
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-c", code, conn_str, queue], check=True, timeout=60)
+        times.append(time.monotonic() - t0)
+    return median(times)
 
 
 def servicebus_drains(b: Bench, conn: str, prefix: str, what: str, label: str,
-                      reference: str) -> None:
+                      reference: str, spawn: bool = False) -> None:
     """Paired runs of the raw loop and ``-n 4`` / ``-n 16`` drains on ``conn`` (queues named
     ``prefix``...); results under ``what``, a row per slot count (``label`` formatted with
-    ``n`` and ``slots``, ``reference`` with ``raw``)."""
+    ``n`` and ``slots``, ``reference`` with ``raw``, ``spawn`` and ``floor``).
+
+    ``spawn``: also time ``bash -c true`` spawned and reaped from 4 threads with nothing else
+    (``raw_spawn_rate``), the ceiling of any worker that starts a shell per task, and the
+    SDK's start-up floor (``sdk_floor``).  The raw loop's clock starts with its links open;
+    a drain's at exec.  Where the floor alone is longer than the whole run 0.8x of the raw
+    rate allows for ``n`` tasks, the verdict says the target cannot be reached here."""
     lost: Counter[str] = Counter()
 
     def sides(i: int) -> dict[str, Callable[[], float]]:
-        return {"raw": partial(raw_servicebus_rate, conn, f"{prefix}{i}raw", b.n),
-                "n4": partial(sb_drain, b.tmp, conn, f"{prefix}{i}n4", b.n, 4, lost),
-                "n16": partial(sb_drain, b.tmp, conn, f"{prefix}{i}n16", b.n, 16, lost)}
+        out: dict[str, Callable[[], float]] = {
+            "raw": partial(raw_servicebus_rate, conn, f"{prefix}{i}raw", b.n),
+            "n4": partial(sb_drain, b.tmp, conn, f"{prefix}{i}n4", b.n, 4, lost),
+            "n16": partial(sb_drain, b.tmp, conn, f"{prefix}{i}n16", b.n, 16, lost)}
+        if spawn:
+            out["spawn"] = partial(raw_spawn_rate, b.n)
+        return out
 
     runs, discarded = paired_runs(b.runs, sides, what)
     b.results.update({what: runs, f"{what}_discarded": discarded})
     raw = median([r["raw"] for r in runs])
+    ceiling = median([r["spawn"] for r in runs]) if spawn else 0.0
+    floor = sdk_floor(conn, f"{prefix}0raw", 3 if b.quick else 5) if spawn else 0.0
+    if spawn:
+        b.results[f"{what}_spawn_ceiling"] = ceiling
+        b.results[f"{what}_sdk_floor_s"] = floor
     for slots in (4, 16):
         key = f"n{slots}"
         rate = median([r[key] for r in runs])
         vs_raw = median([r[key] / r["raw"] for r in runs])
         kept_lost = sum(lost[f"{prefix}{r['run']:.0f}{key}.log"] for r in runs)
-        b.results[f"{what}_{key}"] = {"tasks_per_s": rate, "vs_raw": vs_raw,
-                                      "lock_lost": kept_lost}
+        figures: dict[str, float] = {"tasks_per_s": rate, "vs_raw": vs_raw,
+                                     "lock_lost": kept_lost}
+        b.results[f"{what}_{key}"] = figures
+        said = verdict(vs_raw, 0.8)
+        if spawn:
+            vs_spawn = median([r[key] / r["spawn"] for r in runs])
+            figures["vs_spawn"] = vs_spawn
+            said += f" raw, {vs_spawn:.2f}x bash -c true alone"
+            budget = b.n / (0.8 * raw)
+            if vs_raw < 0.8 and (floor >= budget or 0.8 * raw > ceiling):
+                why = (f"the SDK's start-up alone ({floor:.2f} s) is longer than the "
+                       f"{budget:.2f} s a whole {b.n}-task run may take" if floor >= budget
+                       else f"0.8x raw = {0.8 * raw:.0f}/s is more shells than this machine "
+                            f"spawns with nothing else running")
+                said += f" (unreachable here: {why})"
+        else:
+            said += " raw"
         b.row(label.format(n=b.n, slots=slots),
               f"{rate:.0f} tasks/s{notes(kept_lost, discarded, b.runs)}",
-              reference.format(raw=raw), f"{verdict(vs_raw, 0.8)} raw")
+              reference.format(raw=raw, spawn=ceiling, floor=floor), said)
 
 
 def paired_runs(runs: int, sides: Callable[[int], dict[str, Callable[[], float]]],
