@@ -68,10 +68,15 @@ def open_backend(settings: Settings, for_ctl: bool = False, create: bool = True,
                                    read_timeout=5.0, create=create,
                                    create_failed=for_ctl)  # a worker: at its first record
     if settings.backend == "servicebus":
-        from .servicebus import ServiceBusBackend
+        from .servicebus import SHORT_RECEIVE_WAIT, ServiceBusBackend
 
+        wait = min(1.0, settings.poll_interval)
+        if settings.exit_when_empty:
+            # A batch run ends at its first empty receive: a long poll there was a second
+            # more at the end of every run.  The short wait still spans several round trips.
+            wait = min(wait, SHORT_RECEIVE_WAIT)
         return ServiceBusBackend(settings.queue, connection_string=conn, worker_id=worker,
                                  namespace=settings.namespace, lock_duration=settings.lock,
                                  receivers=0 if for_ctl else settings.num_workers,
-                                 receive_wait=min(1.0, settings.poll_interval) / queues)
+                                 receive_wait=wait / queues)
     raise BackendConfigError(f"--backend: {settings.backend} is not available yet")

@@ -58,12 +58,13 @@ PEEK_PAGE = 250
 COUNT_LIMIT = 10000  # peek-count fallback of size(): stop here
 ADMIN_RETRY = 600.0  # s: after the administration API failed, count by peeking this long
 LIST_BUDGET = 30.0  # s: requeue holds dead-lettered messages at most this long
-# s a receive waits for a first message while leases of this worker are not over: the main
-# thread blocks for the whole wait on an empty queue, and tasks starting, exiting and
-# settling then wait for it (the first empty receive of a drain held its last tasks ~1 s).
+# s a receive waits for a first message while leases of this worker are not over (and in a
+# batch run, backends/__init__.py): the main thread blocks for the whole wait on an empty
+# queue, and tasks starting, exiting and settling then wait for it (the first empty receive
+# of a drain held its last tasks ~1 s).
 # Enough for a message the broker has to come back on a slow link (tens of ms); less would
 # not return sooner: the SDK checks its deadline between socket reads of up to 0.2 s each.
-BUSY_RECEIVE_WAIT = 0.2
+SHORT_RECEIVE_WAIT = 0.2
 _NAMESPACE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{4,48}[A-Za-z0-9](\.[A-Za-z0-9.-]+)?$")
 
 
@@ -193,7 +194,7 @@ class ServiceBusBackend(BackendBase):
     def receive(self, max_messages: int, lock_duration: float) -> list[Lease]:
         """Up to ``max_messages`` in one call, on a receiver that their leases then share
         with every other call on it (servicebus_pool.py); waits ``receive_wait`` s for the
-        first message, ``BUSY_RECEIVE_WAIT`` at most while any lease is not over.
+        first message, ``SHORT_RECEIVE_WAIT`` at most while any lease is not over.
 
         Prefetch stays 0: the call gives the broker credit for exactly ``max_messages`` (the
         free slots), so every lock it takes belongs to a lease that starts now, renewed or
@@ -203,7 +204,7 @@ class ServiceBusBackend(BackendBase):
         shared = self.pool.take(self._keep, self.receive_wait)
         with self._leases_lock:
             busy = bool(self._leases)
-        wait = min(self.receive_wait, BUSY_RECEIVE_WAIT) if busy else self.receive_wait
+        wait = min(self.receive_wait, SHORT_RECEIVE_WAIT) if busy else self.receive_wait
         leases: list[Lease] = []
         try:
             t_sent = time.monotonic()

@@ -110,7 +110,7 @@ def test_receive_waits_briefly_while_a_lease_is_not_over(backend, monkeypatch):
     # this worker runs or settles, a short wait keeps that from holding it up.
     from azure.servicebus import ServiceBusReceiver
 
-    from supervisor.backends.servicebus import BUSY_RECEIVE_WAIT
+    from supervisor.backends.servicebus import SHORT_RECEIVE_WAIT
 
     waits: list[float] = []
     real = ServiceBusReceiver.receive_messages
@@ -126,8 +126,29 @@ def test_receive_waits_briefly_while_a_lease_is_not_over(backend, monkeypatch):
     assert backend.receive(1, 5) == []  # the queue is empty; the lease is not over
     lease.complete()
     assert backend.receive(1, 5) == []  # nothing in flight: the full wait
-    assert waits[-2:] == [BUSY_RECEIVE_WAIT, 3.0]
+    assert waits[-2:] == [SHORT_RECEIVE_WAIT, 3.0]
     assert waits[0] == 3.0  # the first receive: nothing was in flight
+
+
+@pytest.mark.parametrize("exit_when_empty, poll, wait", [
+    (False, 1.0, 1.0), (False, 0.5, 0.5), (True, 1.0, 0.2), (True, 0.1, 0.1)])
+def test_a_batch_run_receives_with_the_short_wait(sb_broker, exit_when_empty, poll, wait):
+    # --exit-when-empty ends at the first empty receive: a long poll there is a second more
+    # at the end of every batch run.
+    from supervisor.backends import open_backend
+    from supervisor.backends.servicebus import SHORT_RECEIVE_WAIT
+    from supervisor.settings import Settings
+
+    sb_broker.create_queue("work", lock_duration=5)
+    backend = open_backend(Settings(backend="servicebus", queue="work", worker_id="w1",
+                                    connection_string=connection_string(sb_broker.port),
+                                    lock_duration=5.0, exit_when_empty=exit_when_empty,
+                                    poll_interval=poll))
+    try:
+        assert backend.receive_wait == wait
+        assert SHORT_RECEIVE_WAIT == 0.2
+    finally:
+        backend.close()
 
 
 def test_lock_shorter_than_configured_is_seen(sb_broker, caplog):
