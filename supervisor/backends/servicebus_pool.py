@@ -236,7 +236,8 @@ class ReceiverPool:
 
     def close(self, timeout: float = 5.0) -> None:
         """Close every ready receiver; the opener thread ends (it may be stuck in an open on
-        a dead network, so it is a daemon thread and we wait only ``timeout``).
+        a dead network, so it is a daemon thread and we wait only ``timeout``, at most
+        ``EXIT_CLOSE_WAIT`` in all).
 
         The receivers close at once, each on a (daemon) thread of its own: a close drains
         the link, releases what that brought in, sends the detach and the connection's
@@ -258,8 +259,12 @@ class ReceiverPool:
         start = time.monotonic()
         for closer in closers:
             closer.join(max(0.0, start + min(timeout, EXIT_CLOSE_WAIT) - time.monotonic()))
-        if thread is not None:  # its own closes of retired receivers (usually none by now)
-            thread.join(max(0.0, start + timeout - time.monotonic()))
+        if thread is not None:
+            # Its own closes of retired receivers (usually none by now), or an open under
+            # way, within the same budget: a worker's exit soon after its start found it
+            # opening the second receiver (~0.3 s more).  A receiver that never received
+            # holds no lock; the thread closes it once open, or the process's exit drops it.
+            thread.join(max(0.0, start + min(timeout, EXIT_CLOSE_WAIT) - time.monotonic()))
 
 
 def _close(receiver: Any) -> None:
