@@ -210,6 +210,10 @@ class ServiceBusBackend(BackendBase):
             t_sent = time.monotonic()
             got = shared.receiver.receive_messages(max_message_count=max_messages,
                                                    max_wait_time=wait)
+            # Fewer than asked: the rest of the credit is out, and what it brings in is
+            # released by the receiver's close, which the exit then waits for.  Sticky: a
+            # later receive served from what that credit brought in sends no new credit.
+            shared.credit_left = shared.credit_left or len(got) < max_messages
             if got:
                 LOG.debug("received %d message(s) in one call (asked for %d)", len(got),
                           max_messages)

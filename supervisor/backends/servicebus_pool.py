@@ -52,6 +52,7 @@ class SharedReceiver:
         self._state = threading.Lock()
         self._holders: set[int] = set()  # id() of the leases not over yet
         self.retired = False  # no receive again; closed when the last lease is over
+        self.credit_left = False  # a receive got fewer messages than it asked for
         self._closed = False
 
     def hold(self, lease: object) -> None:
@@ -114,6 +115,7 @@ class ReceiverPool:
         self._stopped = False
         self._error: Exception | None = None  # the last open failure, until an open succeeds
         self._thread: threading.Thread | None = None
+        self._opening = False  # the opener thread is opening a receiver
 
     def start(self, want: int, wait: float) -> None:
         """Start the opener thread and wait up to ``wait`` s for the first open receiver
@@ -208,7 +210,11 @@ class ReceiverPool:
             if stopped:
                 return
             if need:
-                delay = self._open_one(delay)
+                self._opening = True  # read by close without the lock: a hint
+                try:
+                    delay = self._open_one(delay)
+                finally:
+                    self._opening = False
 
     def _open_one(self, delay: float) -> float:
         """Open one receiver; returns the pause before the next attempt."""
@@ -242,7 +248,8 @@ class ReceiverPool:
         The receivers close at once, each on a (daemon) thread of its own: a close drains
         the link, releases what that brought in, sends the detach and the connection's
         close, and ends with a join of the SDK's keep-alive thread, which sleeps in steps
-        of 1 s.  Waiting for that join cost every exit up to a second; a close still
+        of 1 s.  Waiting for that join cost every exit up to a second; only the closes of
+        receivers that may have credit out are waited for, and a close still
         running after ``EXIT_CLOSE_WAIT`` is left to the process's exit, where the kernel closes
         its socket and the broker drops the link as after a crash -- by then every lease
         is settled, so nothing is left locked."""
@@ -251,17 +258,19 @@ class ReceiverPool:
             ready, self._ready = list(self._ready), collections.deque()
             self._cond.notify_all()
             thread = self._thread
-        closers = [threading.Thread(target=_close, args=(shared.receiver,), name="sb-close",
-                                    daemon=True)
-                   for shared in ready if shared.retire(close=False)]  # else: by its last lease
+            opening = self._opening  # then what it opens and closes never received
+        closing = [shared for shared in ready if shared.retire(close=False)]  # else: by its
+        closers = [threading.Thread(target=_close, args=(shared.receiver,),  # last lease
+                                    name="sb-close", daemon=True) for shared in closing]
         for closer in closers:
             closer.start()
         start = time.monotonic()
-        for closer in closers:
-            closer.join(max(0.0, start + min(timeout, EXIT_CLOSE_WAIT) - time.monotonic()))
-        if thread is not None:
-            # Its own closes of retired receivers (usually none by now), or an open under
-            # way, within the same budget: a worker's exit soon after its start found it
+        for shared, closer in zip(closing, closers):
+            if shared.credit_left:  # else nothing can come in for the close to release
+                closer.join(max(0.0, start + min(timeout, EXIT_CLOSE_WAIT) - time.monotonic()))
+        if thread is not None and not opening:
+            # Its own closes of retired receivers (usually none by now), within the same
+            # budget.  Not an open under way: a worker's exit soon after its start found it
             # opening the second receiver (~0.3 s more).  A receiver that never received
             # holds no lock; the thread closes it once open, or the process's exit drops it.
             thread.join(max(0.0, start + min(timeout, EXIT_CLOSE_WAIT) - time.monotonic()))

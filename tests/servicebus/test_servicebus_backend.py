@@ -127,7 +127,10 @@ def test_receive_waits_briefly_while_a_lease_is_not_over(backend, monkeypatch):
     backend.receive_wait = 3.0
     backend.push([Task(cmd="true")])
     (lease,) = receive_when_ready(backend, 1, 5)
+    assert not any(shared.credit_left for shared in backend.pool._ready)  # got what it asked
     assert backend.receive(1, 5) == []  # the queue is empty; the lease is not over
+    # its credit is still out: the exit waits for this receiver's close (its release)
+    assert any(shared.credit_left for shared in backend.pool._ready)
     lease.complete()
     assert backend.receive(1, 5) == []  # nothing in flight: the full wait
     assert waits[-2:] == [SHORT_RECEIVE_WAIT, 3.0]
