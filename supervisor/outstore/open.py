@@ -40,14 +40,19 @@ def blob_endpoint(account_url: str) -> Union[str, None]:
     return urlunsplit((parts.scheme, netloc, "", parts.query, ""))
 
 
-def blob_connection_string(conn: str) -> Union[str, None]:
-    """The connection string itself when the Blob SDK can find the blob service from it
-    without a guess, else None."""
+def _fields(conn: str) -> dict[str, str]:
     fields: dict[str, str] = {}
     for item in conn.split(";"):
         key, sep, value = item.partition("=")
         if sep:
             fields[key.strip().lower()] = value.strip()
+    return fields
+
+
+def blob_connection_string(conn: str) -> Union[str, None]:
+    """The connection string itself when the Blob SDK can find the blob service from it
+    without a guess, else None."""
+    fields = _fields(conn)
     if "blobendpoint" in fields:
         return conn
     if "accountname" not in fields or "usedevelopmentstorage" in fields:
@@ -59,11 +64,50 @@ def blob_connection_string(conn: str) -> Union[str, None]:
     return conn
 
 
+# Where a worker's output goes: a store made at once (files: cheap), or the blob account's
+# (URL, connection string), exactly one of them set.
+_Target = Union[OutputStore, tuple[Union[str, None], Union[str, None]], None]
+
+
 def open_output_store(settings: Settings, create: bool = True,
                       read_timeout: float = 10.0) -> Union[OutputStore, None]:
     """The output store these settings name, or None (main thread; raises OutputConfigError
     for a configuration that can never work).  ``create=False``: nothing is created.
     ``read_timeout``: per blob call (jobq-ctl passes less, to fail within 10 s in all)."""
+    target = _target(settings)
+    if target is None or not isinstance(target, tuple):
+        return target
+    url, conn = target
+    from .azure_blob import BlobOutputStore
+
+    return BlobOutputStore(account_url=url, connection_string=conn,
+                           container=settings.task_log_container, create=create,
+                           read_timeout=read_timeout)
+
+
+def describe_output_store(settings: Settings) -> Union[str, None]:
+    """What ``open_output_store`` would open, as its repr, or None (main thread, at start;
+    raises like it).  Imports no storage SDK: the Blob SDK took ~60 ms of every Azure
+    worker's start on the main thread, before its first task; the output-store thread
+    imports it when it opens the store."""
+    target = _target(settings)
+    if target is None or not isinstance(target, tuple):
+        if target is not None:
+            target.close()
+        return repr(target) if target is not None else None
+    url, conn = target
+    if url:
+        endpoint = url.split("?", 1)[0].rstrip("/")
+    else:
+        fields = _fields(conn or "")
+        endpoint = fields.get("blobendpoint") or (
+            f"{fields.get('defaultendpointsprotocol', 'https')}://"
+            f"{fields.get('accountname', '')}.blob."
+            f"{fields.get('endpointsuffix', 'core.windows.net')}")
+    return f"BlobOutputStore({endpoint.rstrip('/') + '/' + settings.task_log_container!r})"
+
+
+def _target(settings: Settings) -> _Target:
     if settings.control == "off":
         return None
     url, conn = named_account(settings)
@@ -81,22 +125,12 @@ def open_output_store(settings: Settings, create: bool = True,
             log.info("output store: off -- cannot tell the blob endpoint of %s",
                      url.split("?", 1)[0])
             return None
-        return _blob_store(settings, create, read_timeout, account_url=blob_url)
+        return blob_url, None
     if conn:
         blob_conn = blob_connection_string(conn)
         if blob_conn is None:
             log.info("output store: off -- the connection string names no blob endpoint "
                      "(add BlobEndpoint=)")
             return None
-        return _blob_store(settings, create, read_timeout, connection_string=blob_conn)
+        return None, blob_conn
     return None
-
-
-def _blob_store(settings: Settings, create: bool, read_timeout: float,
-                account_url: Union[str, None] = None,
-                connection_string: Union[str, None] = None) -> OutputStore:
-    from .azure_blob import BlobOutputStore
-
-    return BlobOutputStore(account_url=account_url, connection_string=connection_string,
-                           container=settings.task_log_container, create=create,
-                           read_timeout=read_timeout)

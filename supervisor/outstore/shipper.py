@@ -58,6 +58,10 @@ PURGE_FIRST = 5.0  # s after the store opened: not while the first tasks start
 PURGE_EVERY = 3600.0
 STOP_BUDGET = 5.0
 SHIP_TURN = 1.0  # s one round of writes may take before the thread looks at the clock again
+# s the thread waits before opening the store, unless output piles up or the worker stops:
+# opening imports the store's SDK (~60 ms of CPU for the Blob SDK), which competed with the
+# worker's first receive and task start for the GIL.  Output printed meanwhile is held.
+OPEN_DELAY = 0.3
 
 Opener = Callable[[], Union[OutputStore, None]]
 
@@ -118,21 +122,19 @@ class OutputShipper:
     def for_worker(cls, settings: Settings) -> Union[OutputShipper, None]:
         """The worker's shipper, or None when output is not stored: ``--task-output local``
         or ``off``, or ``auto`` and no store for this queue (main thread).  The store is
-        only described here (``create=False``: nothing is created, no call made); it is
-        opened on the thread."""
+        only described here (no SDK imported, nothing created, no call made); it is opened
+        on the thread, where a connection string the SDK rejects disables it."""
         if settings.task_output in ("local", "off"):
             return None
-        from .open import open_output_store
+        from .open import describe_output_store, open_output_store
 
         try:
-            probe = open_output_store(settings, create=False)
+            where = describe_output_store(settings)
         except OutputConfigError as exc:  # --task-output store exited at start already
             log.error("output store: %s; task output is not stored in this run", exc)
             return None
-        if probe is None:
+        if where is None:
             return None
-        where = repr(probe)
-        probe.close()
         return cls(lambda: open_output_store(settings, create=True), where=where,
                    buffer_limit=settings.task_log_buffer, output_max=settings.task_output_max,
                    retention=settings.task_output_retention)
@@ -235,6 +237,7 @@ class OutputShipper:
     # -- output-store thread -------------------------------------------------------------
     def _run(self) -> None:
         try:
+            self._wake.wait(OPEN_DELAY)
             while not self._stop.is_set():
                 self._wake.clear()
                 try:
@@ -276,6 +279,8 @@ class OutputShipper:
     def drain(self) -> None:
         """At exit: everything held, retried until the stop budget is spent (output-store
         thread)."""
+        if self.store is None and self.held() and not self.disabled:
+            self._open()  # stopped before its first tick opened it
         while self.store is not None and self.clock() < self._stop_by:
             try:
                 if not self._ship(True):

@@ -325,6 +325,27 @@ def test_stop_flushes_what_is_held_and_finishes():
     assert K in store.finished
 
 
+def test_the_store_opens_after_the_delay_or_at_once_when_output_piles_up(monkeypatch):
+    # Opening imports the store's SDK; at start that competed with the first task's start.
+    monkeypatch.setattr(mod, "OPEN_DELAY", 30.0)
+    store = FakeStore()
+    opened = threading.Event()
+
+    def opener() -> FakeStore:
+        opened.set()
+        return store
+
+    sh = OutputShipper(opener, buffer_limit=8 << 20, output_max=1 << 30, retention=60.0)
+    sh.start()
+    try:
+        assert not opened.wait(0.3)  # a 30 s delay: not opened yet
+        sh.feed(K, b"x" * mod.FLUSH_SIZE)  # a full buffer wakes the thread
+        assert opened.wait(10)
+    finally:
+        sh.stop()
+    assert len(stored(store)) == mod.FLUSH_SIZE
+
+
 def test_a_black_holed_store_holds_up_stop_only_for_the_budget(caplog):
     store = FakeStore()
     sh = OutputShipper(lambda: store, buffer_limit=1 << 20, output_max=1 << 30,
