@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import KW_ONLY, dataclass, field, replace
-from typing import Callable, Union
+from typing import TYPE_CHECKING, Callable, Union
 
-from .control.records import ResultRecord
 from .lease import LeaseKeeper
+
+if TYPE_CHECKING:  # imported at the first record: a worker without a control store needs none
+    from .control.records import ResultRecord
 
 TAIL_CHARS = 4000  # output kept with a failed or cancelled attempt (others: none, for cost)
 
@@ -62,6 +64,8 @@ class ResultLog:
     def started(self, task_id: str, attempt: int, max_attempts: int, at: float) -> None:
         """An attempt's shell started at ``at`` (monotonic)."""
         if self.sink is not None:
+            from .control.records import ResultRecord
+
             self.sink(ResultRecord(queue=self._queues.get(task_id, self.queue),
                                    task_id=task_id, attempt=attempt, outcome="running",
                                    reason="", tail="", exit_status=None,
@@ -76,6 +80,8 @@ class ResultLog:
         if it never ran.  Handed over by ``hand_over`` once the settlement is under way."""
         if self.sink is None:
             return None
+        from .control.records import ResultRecord
+
         status, sig = exit_parts(rc)
         now = self.wall()
         keep_tail = outcome in ("failed", "cancelled")

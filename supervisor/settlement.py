@@ -17,11 +17,10 @@ import logging
 import signal
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .backends.base import Backend, Lease
 from .backends.multi import queue_of
-from .control.records import ResultRecord
 from .lease import Complete, DeadLetter, LeaseKeeper, Release, SettleStep
 from .logs import log_fast
 from .metrics import Metrics
@@ -31,6 +30,9 @@ from .security import TaskGuard
 from .settings import Settings
 from .task import Task
 from .watchdog import RunningTask
+
+if TYPE_CHECKING:  # built only with a control store: not imported without one
+    from .control.records import ResultRecord
 
 log = logging.getLogger("jobq.worker")
 

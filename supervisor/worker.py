@@ -19,10 +19,9 @@ import logging
 import queue
 import secrets
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Union
 
 from .backends.base import Backend, BackendConfigError, BackendError
-from .control.group import AgentGroup
 from .events import ControlRequest, Event, ScheduledEventChanged
 from .launch import Launcher, TaskStart
 from .lease import LeaseKeeper
@@ -41,6 +40,10 @@ from .settings import EXIT_TASKS_FAILED, Settings
 from .settlement import Settlement
 from .spawner import SpawnJob
 from .watchdog import RunningTask, Watchdog
+
+if TYPE_CHECKING:
+    from .control.agent import ControlAgent
+    from .control.group import AgentGroup
 
 log = logging.getLogger("jobq.worker")
 
@@ -89,8 +92,12 @@ class Worker:
         self.reporter = Reporter(settings, self.notifier, self.metrics, self.settlement.counts,
                                  clock)
         self.paused = False  # the queue's pause flag, as the control thread last saw it
-        self.agent = AgentGroup.for_worker(settings, self.events, self.watchdog.wake,
-                                           self._control_view, self.guard.keys, backend)
+        self.agent: Union[ControlAgent, AgentGroup, None] = None
+        if settings.control != "off":  # its modules (~10 ms to import) only when it may be on
+            from .control.group import AgentGroup
+
+            self.agent = AgentGroup.for_worker(settings, self.events, self.watchdog.wake,
+                                               self._control_view, self.guard.keys, backend)
         if self.agent is not None:  # claim-time cancels: a dict lookup; results: queued
             self.launcher.cancels, self.settlement.results.sink = (self.agent.cancels,
                                                                    self.agent.result)

@@ -259,8 +259,9 @@ class ReceiverPool:
             self._cond.notify_all()
             thread = self._thread
             opening = self._opening  # then what it opens and closes never received
-        closing = [shared for shared in ready if shared.retire(close=False)]  # else: by its
-        closers = [threading.Thread(target=_close, args=(shared.receiver,),  # last lease
+        # A receiver with leases not over is closed by its last lease, not here.
+        closing = [shared for shared in ready if shared.retire(close=False)]
+        closers = [threading.Thread(target=_close, args=(shared.receiver,),
                                     name="sb-close", daemon=True) for shared in closing]
         for closer in closers:
             closer.start()

@@ -22,10 +22,10 @@ a configuration that can never work (the CLI exits 2).
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING, Union
 from urllib.parse import urlsplit, urlunsplit
 
+from ..settings import named_account
 from .base import ControlConfigError, ControlStore
 
 if TYPE_CHECKING:
@@ -82,15 +82,6 @@ def control_store_description(settings: Settings) -> str:
     if settings.backend == "storage-queue":
         return "table storage (the queue's account)"
     return "none"
-
-
-def named_account(settings: Settings) -> tuple[Union[str, None], Union[str, None]]:
-    """(account URL, connection string) the fleet layer was given explicitly -- by
-    ``--control-account-url``, ``--control-connection-string`` or
-    JOBQ_CONTROL_CONNECTION_STRING -- for the control store and the output store beside it."""
-    conn = settings.control_connection_string or os.environ.get(
-        "JOBQ_CONTROL_CONNECTION_STRING") or None
-    return settings.control_account_url, conn
 
 
 def open_control_store(settings: Settings, create: bool = True) -> Union[ControlStore, None]:

@@ -18,7 +18,7 @@ import logging
 from typing import TYPE_CHECKING, Union
 from urllib.parse import urlsplit, urlunsplit
 
-from ..control.open import named_account
+from ..settings import named_account
 from .base import OutputConfigError, OutputStore
 
 if TYPE_CHECKING:
@@ -91,10 +91,11 @@ def describe_output_store(settings: Settings) -> Union[str, None]:
     worker's start on the main thread, before its first task; the output-store thread
     imports it when it opens the store."""
     target = _target(settings)
-    if target is None or not isinstance(target, tuple):
-        if target is not None:
-            target.close()
-        return repr(target) if target is not None else None
+    if target is None:
+        return None
+    if not isinstance(target, tuple):  # a file store: cheap to open, so opened to name it
+        target.close()
+        return repr(target)
     url, conn = target
     if url:
         endpoint = url.split("?", 1)[0].rstrip("/")

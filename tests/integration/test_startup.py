@@ -1,5 +1,6 @@
-"""Start-up: a SQLite worker and jobq-ctl import no Azure SDK and no Flask; a run that started
-no task does not wait for its lifeline helper, a run that may have left a task process does.
+"""Start-up: a SQLite worker and jobq-ctl import no Azure SDK and no Flask, a worker with the
+control plane off none of its modules; a run that started no task does not wait for its
+lifeline helper, a run that may have left a task process does.
 
 The real entry points run in subprocesses under ``python -X importtime``, which lists every
 module imported by any thread until the interpreter exits (docs/architecture.rst, "Modules":
@@ -25,6 +26,13 @@ FOREIGN = ("azure", "flask", "werkzeug", "jinja2", "waitress", "uamqp")
 def imported(args: list[str], cwd, entry: str = "jobq-supervisor") -> tuple[int, set[str], str]:
     """(exit status, top-level names of every module imported, stderr without the import
     lines) of the real console script run under ``-X importtime``."""
+    code, names, rest = imported_modules(args, cwd, entry)
+    return code, {name.split(".")[0] for name in names}, rest
+
+
+def imported_modules(args: list[str], cwd,
+                     entry: str = "jobq-supervisor") -> tuple[int, set[str], str]:
+    """As ``imported``, with the full name of every module imported."""
     script = command(entry)
     cmd = [sys.executable, "-X", "importtime", *(script if script[0] != sys.executable
                                                   else script[1:]), *args]
@@ -34,7 +42,7 @@ def imported(args: list[str], cwd, entry: str = "jobq-supervisor") -> tuple[int,
     for line in res.stderr.splitlines():
         if line.startswith("import time:"):
             name = line.rsplit("|", 1)[1].strip()
-            names.add(name.split(".")[0])
+            names.add(name)
         else:
             rest.append(line)
     return res.returncode, names, "\n".join(rest)
@@ -49,6 +57,21 @@ def test_sqlite_worker_imports_no_azure_and_no_flask(env, tmp_path):
     assert "succeeded=1" in err and "failed=1" in err, err
     assert "supervisor" in names and "sqlite3" in names  # the check sees our imports
     assert not names & set(FOREIGN), sorted(names & set(FOREIGN))
+
+
+def test_a_worker_with_the_control_plane_off_imports_none_of_its_modules(env, tmp_path):
+    """The control store's modules (records, stores, agent: ~10 ms of a cron run's start-up)
+    are imported only by a worker that may use them: settlement and results (which build
+    result records only for a control store) do not pull them in."""
+    base = ["--backend", "sqlite", "--sqlite-path", str(env.db), "--exit-when-empty",
+            "--max-attempts", "1"]
+    for control, uses_it in (("off", False), ("auto", True)):
+        env.push("echo hello", "exit 3")
+        code, names, err = imported_modules([*base, "--control", control], tmp_path)
+        assert code == 4, err  # ran both, one failed: every code path of a task was taken
+        assert {"supervisor.settlement", "supervisor.results"} <= names  # they used to
+        control_modules = sorted(n for n in names if n.startswith("supervisor.control."))
+        assert bool(control_modules) == uses_it, (control, control_modules)
 
 
 def test_sqlite_ctl_imports_no_azure_and_no_flask(env, tmp_path):

@@ -51,7 +51,7 @@ def test_files_are_described_too(tmp_path) -> None:
     assert describe_output_store(settings) == repr(store)
 
 
-def test_a_worker_does_not_import_the_blob_sdk_to_describe_its_store() -> None:
+def test_a_worker_imports_neither_the_blob_sdk_nor_the_control_store_to_describe_it() -> None:
     code = (
         "import sys\n"
         "from supervisor.outstore.shipper import OutputShipper\n"
@@ -59,7 +59,8 @@ def test_a_worker_does_not_import_the_blob_sdk_to_describe_its_store() -> None:
         f"shipper = OutputShipper.for_worker(Settings(backend='storage-queue', "
         f"connection_string={CONNS[1]!r}))\n"
         "assert shipper is not None and 'acct.blob' in shipper.where, shipper\n"
-        "print(sorted(m for m in sys.modules if m.startswith('azure.storage.blob')))\n")
+        "print(sorted(m for m in sys.modules if m.startswith(('azure.storage.blob', "
+        "'supervisor.control'))))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
