@@ -196,10 +196,11 @@ class DataSource:
             with self.using("control store"):
                 results = store.results_of(self.queue, task_id)
                 now = clock()
-                running = [(r, t) for r in store.workers(self.queue)
-                           if worker_state(r, now) != "lost" for t in r.tasks
-                           if t.id == task_id]
-            found["attempts"] = [result_json(r, now) for r in results]
+                workers = store.workers(self.queue)
+                running = [(r, t) for r in workers if worker_state(r, now) != "lost"
+                           for t in r.tasks if t.id == task_id]
+            states = {r.id: worker_state(r, now) for r in workers}
+            found["attempts"] = [result_json(r, now, states) for r in results]
             if running:
                 rec, info = running[0]
                 found.update(worker=rec.id, state=found["state"] or "running",
@@ -207,7 +208,7 @@ class DataSource:
                              cmd=found["cmd"] or info.cmd,
                              lease_expires=iso_or_none(info.lease_expires))
             elif results and found["state"] is None:
-                found["state"] = results[-1].outcome
+                found["state"] = found["attempts"][-1]["state"]
             if results:
                 found["attempt"] = max(found["attempt"] or 0, results[-1].attempt)
         if found["state"] is None and not found["attempts"]:

@@ -6,12 +6,13 @@ matters, the Flask test client where a store must fail on cue."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from supervisor.backends.sqlite import SqliteBackend
 from supervisor.control import SqliteControlStore
-from supervisor.control.records import ResultRecord
+from supervisor.control.records import ResultRecord, WorkerRecord
 from supervisor.dashboard.app import create_app
 from supervisor.dashboard.data import DataSource
 from supervisor.dashboard.tasks import CAP
@@ -192,3 +193,29 @@ def test_cancel_requeue_and_clear_with_a_login(env):
     assert client.post("/failed/clear", data={"csrf": _csrf(client), "confirm": "yes"}
                        ).status_code == 302
     assert [r[0] for r in env.rows()] == [pending, other]
+
+
+def test_the_running_attempt_of_a_dead_worker_shows_as_worker_lost(env):
+    """Attempt 1's worker has no record any more and its running record is old (SIGKILLed
+    long ago); attempt 2's worker heartbeats."""
+    (task_id,) = env.push("sleep 100")
+    now = time.time()
+    store = SqliteControlStore(str(env.db))
+    try:
+        for attempt, who, when in ((1, "w-dead", now - 3600), (2, "w-live", now - 2)):
+            store.put_result(ResultRecord(
+                queue=Q, task_id=task_id, attempt=attempt, outcome="running", reason="",
+                tail="", exit_status=None, worker=who, when=when, started=when,
+                max_attempts=3))
+        store.put_worker(WorkerRecord(id="w-live", queue=Q, host="h", pid=1, version="v",
+                                      state="running", slots_used=0, slots_total=1,
+                                      started=now - 10, heartbeat=now))
+    finally:
+        store.close()
+    client = create_app(_data(env)).test_client()
+    api = client.get(f"/api/task/{task_id}").get_json()
+    assert [(a["attempt"], a["state"]) for a in api["attempts"]] == [
+        (1, "worker-lost"), (2, "running")]
+    html = client.get(f"/tasks/{task_id}").get_data(as_text=True)
+    row = html[html.index('data-attempt="1"'):]
+    assert 'class="pill state-worker-lost">worker-lost<' in row[:row.index("</tr>")]

@@ -99,6 +99,26 @@ def test_a_running_task_then_cancelled(env):
     assert sup.wait(30) == 0
 
 
+def test_the_attempt_of_a_sigkilled_worker_shows_as_worker_lost(env):
+    """The worker dies without writing the attempt's end: once its heartbeat is stale (3
+    intervals of 1 s) ``jobq-ctl result`` shows the attempt as worker-lost, not running."""
+    ready = env.tmp / "ready"
+    (task_id,) = env.push(f"touch {ready}; sleep 600")
+    sup = env.supervisor("--worker-id", "w-k", *FAST)
+    wait_for(ready.exists, 30, what="task running")
+    wait_for(lambda: [r["state"] for r in results(env, task_id)] == ["running"], 10,
+             what="the running record")
+    sup.signal(signal.SIGKILL)
+    sup.wait(10)
+    shown: list[dict[str, Any]] = []
+    wait_for(lambda: shown.extend(r for r in results(env, task_id)
+                                  if r["state"] == "worker-lost") or shown, 30,
+             what="the attempt shown as worker-lost")
+    assert (shown[0]["attempt"], shown[0]["worker"], shown[0]["final"],
+            shown[0]["duration_s"]) == (1, "w-k", False, None)
+    assert "worker-lost" in env.ctl("result", task_id).stdout
+
+
 def test_a_preempted_task_is_requeued_not_final(env):
     ready = env.tmp / "ready"
     (task_id,) = env.push(f"touch {ready}; sleep 600")
