@@ -343,7 +343,7 @@ class AzureTableControlStore(AzureClaims):
             counts[entity["kind"]] += 1
         return PurgeCounts(workers=counts["worker"], cancels=counts["cancel"],
                            commands=counts["cmd"], results=counts["result"],
-                           audits=counts["audit"])
+                           audits=counts["audit"], claims=counts["unique"])
 
     def close(self) -> None:
         self._client.close()

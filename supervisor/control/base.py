@@ -54,6 +54,9 @@ WORKER_PURGE_AGE = 86_400.0  # s: older worker records are deleted
 COMMAND_TTL = 86_400.0  # s an unconsumed command is kept (its worker is gone)
 RESULT_TTL = 7 * 86_400.0
 AUDIT_TTL = 90 * 86_400.0  # s an operator action is kept
+# A unique-key claim older than this is over (the longest a Storage Queue message lives: its
+# default TTL), whatever it names: a push takes it over, and the purge deletes it.
+CLAIM_TTL = 7 * DAY
 # Result states listed often and rare enough to be kept twice ("x:" partition, see above).
 INDEXED_STATES = ("failed", "cancelled")
 INDEX_KIND = "rindex"  # the stored kind of an "x:" row (its document is a result record)
@@ -101,6 +104,7 @@ class PurgeCounts:
     commands: int = 0
     results: int = 0
     audits: int = 0
+    claims: int = 0
 
 
 class ControlStore(Protocol):
@@ -180,7 +184,7 @@ def purge_cutoffs(now: float) -> dict[str, float]:
     """Per kind, the ``at`` below which a record is purged."""
     return {"worker": now - WORKER_PURGE_AGE, "cancel": now - CANCEL_TTL,
             "cmd": now - COMMAND_TTL, "result": now - RESULT_TTL,
-            INDEX_KIND: now - RESULT_TTL, "audit": now - AUDIT_TTL}
+            INDEX_KIND: now - RESULT_TTL, "audit": now - AUDIT_TTL, "unique": now - CLAIM_TTL}
 
 
 # ----------------------------------------------------------------------------------- keys

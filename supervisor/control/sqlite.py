@@ -303,13 +303,13 @@ class SqliteControlStore:
                 "DELETE FROM control_records WHERE (kind='worker' AND at<?) OR "
                 "(kind='cancel' AND (at<? OR at + CASE WHEN json_valid(doc) THEN "
                 "json_extract(doc, '$.ttl') END < ?)) OR (kind='cmd' AND at<?) OR "
-                "(kind='result' AND at<?) OR (kind=? AND at<?) OR (kind='audit' AND at<?) "
-                "RETURNING kind",
+                "(kind='result' AND at<?) OR (kind=? AND at<?) OR (kind='audit' AND at<?) OR "
+                "(kind='unique' AND at<?) RETURNING kind",
                 (cut["worker"], cut["cancel"], now, cut["cmd"], cut["result"],
-                 base.INDEX_KIND, cut[base.INDEX_KIND], cut["audit"]))]
+                 base.INDEX_KIND, cut[base.INDEX_KIND], cut["audit"], cut["unique"]))]
         return PurgeCounts(workers=kinds.count("worker"), cancels=kinds.count("cancel"),
                            commands=kinds.count("cmd"), results=kinds.count("result"),
-                           audits=kinds.count("audit"))
+                           audits=kinds.count("audit"), claims=kinds.count("unique"))
 
     def close(self) -> None:
         self._conn.close()

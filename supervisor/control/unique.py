@@ -16,14 +16,14 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Callable
 
-from .base import DAY, ControlStore, ControlStoreError, UniqueClaim
+from .base import CLAIM_TTL, DAY, ControlStore, ControlStoreError, UniqueClaim
 from .records import ResultRecord
 
 if TYPE_CHECKING:
     from ..task import Task
 
 log = logging.getLogger("jobq.control")
-CLAIM_MAX_AGE = 7 * DAY  # the longest a Storage Queue message lives (its default TTL)
+CLAIM_MAX_AGE = CLAIM_TTL  # the longest a Storage Queue message lives (its default TTL)
 TRIES = 3  # create/read/replace rounds against concurrent pushes of the same key
 
 
