@@ -106,6 +106,11 @@ class Launcher:
         what a short task costs the main loop, and on Azure the calls per task."""
         return self.held.extra(free)
 
+    @property
+    def recent_duration(self) -> float | None:
+        """Moving average of the tasks' run times (None before the first ended)."""
+        return self.held.recent_duration
+
     def note_duration(self, seconds: float) -> None:
         """A task ran this long (main thread)."""
         self.held.note_duration(seconds)

@@ -16,6 +16,7 @@ reporting.py (systemd, metrics file, summary).
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import secrets
 import time
@@ -227,7 +228,7 @@ class Worker:
                 and self._running() + len(self.launcher.starting) < self.s.num_workers
                 and not self.settlement.backlogged(self.active)):
             if not self._receive_held(now):  # else: a spawn job, an exit or a settle poll
-                t = min(t, self.next_receive)
+                t = min(t, max(self.next_receive, self.pacing.gather_until or -math.inf))
             if self.launcher.ready:
                 t = now
             if self.change_probe:
@@ -316,6 +317,15 @@ class Worker:
         return self.pacing.holds(now, bool(self.launcher.starting or self.settling or any(
             rt.exited_at is not None for rt in self.active)))
 
+    def _busy_ends(self, now: float) -> list[float]:
+        """When each busy slot's task is expected to end, from the recent tasks' run time
+        (empty while none has ended) (main thread)."""
+        d = self.launcher.recent_duration
+        if d is None:
+            return []
+        return [*(rt.started + d for rt in self.active if rt.exited_at is None),
+                *([now + d] * len(self.launcher.starting))]
+
     def _running(self) -> int:
         """Tasks whose shell has not exited: an exited one no longer takes a slot."""
         return sum(1 for rt in self.active if rt.exited_at is None)
@@ -334,6 +344,8 @@ class Worker:
                 self.change_probe and self.pacing.backoff == 0
                 and self.backend.changed()):
             return
+        if not self.backend.receive_ahead and self.pacing.gather(now, self._busy_ends(now)):
+            return  # short tasks about to end: one receive fills their slots too
         t_sent = self.clock()
         want = free + self.launcher.ahead(free)
         try:
@@ -358,7 +370,7 @@ class Worker:
             if not leases:
                 self.last_empty_receive = t_sent
         else:
-            self.pacing.filled()
+            self.pacing.filled(self.clock() - t_sent)
         for lease in leases[:free]:
             self.launcher.dispatch(lease, t_sent)
         self.launcher.hold(leases[free:], t_sent)
