@@ -19,9 +19,10 @@ Main thread only (the worker's ``_receive``).  Three rules:
   messages while the tasks just started would end before it came back (-n 4 at a ~10 ms
   round trip: ~2 messages a receive, ~110 tasks/s).  So while a busy slot's task is
   expected to end within half a receive (``GATHER_SHARE`` of the recent receives' time, at
-  most ``GATHER_MAX``), the receive waits for it, until that moment at the latest: one
-  receive then fills those slots too.  Nothing is held, so no lease is at risk; a task that
-  runs longer than expected costs at most that wait.
+  most ``GATHER_MAX``), the receive waits for it -- that long at most from when it began
+  to wait, then it receives for what is free: one receive fills those slots too.  Nothing
+  is held, so no lease is at risk; a task that runs longer than expected costs at most that
+  wait.
 """
 
 from __future__ import annotations
