@@ -20,26 +20,21 @@ from typing import Any
 
 from . import ctl_fleet
 from .backends.base import Backend
-from .control.base import LOST_AFTER, ControlStore, worker_state
+from .control.base import HEARTBEAT_INTERVAL, LOST_AFTER, ControlStore, worker_states
 from .control.records import ResultRecord
 from .ctl import iso, iso_or_none
 from .ctl_fleet import EXIT_NOT_FOUND, duration_text
 
 # A running record this young whose worker has no record may belong to a worker whose first
 # heartbeat is not written yet (it and the first result go out on the control thread).
-LOST_GRACE = LOST_AFTER * 15.0
-
-
-def worker_states(store: ControlStore, queue: str, now: float) -> dict[str, str]:
-    """The queue's workers, id -> state as shown (``lost`` for a stale heartbeat) (any
-    thread)."""
-    return {w.id: worker_state(w, now) for w in store.workers(queue)}
+LOST_GRACE = LOST_AFTER * HEARTBEAT_INTERVAL
 
 
 def shown_state(r: ResultRecord, workers: Mapping[str, str] | None, now: float) -> str:
     """The attempt's state as readers show it: ``worker-lost`` for a ``running`` record whose
     worker is lost, or has no record (deleted at its exit, purged) past ``LOST_GRACE``;
-    ``workers`` from ``worker_states`` (None: not known, shown as stored) (any thread)."""
+    ``workers``: the queue's, from ``control.base.worker_states`` (None: not known, shown as
+    stored) (any thread)."""
     if r.outcome != "running" or workers is None:
         return r.outcome
     state = workers.get(r.worker)
@@ -98,7 +93,7 @@ def cmd_result(ns: Any, backend: Backend | None, store: ControlStore) -> int:
               f"{ns.queue} (not started yet, unknown, or older than 7 days)", file=sys.stderr)
         return EXIT_NOT_FOUND
     now = ctl_fleet.clock()
-    workers = worker_states(store, ns.queue, now)
+    workers = worker_states(store.workers(ns.queue), now)
     if ns.json:
         print(json.dumps([result_json(r, now, workers) for r in records], indent=2))
         return 0

@@ -180,6 +180,11 @@ def worker_state(record: WorkerRecord, now: float) -> str:
     return record.state
 
 
+def worker_states(records: Sequence[WorkerRecord], now: float) -> dict[str, str]:
+    """Each worker's state to show (``worker_state``), by id."""
+    return {r.id: worker_state(r, now) for r in records}
+
+
 def purge_cutoffs(now: float) -> dict[str, float]:
     """Per kind, the ``at`` below which a record is purged."""
     return {"worker": now - WORKER_PURGE_AGE, "cancel": now - CANCEL_TTL,

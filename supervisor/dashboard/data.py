@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..backends.base import Backend, BackendConfigError, BackendError
-from ..control.base import ControlStore, ControlStoreError, worker_state
+from ..control.base import ControlStore, ControlStoreError, worker_states
 from ..control.records import AuditRecord, new_seq
 from ..ctl import iso_or_none
 from ..ctl_fleet import (
@@ -159,7 +159,7 @@ class DataSource:
         """(each worker's state by id, the queue's pause flag)."""
         with self.using("control store"):
             now, shown, _, flag = worker_view(self.store(), self.queue, True)
-        states = {r.id: worker_state(r, now) for r in shown}
+        states = worker_states(shown, now)
         if flag is None:
             return states, None
         return states, {"paused": flag.paused, "who": flag.who, "when": iso_or_none(flag.when)}
@@ -197,9 +197,9 @@ class DataSource:
                 results = store.results_of(self.queue, task_id)
                 now = clock()
                 workers = store.workers(self.queue)
-                running = [(r, t) for r in workers if worker_state(r, now) != "lost"
-                           for t in r.tasks if t.id == task_id]
-            states = {r.id: worker_state(r, now) for r in workers}
+            states = worker_states(workers, now)
+            running = [(r, t) for r in workers if states[r.id] != "lost"
+                       for t in r.tasks if t.id == task_id]
             found["attempts"] = [result_json(r, now, states) for r in results]
             if running:
                 rec, info = running[0]
