@@ -120,6 +120,8 @@ class Worker:
             set_child_subreaper()
             self.lifeline = self.launcher.lifeline = Lifeline(
                 self.token, self.s.lock_lost_behavior, self.s.kill_timeout)
+            # our leases outlive us until the lifeline has killed what we ran
+            self.backend.add_lease_holder(self.lifeline.pid)
             self.watchdog.start()
             self.output_pump.start()
             self.launcher.start()
@@ -308,7 +310,9 @@ class Worker:
         if (self.active or self.launcher.starting or self.settling or self.launcher.ready
                 or self.last_empty_receive is None):
             return False
-        return self.settlement.all_back_by(self.last_empty_receive)
+        # and a dead worker's task is not on its way back (SQLite: docs/architecture.rst)
+        return (self.settlement.all_back_by(self.last_empty_receive)
+                and not self.backend.leases_coming_back())
 
     # ------------------------------------------------------------------------- receive
     def _receive_held(self, now: float) -> bool:

@@ -188,6 +188,18 @@ class Backend(Protocol):
         none is pending (any one thread at a time; only asked when ``tells_age``)."""
         ...
 
+    def add_lease_holder(self, pid: int) -> None:
+        """The leases this worker takes also depend on process ``pid`` (the lifeline helper,
+        which kills the tasks when the supervisor dies): SQLite takes a dead worker's leases
+        back only once both are gone (main thread, before the first receive)."""
+        ...
+
+    def leases_coming_back(self) -> bool:
+        """A dead worker's leases are about to come back (SQLite: its lifeline is still
+        killing its tasks), so an empty receive does not mean an empty queue (main thread,
+        asked by ``--exit-when-empty``)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -216,3 +228,10 @@ class BackendBase:
     def oldest_pending_age(self, now: float) -> float | None:
         """Cannot tell (never asked: ``tells_age``)."""
         return None
+
+    def add_lease_holder(self, pid: int) -> None:
+        """Leases are the broker's to give back when their lock expires: nothing to note."""
+
+    def leases_coming_back(self) -> bool:
+        """The broker gives a lease back by its lock alone (``lost_lease_return_delay``)."""
+        return False

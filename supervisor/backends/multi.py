@@ -145,6 +145,13 @@ class MultiQueueBackend(BackendBase):
         for b in self.backends.values():
             b.maintenance()
 
+    def add_lease_holder(self, pid: int) -> None:
+        for b in self.backends.values():
+            b.add_lease_holder(pid)
+
+    def leases_coming_back(self) -> bool:
+        return any(b.leases_coming_back() for b in self.backends.values())
+
     def oldest_pending_age(self, now: float) -> float | None:
         ages = [a for a in (b.oldest_pending_age(now) for b in self.backends.values())
                 if a is not None]

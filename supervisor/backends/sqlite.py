@@ -27,6 +27,7 @@ from .base import BackendBase, BackendConfigError, BackendError, FailedRecord, Q
 from .common import command_of
 from .sqlite_db import connect, is_lock_error, is_readonly_error, missing_columns, set_up
 from .sqlite_lease import SqliteLease
+from .sqlite_owner import DeadOwnerPass, TakenBack
 
 __all__ = ["SqliteBackend", "SqliteLease"]
 
@@ -34,7 +35,7 @@ log = logging.getLogger("jobq.sqlite")
 
 RECEIVE_SQL = (
     "UPDATE jobs SET status='running', attempt=attempt+1, token=token+1, "
-    "locked_by=?, locked_at=?, locked_until=?, updated_at=? WHERE seq IN ("
+    "locked_by=?, owner=?, locked_at=?, locked_until=?, updated_at=? WHERE seq IN ("
     "SELECT seq FROM jobs WHERE queue=? AND status='pending' AND visible_at<=? "
     "ORDER BY priority DESC, seq LIMIT ?) "
     "RETURNING priority, seq, id, body, attempt, token, max_attempts")
@@ -42,6 +43,7 @@ RECEIVE_SQL = (
 MAIN_BUSY_TIMEOUT = 0.5  # the main loop retries on its next turn rather than block
 QUICK_WAIT = 0.005  # the most a settlement tried on the main loop may wait for the database
 CTL_BUSY_TIMEOUT = 30.0
+DEAD_OWNER_EVERY = 2.0  # s between two dead-owner passes of a busy worker (an indexed read)
 
 
 class SqliteBackend(BackendBase):
@@ -73,12 +75,16 @@ class SqliteBackend(BackendBase):
         self.lost_lease_return_delay = stale_lock_age + reaper_interval if reaper_interval else 0.0
         self._next_reap = 0.0
         self._reap_backoff = 0.0
+        self.dead_owners = DeadOwnerPass(queue, max_attempts)
+        self._next_owner_pass = 0.0
+        self.taken_back_at_open: list[TakenBack] = []
         self.clock = time.monotonic  # the reaper's schedule (tests inject a clock)
         self._data_version = -1
         self._lease_lock = threading.Lock()
         self._lease_busy_ms = 0
         self._quick = threading.local()  # .on: this thread's lease writes may not wait
         self.priorities_known = True  # False: an older database opened read-only
+        self.owners_known = True  # the same for the owner column (sqlite_owner.py)
         if not create and not os.path.isfile(path):
             raise BackendError(f"SQLite database {path} does not exist (nothing was pushed "
                                f"there yet?)")
@@ -95,8 +101,12 @@ class SqliteBackend(BackendBase):
                 raise BackendError(f"SQLite database {path} holds no jobq queue (no jobs "
                                    f"table)")
             # a read-only command changes no schema: an older database has no priorities
-            self.priorities_known = not missing_columns(self._conn)
+            missing = {name for name, _ in missing_columns(self._conn)}
+            self.priorities_known = "priority" not in missing
+            self.owners_known = "owner" not in missing  # not: read-only, older database
             self._lease_conn = connect(path, busy_timeout, setup=create)
+            if create:  # a worker or a writing jobq-ctl: what dead owners held comes back
+                self.taken_back_at_open = self.take_back_dead()
         except BaseException as exc:
             self.close()
             if not isinstance(exc, sqlite3.DatabaseError):
@@ -206,21 +216,48 @@ class SqliteBackend(BackendBase):
         return changed
 
     def receive(self, max_messages: int, lock_duration: float) -> list[SqliteLease]:
-        now = time.time()
-        try:
-            # One autocommit statement (atomic on its own): BEGIN and COMMIT around it cost
-            # two more round trips through the GIL per receive, on the hot path.
-            rows = self._conn.execute(
-                RECEIVE_SQL, (self.worker_id, now, now + lock_duration, now, self.queue, now,
-                              max_messages)).fetchall()
-        except sqlite3.DatabaseError as exc:
-            raise BackendError(f"SQLite receive failed: {exc}") from None
+        rows = self._receive_rows(max_messages, lock_duration)
+        # Found nothing: what a dead worker held may be waiting to come back (and a batch
+        # run must not end "queue empty" before it did).
+        if not rows and self.take_back_dead():
+            rows = self._receive_rows(max_messages, lock_duration)
         # RETURNING's order is not the subquery's: the priority order again
         return [SqliteLease(self, row[1:], lock_duration)
                 for row in sorted(rows, key=lambda r: (-r[0], r[1]))]
 
+    def _receive_rows(self, max_messages: int, lock_duration: float) -> list[tuple]:
+        now = time.time()
+        try:
+            # One autocommit statement (atomic on its own): BEGIN and COMMIT around it cost
+            # two more round trips through the GIL per receive, on the hot path.
+            return self._conn.execute(
+                RECEIVE_SQL, (self.worker_id, self.dead_owners.here, now, now + lock_duration,
+                              now, self.queue, now, max_messages)).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise BackendError(f"SQLite receive failed: {exc}") from None
+
+    def add_lease_holder(self, pid: int) -> None:
+        """Our leases stay ours while process ``pid`` (the lifeline) lives (main thread,
+        before the first receive; sqlite_owner.py)."""
+        self.dead_owners.add_holder(pid)
+
+    def leases_coming_back(self) -> bool:
+        """The last dead-owner pass saw a dead worker's lifeline still killing its tasks: those
+        leases come back within seconds (main thread)."""
+        return self.dead_owners.dying
+
+    def take_back_dead(self) -> list[TakenBack]:
+        """The dead-owner pass (sqlite_owner.py); a failure is logged and takes nothing: the
+        next pass tries again (main thread)."""
+        return self.dead_owners.run_quietly(self._conn, self._tx)
+
     def maintenance(self) -> None:
-        """The stale-lock reaper, every --reaper-interval (main thread)."""
+        """The dead-owner pass every DEAD_OWNER_EVERY, the stale-lock reaper every
+        --reaper-interval (main thread)."""
+        if self.clock() >= self._next_owner_pass:
+            self._next_owner_pass = self.clock() + DEAD_OWNER_EVERY
+            if self.take_back_dead():
+                self._data_version = -1  # the change probe says "receive": work came back
         if not self.reaper_interval or self.clock() < self._next_reap:
             return
         now = self.clock()
@@ -329,13 +366,15 @@ class SqliteBackend(BackendBase):
         counts["delayed"] = self._query(
             "SELECT COUNT(*) FROM jobs WHERE queue=? AND status='pending' AND visible_at>?",
             (self.queue, time.time()))[0][0]
-        running = [
-            {"id": i, "worker": w, "attempt": a, "locked_at": la, "locked_until": lu}
-            for i, w, a, la, lu in self._query(
-                "SELECT id, locked_by, attempt, locked_at, locked_until FROM jobs "
-                "WHERE queue=? AND status='running' ORDER BY seq", (self.queue,))
-        ]
-        return QueueStatus(counts=counts, running=running)
+        rows = self._query(
+            "SELECT id, locked_by, attempt, locked_at, locked_until, "
+            f"{'owner' if self.owners_known else 'NULL'} FROM jobs "
+            "WHERE queue=? AND status='running' ORDER BY seq", (self.queue,))
+        running = [{"id": i, "worker": w, "attempt": a, "locked_at": la, "locked_until": lu}
+                   for i, w, a, la, lu, _ in rows]
+        # a dead worker's task: shown as such until a worker or a jobq-ctl write takes it back
+        note = self.dead_owners.mark_gone(running, [row[5] for row in rows])
+        return QueueStatus(counts=counts, running=running, note=note)
 
     def failed(self) -> list[FailedRecord]:
         records = []

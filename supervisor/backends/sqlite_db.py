@@ -31,12 +31,15 @@ CREATE TABLE IF NOT EXISTS jobs (
     exit_status  INTEGER,
     priority     INTEGER NOT NULL DEFAULT 5,
     unique_key   TEXT,
+    owner        TEXT,
     UNIQUE (queue, id)
 );
 """
 # Added after the first release: a database made before them gets them (migrate), with
-# their defaults, so older jobs read as priority 5 without a key.
-COLUMNS = (("priority", "INTEGER NOT NULL DEFAULT 5"), ("unique_key", "TEXT"))
+# their defaults, so older jobs read as priority 5 without a key, and a job an older
+# worker runs names no owner (only the stale-lock reaper takes it back: sqlite_owner.py).
+COLUMNS = (("priority", "INTEGER NOT NULL DEFAULT 5"), ("unique_key", "TEXT"),
+           ("owner", "TEXT"))
 INDEXES = """
 -- Receive walks pending jobs in (priority DESC, seq) order and stops after LIMIT, so its
 -- cost does not grow with the queue's depth (ordered by (visible_at, seq), the first schema

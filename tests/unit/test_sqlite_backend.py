@@ -502,7 +502,7 @@ def test_receive_walks_the_queue_in_order_without_sorting_it(a, raw) -> None:
 
     push(a, *["true"] * 50)
     plan = raw.execute("EXPLAIN QUERY PLAN " + RECEIVE_SQL,
-                       ("w", 0, 0, 0, "default", time.time(), 4)).fetchall()
+                       ("w", None, 0, 0, 0, "default", time.time(), 4)).fetchall()
     details = " | ".join(str(row[-1]) for row in plan)
     assert "jobs_by_priority" in details, details
     assert "TEMP B-TREE" not in details, details
