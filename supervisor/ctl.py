@@ -263,17 +263,34 @@ def cmd_failed(ns: Any, backend: Backend) -> int:
 def cmd_requeue(ns: Any, backend: Backend, store: ControlStore | None = None) -> int:
     if ns.all_failed == bool(ns.ids):
         raise UsageError("requeue: give task ids or --all-failed (not both)")
+    back = taken_back(backend, [] if ns.all_failed else list(ns.ids))
     ids = [r.id for r in backend.failed()] if ns.all_failed else list(ns.ids)
     n = backend.requeue(None if ns.all_failed else ns.ids)
-    print(f"requeued {n}")
+    returned = sum(t.status == "pending" for t in back.values())
+    print(f"requeued {n + returned}")
+    for t in back.values():
+        print(f"{t.id}: its worker {t.worker or '?'} is gone (its process ended): taken back, "
+              + ("pending again (the attempt it ran counts)" if t.status == "pending" else
+                 "failed on its last attempt, requeued"))
     forget_cancels(ns.queue, ids, store)
-    missing = 0 if ns.all_failed else len(set(ns.ids)) - n
+    missing = 0 if ns.all_failed else len(set(ns.ids)) - n - returned
     if missing > 0:
         # exit 1, so that a typo in an id is not taken for success
         print(f"jobq-ctl: error: requeue: {missing} of the given ids matched no failed task",
               file=sys.stderr)
         return 1
     return 0
+
+
+def taken_back(backend: Backend, ids: list[str]) -> dict[str, Any]:
+    """Those of ``ids`` a SQLite queue took back from a worker that is gone (id ->
+    sqlite_owner.TakenBack), waiting a moment for one whose lifeline is still at work; {} on
+    the other backends, whose leases come back by their lock alone."""
+    if backend.name != "sqlite" or not ids:
+        return {}
+    from .backends.sqlite_fleet import take_back
+
+    return take_back(backend, ids)  # type: ignore[arg-type]
 
 
 def forget_cancels(queue: str, ids: list[str], store: ControlStore | None) -> None:

@@ -26,7 +26,7 @@ from .control.base import CANCEL_TTL, ControlStore, ControlStoreError, worker_st
 from .control.open import open_control_store
 from .control.records import Cancel, Command, QueueFlag, WorkerRecord, new_seq
 from .control.signing import sign
-from .ctl import READ_ONLY_COMMANDS, first_key, iso, iso_or_none
+from .ctl import READ_ONLY_COMMANDS, first_key, iso, iso_or_none, taken_back
 from .security import SigningKey
 from .usage import UsageError
 
@@ -170,6 +170,7 @@ def cmd_cancel(ns: Any, backend: Backend | None, store: ControlStore) -> int:
                          f"{duration_text(CANCEL_TTL)} (the age at which cancels are purged)")
     ids = list(dict.fromkeys(ns.ids))
     states: dict[str, str] | None = None
+    back = taken_back(backend, ids) if backend is not None else {}
     if backend is not None and backend.name == "sqlite":
         from .backends.sqlite_fleet import task_states
 
@@ -183,7 +184,17 @@ def cmd_cancel(ns: Any, backend: Backend | None, store: ControlStore) -> int:
     live, taken = cancel_tasks(backend, store, ns.queue, ids, states, ns.reason, grace,
                                ns.cancel_ttl, first_key(ns), who())
     for task_id in ids:
-        if states is not None and task_id not in live:
+        if task_id in back:  # its worker is gone: nobody would have stopped it
+            gone = (f"{task_id}: its worker {back[task_id].worker or '?'} is gone (its "
+                    f"process ended): taken back")
+            if task_id in taken:
+                print(f"{gone} and cancelled (it will not run)")
+            elif task_id not in live:
+                print(f"{gone}, failed on its last attempt; nothing to cancel")
+            else:  # another worker received it in between: it sees the cancel at claim
+                print(f"{gone}; another worker took it since: cancel recorded, that worker "
+                      f"stops it")
+        elif states is not None and task_id not in live:
             print(f"{task_id}: already {states[task_id]}; nothing to cancel")
         elif task_id in taken:
             print(f"{task_id}: cancelled (it was pending and will not run)")
@@ -339,7 +350,8 @@ def cmd_status(ns: Any, backend: Backend | None, store: ControlStore | None) -> 
     if running:
         print(f"{'TASK':34} {'WORKER':30} {'ATTEMPT':>7}  {'SINCE':20}  LOCKED UNTIL")
         for r in running:
-            print(f"{r['id']:34} {str(r.get('worker') or '-'):30} {r.get('attempt', 0):>7}  "
+            worker = str(r.get('worker') or '-') + (" (gone)" if r.get("owner_gone") else "")
+            print(f"{r['id']:34} {worker:30} {r.get('attempt', 0):>7}  "
                   f"{iso(r.get('locked_at')):20}  {iso(r.get('locked_until'))}")
     return 0
 

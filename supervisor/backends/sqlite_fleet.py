@@ -1,14 +1,21 @@
 """What ``jobq-ctl`` needs of a SQLite queue for fleet control, beside SqliteBackend (whose
-module is at its size limit): the state of given task ids, taking pending tasks off the queue
-on a cancel, and the age of the oldest pending task.  Main thread of jobq-ctl.
+module is at its size limit): the state of given task ids, taking back given tasks from a dead
+worker, taking pending tasks off the queue on a cancel, and the age of the oldest pending task.
+Main thread of jobq-ctl.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from ..task import MAX_PRIORITY
 from .sqlite import SqliteBackend
+from .sqlite_owner import DYING, TakenBack, owner_state
+
+# How long requeue/cancel wait for a dead worker's lifeline to finish killing its tasks
+# (lifeline.KILL_BUDGET: it gives up after 10 s); it takes well under a second.
+TAKE_BACK_WAIT = 12.0
 
 _CHUNK = 500  # ids per statement, well below SQLite's 32,766 host parameters
 
@@ -26,6 +33,38 @@ def task_states(backend: SqliteBackend, ids: Sequence[str]) -> dict[str, str]:
                 f"({','.join('?' * len(part))})", (backend.queue, *part)):
             found[task_id] = status
     return found
+
+
+def _dying(backend: SqliteBackend, ids: Sequence[str]) -> bool:
+    """One of ``ids`` runs for a worker that is gone while its lifeline is still at work."""
+    here = backend.dead_owners.here
+    if here is None or not backend.owners_known:
+        return False
+    for part in _chunks(ids):
+        for (owner,) in backend._query(
+                f"SELECT owner FROM jobs WHERE queue=? AND status='running' AND owner IS NOT "
+                f"NULL AND id IN ({','.join('?' * len(part))})", (backend.queue, *part)):
+            if owner_state(owner, here) == DYING:
+                return True
+    return False
+
+
+def take_back(backend: SqliteBackend, ids: Sequence[str],
+              wait: float = TAKE_BACK_WAIT) -> dict[str, TakenBack]:
+    """Those of ``ids`` that this jobq-ctl took back from a worker that is gone (when it
+    opened the database, or now), id -> where each went.  While one of them still belongs
+    to a dead worker whose lifeline is killing its tasks, it waits for that (``wait`` at
+    most).  Raises BackendError."""
+    wanted = set(ids)
+    taken = {t.id: t for t in backend.taken_back_at_open if t.id in wanted}
+    deadline = time.monotonic() + wait
+    while True:
+        taken.update((t.id, t) for t in backend.dead_owners.run(backend._conn, backend._tx)
+                     if t.id in wanted)
+        left = deadline - time.monotonic()
+        if left <= 0 or not _dying(backend, ids):
+            return taken
+        time.sleep(min(0.1, left))  # a one-shot command, bounded by ``wait``
 
 
 def cancel_pending(backend: SqliteBackend, ids: Sequence[str], reason: str,
