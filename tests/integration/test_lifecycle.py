@@ -44,17 +44,18 @@ def test_attempts_are_counted_at_lease_time(env):
     """A task that takes its supervisor down with it still reaches its limit."""
     [tid] = env.push("kill -9 $PPID; sleep 5", extra=("--max-attempts", "2"))
     for attempt in (1, 2):
-        # The first run's lease is reaped by the second supervisor once it expires.
+        # The first run's lease is taken back by the next supervisor: its owner is dead.
         sup = env.supervisor("--lock-duration", "3", "--renew-interval", "0.5",
                              "--reaper-interval", "0.2", "--stale-lock-age", "0")
         assert sup.wait(30) == -signal.SIGKILL
         row = env.job(tid)
         assert (row["attempt"], row["status"]) == (attempt, "running")
-    # The second lease is never settled; once it expires the reaper fails the job.
+    # The second lease is never settled; its owner is dead: the next supervisor fails the job.
     sup = env.supervisor("--lock-duration", "3", "--reaper-interval", "0.2",
                          "--stale-lock-age", "0", "--idle-timeout", "5")
     wait_for(lambda: env.job(tid)["status"] == "failed", 30, what="failed by the reaper")
     assert "last attempt" in env.job(tid)["reason"]
+    sup.wait_log(" started: ")  # it fails the job as it opens the database, before that
     sup.signal(signal.SIGTERM)
     assert sup.wait(30) == 0
 
