@@ -1,4 +1,5 @@
-"""The embedded SQLite store: a jobs table, leases with fencing tokens, a stale-lock reaper.
+"""The embedded SQLite store: a jobs table, leases with fencing tokens, a stale-lock reaper,
+and a dead-owner pass that takes a dead worker's leases back in seconds (sqlite_owner.py).
 
 Every lease write is ``... WHERE seq=? AND token=? AND status='running'``: the token changes
 on each receive, so a worker whose lease was reaped and handed out again can never write.
