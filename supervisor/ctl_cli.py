@@ -211,7 +211,7 @@ def _run(ns: Any, settings: Settings) -> int:
     from .backends import open_backend
     from .backends.base import Backend, BackendConfigError, BackendError, QueueNotFound
     from .control.base import ControlConfigError, ControlStore, ControlStoreError
-    from .ctl import READ_ONLY_COMMANDS, run_command
+    from .ctl import QUEUE_VIEWS, READ_ONLY_COMMANDS, run_command
     from .ctl_fleet import FLEET_COMMANDS, needs_backend, open_store
     from .ctl_follow import Sources
     from .outstore.base import OutputConfigError, OutputStoreError
@@ -227,6 +227,8 @@ def _run(ns: Any, settings: Settings) -> int:
         if needs_backend(ns.command, settings):
             backend = open_backend(settings, for_ctl=True,
                                    create=ns.command not in READ_ONLY_COMMANDS)
+            if ns.command in QUEUE_VIEWS:
+                backend.require_queue()
         if ns.command in FLEET_COMMANDS or ns.command in ("status", "requeue"):
             store = open_store(ns.command, settings)
         elif (ns.command == "push" and (ns.unique or ns.unique_key is not None)

@@ -188,6 +188,17 @@ class Backend(Protocol):
         none is pending (any one thread at a time; only asked when ``tells_age``)."""
         ...
 
+    def require_queue(self) -> None:
+        """Raise QueueNotFound when the queue does not exist (``jobq-ctl`` size, peek,
+        status, failed, after opening with ``create=False``).  A backend whose open already
+        fails for a missing queue (the Azure ones) keeps the default: nothing to do."""
+        ...
+
+    def served_queues(self) -> list[str] | None:
+        """The queues some worker has ever started on (SQLite: a push to another warns), or
+        None: cannot tell (the default)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -215,4 +226,11 @@ class BackendBase:
 
     def oldest_pending_age(self, now: float) -> float | None:
         """Cannot tell (never asked: ``tells_age``)."""
+        return None
+
+    def require_queue(self) -> None:
+        """Opening the queue already told whether it exists."""
+
+    def served_queues(self) -> list[str] | None:
+        """Cannot tell."""
         return None
