@@ -19,7 +19,6 @@ UsageError (exit status 2).
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import re
 from collections import OrderedDict
@@ -73,6 +72,8 @@ class IniFile(configargparse.DefaultConfigFileParser):
             key = key[2:] if key.startswith("--") else key
             action = options.get(key)
             if action is None:
+                import difflib  # only for this error: not on every start
+
                 close = difflib.get_close_matches(key, options, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise configargparse.ConfigFileParserException(
