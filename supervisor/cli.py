@@ -29,7 +29,6 @@ from .settings import (
     TASK_LIMITS,
     TASK_OUTPUT_MODES,
     Settings,
-    SettingsError,
 )
 from .usage import UsageError, _duration, _parse, _Parser, _positive_int, _size, jobq_parser
 
@@ -49,7 +48,7 @@ def _add_backend_options(p: Any, suppress: bool = False) -> None:
     p.add_argument("--queue", help="queue name; a worker takes a comma-separated list "
                    "(high,default,low: see --queue-order); of jobq-ctl's commands only "
                    "status takes several", **kw)
-    p.add_argument("--sqlite-path", help="SQLite database file", **kw)
+    p.add_argument("--sqlite-path", help="SQLite database file", path=True, **kw)
     p.add_argument("--connection-string",
                    help="Azure connection string (secret: prefer env JOBQ_CONNECTION_STRING)",
                    **kw)
@@ -118,7 +117,7 @@ def worker_parser() -> _Parser:
     p.add_argument("--queue-order", choices=QUEUE_ORDERS,
                    help="with several --queue names: strict = a free slot takes from the first "
                         "queue that has work (default); round-robin = the queues take turns")
-    p.add_argument("--task-log-dir", metavar="DIR",
+    p.add_argument("--task-log-dir", metavar="DIR", path=True,
                    help="also write each task's output to DIR/<task id>.<attempt>.log")
     p.add_argument("--task-output", choices=TASK_OUTPUT_MODES,
                    help="task output: store = the output store (jobq-ctl logs) and the log; "
@@ -132,9 +131,9 @@ def worker_parser() -> _Parser:
                    help="stored output older than this is purged")
     p.add_argument("--worker-id", help="name of this worker in logs and task records "
                                        "(default when empty: HOST:PID:6 random hex digits)")
-    p.add_argument("--lock-file", metavar="PATH",
+    p.add_argument("--lock-file", metavar="PATH", path=True,
                    help="hold an flock on PATH for the run; a second run exits 0 at once")
-    p.add_argument("--metrics-file", metavar="PATH",
+    p.add_argument("--metrics-file", metavar="PATH", path=True,
                    help="write Prometheus metrics to PATH (node_exporter textfile collector)")
     _durations(p,
                ("--metrics-interval", "seconds between metrics file writes"),
@@ -159,7 +158,7 @@ def worker_parser() -> _Parser:
 
 def _add_security_options(p: Any) -> None:
     """The worker's issue-7 options (security.py checks them at start)."""
-    p.add_argument("--signing-key-file", action="append", metavar="PATH",
+    p.add_argument("--signing-key-file", action="append", metavar="PATH", path=True,
                    help="accept only tasks signed with this HMAC key (repeatable for key "
                         "rotation; env/INI: comma-separated list)")
     p.add_argument("--max-task-age", type=_duration,
@@ -184,11 +183,8 @@ def _add_security_options(p: Any) -> None:
 
 
 def parse_worker_settings(argv: list[str]) -> Settings:
-    ns = _parse(worker_parser(), argv)
-    try:
-        return Settings.from_namespace(ns)
-    except SettingsError as exc:
-        raise UsageError(str(exc)) from None
+    parser = worker_parser()
+    return parser.settings(_parse(parser, argv))
 
 
 def _fail_usage(prog: str, message: str) -> int:

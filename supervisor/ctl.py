@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from .backends.base import Backend
+from .backends.base import Backend, BackendError
 from .control.base import ControlStoreError
 from .security import SecurityConfigError, SigningKey, load_key, sign_task, split_paths
 from .settings import parse_duration
@@ -28,6 +29,9 @@ WORKER_SET = ("JOBQ_TASK_ID", "JOBQ_QUEUE_NAME", "JOBQ_ATTEMPT")
 # or path is "does not exist" (exit 1) instead of a new, empty queue and "0".
 READ_ONLY_COMMANDS = frozenset({"size", "peek", "status", "failed", "workers", "logs",
                                 "result"})
+# Sub-commands that look at one queue: a queue the backend does not know is "does not
+# exist" (exit 1), not an empty queue (Backend.require_queue).
+QUEUE_VIEWS = frozenset({"size", "peek", "status", "failed"})
 
 
 def dumps(obj: Any) -> str:
@@ -204,11 +208,26 @@ def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None,
             print(f"jobq-ctl: skipped: unique key {task.unique_key!r} is held by pending or "
                   f"running task {task_id}", file=sys.stderr)
         print(task_id)
+    warn_unserved(ns, backend)
     if sources is not None:
         from .ctl_output import after_push
 
         return after_push(ids, ns, sources)
     return 0
+
+
+def warn_unserved(ns: Any, backend: Backend) -> None:
+    """After a push: say so when no worker has ever served the queue (SQLite: a mistyped
+    --queue, or a database no worker uses; the push stands, exit 0)."""
+    try:
+        served = backend.served_queues()
+    except BackendError:
+        return  # the tasks are pushed; this was only a courtesy
+    if served is None or ns.queue in served:
+        return
+    print(f"jobq-ctl: warning: no worker has ever served queue {ns.queue!r} in "
+          f"{os.path.abspath(ns.sqlite_path)} (served: {', '.join(served) or 'none'}); the "
+          f"tasks wait until a worker starts on it", file=sys.stderr)
 
 
 def _schedule_text(task: Task, now: float) -> str:

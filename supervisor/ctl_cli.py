@@ -14,12 +14,10 @@ import logging
 import sys
 from typing import Any
 
-import configargparse
-
 from . import __version__
 from .cli import _add_backend_options, _fail_usage, worker_parser
 from .control.base import CANCEL_TTL
-from .settings import EXIT_UNEXPECTED, Settings, SettingsError
+from .settings import EXIT_UNEXPECTED, Settings
 from .usage import UsageError, _duration, _parse, _Parser, jobq_parser
 
 
@@ -27,11 +25,14 @@ def ctl_parser() -> _Parser:
     p = jobq_parser("jobq-ctl", "Push tasks, inspect or repair a queue, and control its workers.",
                     ["--config"], "the worker's INI config file, backend and queue are read "
                     "(env: JOBQ_CONFIG)", ignore_unknown_config_file_keys=True)
+    # the INI file is the worker's: its keys, checked as the worker checks them; jobq-ctl
+    # passes over those it has no use for
+    p.ini_owner = worker_parser
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _add_backend_options(p)
     # also here, so JOBQ_SIGNING_KEY_FILE and a shared worker INI apply (sub-parsers read
     # neither); push and the control commands sign with the first key: list the newest first
-    p.add_argument("--signing-key-file", action="append", metavar="PATH",
+    p.add_argument("--signing-key-file", action="append", metavar="PATH", path=True,
                    help="push: sign tasks; cancel/pause/resume/drain/stop: sign the control "
                         "records, with this key (env/INI: comma-separated list)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", help="one of:")
@@ -154,19 +155,6 @@ def _add_fleet_commands(cmd: Any) -> None:
                     "attempt")
 
 
-def _check_config_keys(path: str | None) -> None:
-    """jobq-ctl reads the worker's INI, so it ignores the worker's keys it has no use for, but
-    a key the worker does not know either is the worker's one-line exit 2."""
-    if not path:
-        return
-    known = {o[2:] for a in worker_parser()._actions for o in a.option_strings}
-    with open(path, encoding="utf-8") as fh:
-        keys = configargparse.DefaultConfigFileParser().parse(fh)
-    unknown = [k for k in keys if k not in known]
-    if unknown:
-        raise UsageError(f"--config: unknown key {unknown[0]!r} in {path}")
-
-
 def _error(text: str) -> int:
     print(f"jobq-ctl: error: {text}", file=sys.stderr)
     return EXIT_UNEXPECTED
@@ -177,11 +165,11 @@ def ctl_main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     try:
-        ns = _parse(ctl_parser(), argv)
-        _check_config_keys(ns.config_file)
+        parser = ctl_parser()
+        ns = _parse(parser, argv)
         ns.worker_id = "jobq-ctl"
-        settings = Settings.from_namespace(ns)
-    except (UsageError, SettingsError) as exc:
+        settings = parser.settings(ns)
+    except UsageError as exc:
         return _fail_usage("jobq-ctl", str(exc))
     logging.basicConfig(level=logging.WARNING, format="jobq-ctl: %(message)s")
     if len(settings.queues) > 1 and ns.command != "dashboard":  # it serves each queue
@@ -223,7 +211,7 @@ def _run(ns: Any, settings: Settings) -> int:
     from .backends import open_backend
     from .backends.base import Backend, BackendConfigError, BackendError, QueueNotFound
     from .control.base import ControlConfigError, ControlStore, ControlStoreError
-    from .ctl import READ_ONLY_COMMANDS, run_command
+    from .ctl import QUEUE_VIEWS, READ_ONLY_COMMANDS, run_command
     from .ctl_fleet import FLEET_COMMANDS, needs_backend, open_store
     from .ctl_follow import Sources
     from .outstore.base import OutputConfigError, OutputStoreError
@@ -239,6 +227,8 @@ def _run(ns: Any, settings: Settings) -> int:
         if needs_backend(ns.command, settings):
             backend = open_backend(settings, for_ctl=True,
                                    create=ns.command not in READ_ONLY_COMMANDS)
+            if ns.command in QUEUE_VIEWS:
+                backend.require_queue()
         if ns.command in FLEET_COMMANDS or ns.command in ("status", "requeue"):
             store = open_store(ns.command, settings)
         elif (ns.command == "push" and (ns.unique or ns.unique_key is not None)

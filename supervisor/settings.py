@@ -43,7 +43,14 @@ _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class SettingsError(ValueError):
-    """A configuration value that cannot work; the message names the option."""
+    """A configuration value that cannot work; the message names the option (``option``:
+    its long name without dashes, when there is one; ``problem``: the rest)."""
+
+    def __init__(self, message: str, option: str | None = None,
+                 problem: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
+        self.problem = problem if problem is not None else message
 
 
 def parse_duration(text: str) -> float:
@@ -170,7 +177,7 @@ class Settings:
 
     def validate(self) -> None:
         def bad(option: str, problem: str) -> SettingsError:
-            return SettingsError(f"--{option}: {problem}")
+            return SettingsError(f"--{option}: {problem}", option, problem)
 
         if self.backend not in BACKENDS:
             raise bad("backend", f"unknown backend {self.backend!r} (choose {', '.join(BACKENDS)})")

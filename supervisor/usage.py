@@ -1,17 +1,20 @@
 """Command-line usage shared by both commands (cli.py builds the parsers, ctl.py runs the
-sub-commands): the parser class with its one-line errors and help format, ``JOBQ_CONFIG``,
-the option value types, and UsageError (main thread)."""
+sub-commands): the parser class with its one-line errors and help format, ``JOBQ_CONFIG``
+and the INI file (config_file.py), the option value types, the Settings built from them, and
+UsageError (main thread)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, NoReturn
 
 import configargparse
 
-from .settings import Settings, parse_duration
+from .config_file import PATH_ATTR, IniFile, ini_options
+from .settings import Settings, SettingsError, parse_duration
 
 
 class UsageError(Exception):
@@ -24,7 +27,8 @@ SETTINGS_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Settings)
 
 EPILOG = ("Every option with -- is also a key of the --config INI file (the name without the "
           "dashes) and an environment variable JOBQ_<NAME>; precedence: flag > environment > "
-          "config file > default.")
+          "config file > default.  A relative path in the config file is relative to the file's "
+          "directory; on the command line and in the environment, to the working directory.")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -39,13 +43,38 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 class _Parser(configargparse.ArgParser):
     """argparse prints usage plus the message; we want exactly one line.  An option without
-    an explicit default takes its Settings field's."""
+    an explicit default takes its Settings field's.  ``add_argument(..., path=True)``: a
+    file or directory, relative to the config file's directory when given there.  The INI
+    file's keys are those of ``ini_owner()`` (jobq-ctl: the worker's parser) and its own."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # configargparse's own epilog points at a URL shortener; ours is EPILOG
         kwargs.setdefault("epilog", EPILOG)
         super().__init__(*args, add_config_file_help=False, add_env_var_help=False,
                          formatter_class=_HelpFormatter, **kwargs)
+        self.ini_owner: Callable[[], argparse.ArgumentParser] | None = None
+        self.ini_file = IniFile(self._ini_options)
+        self._config_file_parser = self.ini_file  # configargparse's slot for it
+
+    def _ini_options(self) -> dict[str, argparse.Action]:
+        own = ini_options(self._actions)
+        return {**own, **ini_options(self.ini_owner()._actions)} if self.ini_owner else own
+
+    def settings(self, ns: argparse.Namespace) -> Settings:
+        """``Settings`` of the parsed ``ns``; a value it refuses that came from the INI file
+        is named by file, line and key (UsageError)."""
+        try:
+            return Settings.from_namespace(ns)
+        except SettingsError as exc:
+            if exc.option is not None and exc.option in self._from_ini():
+                name, line = self.ini_file.origins[exc.option]
+                raise UsageError(f"{name} line {line}: {exc.option}: {exc.problem}") from None
+            raise UsageError(str(exc)) from None
+
+    def _from_ini(self) -> set[str]:
+        """The INI keys whose values this parse took (not overridden by env or flag)."""
+        return {key for source, values in self.get_source_to_settings_dict().items()
+                if source.startswith("config_file") for key in values}
 
     def format_help(self) -> str:
         for a in self._actions:
@@ -58,7 +87,9 @@ class _Parser(configargparse.ArgParser):
         raise UsageError(message)
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        path = kwargs.pop("path", False)
         action: argparse.Action = super().add_argument(*args, **kwargs)
+        setattr(action, PATH_ATTR, path)
         if "default" not in kwargs and action.dest in SETTINGS_DEFAULTS:
             action.default = SETTINGS_DEFAULTS[action.dest]
         return action

@@ -200,6 +200,17 @@ class Backend(Protocol):
         asked by ``--exit-when-empty``)."""
         ...
 
+    def require_queue(self) -> None:
+        """Raise QueueNotFound when the queue does not exist (``jobq-ctl`` size, peek,
+        status, failed, after opening with ``create=False``).  A backend whose open already
+        fails for a missing queue (the Azure ones) keeps the default: nothing to do."""
+        ...
+
+    def served_queues(self) -> list[str] | None:
+        """The queues some worker has ever started on (SQLite: a push to another warns), or
+        None: cannot tell (the default)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -235,3 +246,10 @@ class BackendBase:
     def leases_coming_back(self) -> bool:
         """The broker gives a lease back by its lock alone (``lost_lease_return_delay``)."""
         return False
+
+    def require_queue(self) -> None:
+        """Opening the queue already told whether it exists."""
+
+    def served_queues(self) -> list[str] | None:
+        """Cannot tell."""
+        return None

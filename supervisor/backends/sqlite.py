@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from ..task import Task, parse_or_body
+from . import sqlite_queues
 from .base import BackendBase, BackendConfigError, BackendError, FailedRecord, QueueStatus
 from .common import command_of
 from .sqlite_db import connect, is_lock_error, is_readonly_error, missing_columns, set_up
@@ -60,11 +61,13 @@ class SqliteBackend(BackendBase):
 
     def __init__(self, path: str, queue: str, worker_id: str, *, max_attempts: int = 5,
                  stale_lock_age: float = 2700.0, reaper_interval: float = 300.0,
-                 busy_timeout: float = MAIN_BUSY_TIMEOUT, create: bool = True) -> None:
+                 busy_timeout: float = MAIN_BUSY_TIMEOUT, create: bool = True,
+                 serve: bool = False) -> None:
         """Open (``create``: and set up) the database at ``path`` (main thread).
 
         ``create=False`` writes nothing: a missing file or one without the jobs table is a
-        BackendError (``jobq-ctl size`` on a mistyped path must not make an empty queue)."""
+        BackendError (``jobq-ctl size`` on a mistyped path must not make an empty queue).
+        ``serve``: a worker starts on the queue (recorded: sqlite_queues.py)."""
         self.path = path
         self.queue = queue
         self.worker_id = worker_id
@@ -97,6 +100,8 @@ class SqliteBackend(BackendBase):
             if create:
                 set_up(self._conn)
                 self._check_writable()
+                if serve:
+                    sqlite_queues.record_served(self._conn, queue, worker_id, time.time())
             elif not self._conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' "
                                         "AND name='jobs'").fetchone():
                 raise BackendError(f"SQLite database {path} holds no jobq queue (no jobs "
@@ -304,6 +309,7 @@ class SqliteBackend(BackendBase):
         ids = []
         try:
             with self._tx() as conn:
+                sqlite_queues.record_push(conn, self.queue, now)
                 for task in tasks:
                     if task.unique_key is not None:
                         live = conn.execute(
@@ -408,6 +414,12 @@ class SqliteBackend(BackendBase):
         with self._tx() as conn:
             return conn.execute("DELETE FROM jobs WHERE queue=? AND status=?",
                                 (self.queue, state)).rowcount
+
+    def require_queue(self) -> None:
+        sqlite_queues.require(self._conn, self.queue, self.path)
+
+    def served_queues(self) -> list[str]:
+        return sqlite_queues.served(self._conn)
 
     def oldest_pending_age(self, now: float) -> float | None:
         from .sqlite_fleet import oldest_pending_age

@@ -8,6 +8,8 @@ from __future__ import annotations
 import sqlite3
 import time
 
+from . import sqlite_queues
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     seq          INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -71,6 +73,7 @@ def set_up(conn: sqlite3.Connection) -> None:
             raise
         conn.execute("COMMIT")
     conn.executescript(INDEXES)
+    sqlite_queues.set_up(conn)  # the queues table (sqlite_queues.py)
 
 
 def missing_columns(conn: sqlite3.Connection) -> list[tuple[str, str]]:

@@ -39,7 +39,8 @@ def ctl(db: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProces
 @pytest.fixture
 def queue(tmp_path: Path):
     db = tmp_path / "q.db"
-    backend = SqliteBackend(str(db), QUEUE, "test-worker")
+    # it stands in for the queue's worker: the queue exists (served) as with a real one
+    backend = SqliteBackend(str(db), QUEUE, "test-worker", serve=True)
     store = SqliteControlStore(str(db))
     yield db, backend, store
     store.close()

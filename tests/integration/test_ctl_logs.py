@@ -33,7 +33,8 @@ def _env() -> dict[str, str]:
 class Queue:
     def __init__(self, db: Path) -> None:
         self.db = db
-        self.backend = SqliteBackend(str(db), QUEUE, "test-worker")
+        # it stands in for the worker: it serves the queue (no "no worker" warning at push)
+        self.backend = SqliteBackend(str(db), QUEUE, "test-worker", serve=True)
         self.control = SqliteControlStore(str(db))
         self.out = FileOutputStore(output_dir(str(db)))
 
