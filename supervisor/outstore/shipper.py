@@ -13,7 +13,9 @@ most CHUNK_MAX.  A chunk whose write raised stays in flight and is retried as th
 bytes (the store keeps a retried chunk once: base.OutputStore.append).  While the store is
 slow or down, output is held up to ``buffer_limit`` bytes for the whole worker; beyond it reads
 are dropped and counted until the held bytes are down to half of it, and the first read taken
-again is preceded by ``base.DROPPED`` with the count, at the place of the gap.  Each attempt
+again is preceded by ``base.DROPPED`` with the count, at the place of the gap
+(``DROPPED_FULL`` when the store said it had no room meanwhile: a full disk), and once the
+store holds that marker one log line names the attempt and the count.  Each attempt
 stores at most ``output_max`` bytes of what the task printed, then ``base.TRUNCATED`` once;
 the rest is counted and ignored.  Failures back off, logged once per outage (outage.py).  Old
 output is purged soon after the store opens, then every PURGE_EVERY.  At exit the rest gets
@@ -43,7 +45,7 @@ from typing import TYPE_CHECKING, Callable, Union
 
 from ..threads import start_thread
 from . import base
-from .base import AttemptKey, OutputConfigError, OutputStore, OutputStoreError
+from .base import AttemptKey, OutputConfigError, OutputStore, OutputStoreError, OutputStoreFull
 from .outage import BACKOFF_MAX, BACKOFF_MIN, Outage  # noqa: F401 - tests read them here
 
 if TYPE_CHECKING:
@@ -70,8 +72,8 @@ class _Attempt:
     """One run of an attempt's buffers; every field but ``opened`` (the output-store
     thread's own) is guarded by the shipper's lock."""
 
-    __slots__ = ("key", "pieces", "size", "inflight", "seen", "dropped", "capped", "ended",
-                 "opened")
+    __slots__ = ("key", "pieces", "size", "inflight", "seen", "dropped", "dropped_full",
+                 "capped", "ended", "opened", "put", "taken", "gaps")
 
     def __init__(self, key: AttemptKey) -> None:
         self.key = key
@@ -80,9 +82,15 @@ class _Attempt:
         self.inflight: Union[bytes, None] = None  # taken for the store, not yet stored
         self.seen = 0  # bytes the task printed (what the cap counts)
         self.dropped = 0  # bytes dropped since the last marker
+        self.dropped_full = False  # some of them while the store said it was full
         self.capped = False
         self.ended = False
         self.opened = False  # the store's reopen was called for this run
+        self.put = 0  # bytes put into ``pieces`` so far, markers included
+        self.taken = 0  # bytes of them taken for the store so far
+        # (where its marker ends in the put bytes, bytes dropped, store full): logged once
+        # the store took the marker
+        self.gaps: collections.deque[tuple[int, int, bool]] = collections.deque()
 
 
 class OutputShipper:
@@ -110,6 +118,7 @@ class OutputShipper:
         self._closing: list[_Attempt] = []  # ended runs whose key runs again: stored first
         self._buffered = 0  # bytes held (pieces and in flight) over all attempts
         self._dropping = False
+        self._full = False  # the last store call failed for want of room (OutputStoreFull)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._stop_by = math.inf
@@ -163,6 +172,7 @@ class OutputShipper:
                 self._dropping = self._buffered + len(data) > bound
             if data and self._dropping:
                 a.dropped += len(data)
+                a.dropped_full = a.dropped_full or self._full
                 self.bytes_dropped += len(data)
             elif data:
                 self._mark_gap(a)
@@ -199,12 +209,16 @@ class OutputShipper:
 
     def _mark_gap(self, a: _Attempt) -> None:
         if a.dropped:
-            self._put(a, base.DROPPED.format(n=a.dropped).encode())
+            marker = base.DROPPED_FULL if a.dropped_full else base.DROPPED
+            self._put(a, marker.format(n=a.dropped).encode())
+            a.gaps.append((a.put, a.dropped, a.dropped_full))
             a.dropped = 0
+            a.dropped_full = False
 
     def _put(self, a: _Attempt, data: bytes) -> None:
         a.pieces.append(data)
         a.size += len(data)
+        a.put += len(data)
         self._buffered += len(data)
 
     # -- main thread ---------------------------------------------------------------------
@@ -271,8 +285,10 @@ class OutputShipper:
                 self._next_purge = self.clock() + PURGE_EVERY
                 self._purge()
         except OutputStoreError as exc:
+            self._full = isinstance(exc, OutputStoreFull)
             self._outage.failed("write", exc)
             return max(0.0, self._outage.retry_at - self.clock())
+        self._full = False
         self._outage.recovered()
         return max(0.0, min(self._next_flush, self._next_purge) - self.clock())
 
@@ -287,6 +303,7 @@ class OutputShipper:
                     return
                 self._outage.recovered()
             except OutputStoreError as exc:
+                self._full = isinstance(exc, OutputStoreFull)
                 self._outage.failed("write", exc)
                 pause = min(self._outage.backoff, self._stop_by - self.clock())
                 if pause > 0:
@@ -346,6 +363,12 @@ class OutputShipper:
                         self.bytes_stored += len(a.inflight)
                         a.inflight = None
                         finished = a.ended and not a.size
+                        marked = self._stored_gaps(a)
+                    for n, full in marked:
+                        log.warning("[%s] output store: %d byte(s) of attempt %d's output were "
+                                    "dropped while the store was %s; its stored output has a "
+                                    "marker in their place", a.key.task_id, n, a.key.attempt,
+                                    "full" if full else "unreachable or slow")
                 elif a.ended:
                     with self._lock:
                         finished = not a.size
@@ -379,6 +402,16 @@ class OutputShipper:
         a.opened = True
 
     @staticmethod
+    def _stored_gaps(a: _Attempt) -> list[tuple[int, bool]]:
+        """(bytes dropped, store full) of each gap whose marker the store now holds (lock
+        held)."""
+        out = []
+        while a.gaps and a.gaps[0][0] <= a.taken:
+            _end, n, full = a.gaps.popleft()
+            out.append((n, full))
+        return out
+
+    @staticmethod
     def _take(a: _Attempt) -> bytes:
         """Up to CHUNK_MAX bytes off the front of the attempt's buffer (lock held)."""
         out: list[bytes] = []
@@ -392,6 +425,7 @@ class OutputShipper:
             out.append(piece)
             n += len(piece)
         a.size -= n
+        a.taken += n
         return b"".join(out)
 
     def _purge(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_for
 from tests.integration.helpers import one_error_line
 from tests.integration.small_disk import SmallDisk, small_disk
 
@@ -137,3 +139,71 @@ def test_read_only_mount_with_a_wal_left_behind(disk, env):
     finally:
         conn.close()
 
+
+
+# Numbered lines of 1001 bytes, 4 a second (each write one pipe write, so whole lines are
+# held or dropped), until the stop file appears.  The count printed goes to a file off the
+# small disk.
+PRINTER = r'''
+import os, sys, time
+progress, stop = sys.argv[1], sys.argv[2]
+i = 0
+while not os.path.exists(stop):
+    os.write(1, b"%05d " % i + b"x" * 994 + b"\n")
+    i += 1
+    with open(progress + ".tmp", "w") as fh:
+        fh.write(str(i))
+    os.replace(progress + ".tmp", progress)
+    time.sleep(0.25)
+os.write(1, b"done\n")
+'''
+LINE = 1001
+MARK = re.compile(r"^\[\.\.\. (\d+) bytes dropped: output store full \(no space left\) \.\.\.\]$")
+
+
+def printed(progress: Path) -> int:
+    try:
+        return int(progress.read_text() or 0)
+    except FileNotFoundError:
+        return 0
+
+
+def test_output_lost_to_a_full_disk_is_marked_where_it_was(disk, env):
+    on_disk(env, disk)
+    script, progress, stop = env.tmp / "printer.py", env.tmp / "progress", env.tmp / "stop"
+    script.write_text(PRINTER)
+    (task,) = env.push(f"{sys.executable} {script} {progress} {stop}")
+    # 8 KiB held for the store, then dropped: a few seconds of this task's output
+    sup = env.supervisor("--exit-when-empty", "--task-log-buffer", "8K")
+    wait_for(lambda: env.ctl("logs", task).stdout.count("\n") >= 4, 30, what="stored output")
+    disk.fill()
+    before = printed(progress)
+    sup.wait_log("output store unavailable", 30)
+    wait_for(lambda: printed(progress) >= before + 24, 30, what="output printed meanwhile")
+    disk.free()
+    sup.wait_log("output store reachable again", 60)
+    wait_for(lambda: printed(progress) >= before + 32, 30, what="output printed after")
+    stop.touch()
+    assert sup.wait(60) == 0, sup.log()
+
+    lines = env.ctl("logs", task).stdout.split("\n")
+    assert lines[-2:] == ["done", ""], lines[-3:]
+    expect, gaps = 0, []
+    for line in lines[:-2]:
+        if not line:
+            continue  # a marker stands on lines of its own
+        mark = MARK.match(line)
+        if mark:
+            gaps.append(int(mark.group(1)))
+            assert gaps[-1] % LINE == 0, line  # whole lines dropped: no half line stored
+            expect += gaps[-1] // LINE
+            continue
+        # every stored line whole, once, in order: a write cut short by the full disk left
+        # no part of its chunk behind for the retry to store a second time
+        assert line == f"{expect:05d} " + "x" * 994, (expect, line[:80])
+        expect += 1
+    assert gaps, "nothing was dropped: no gap to prove"
+    log = sup.log()
+    for n in gaps:
+        assert (f"[{task}] output store: {n} byte(s) of attempt 1's output were dropped while "
+                f"the store was full") in log, log
