@@ -98,12 +98,13 @@ def connect(path: str, busy_timeout: float, setup: bool = True,
     return conn
 
 
-HAS_JOBS = "SELECT 1 FROM sqlite_master WHERE type='table' AND name='jobs'"
+HAS_TABLE = "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?"
 
 
-def open_existing(path: str, busy_timeout: float) -> tuple[sqlite3.Connection, bool, str]:
+def open_existing(path: str, busy_timeout: float,
+                  table: str = "jobs") -> tuple[sqlite3.Connection, bool, str]:
     """Open an existing database to read it, without writing anything (read-only jobq-ctl
-    commands, main thread): the connection, whether it holds the jobs table, and the target
+    commands, main thread): the connection, whether it holds ``table``, and the target
     (``path`` or a ``file:`` URI) to open further connections the same way.
 
     Reading a WAL database normally writes too: its ``-shm`` file is created (or grown),
@@ -113,10 +114,9 @@ def open_existing(path: str, busy_timeout: float) -> tuple[sqlite3.Connection, b
     and removed it and the ``-wal``), ``immutable=1``, which reads the database file alone
     -- only when no ``-wal`` holds frames, else it would show an old state."""
     try:
-        return _probe(path, busy_timeout, uri=False)
+        return _probe(path, busy_timeout, table, uri=False)
     except sqlite3.OperationalError as exc:
-        if not (is_readonly_error(exc) or _code(exc) == SQLITE_CANTOPEN
-                or is_transient_error(exc)):
+        if not read_only_may_help(exc):
             raise
         first = exc
     base = "file:" + quote(os.path.abspath(path))
@@ -124,16 +124,23 @@ def open_existing(path: str, busy_timeout: float) -> tuple[sqlite3.Connection, b
         if mode == "immutable=1" and _wal_has_frames(path):
             break
         try:
-            return _probe(f"{base}?{mode}", busy_timeout, uri=True)
+            return _probe(f"{base}?{mode}", busy_timeout, table, uri=True)
         except sqlite3.OperationalError:
             continue
     raise first
 
 
-def _probe(target: str, busy_timeout: float, uri: bool) -> tuple[sqlite3.Connection, bool, str]:
+def read_only_may_help(exc: sqlite3.Error) -> bool:
+    """An open failed as it does where the ``-shm`` cannot be made: a read-only mount or
+    directory, a full disk (``open_existing`` then opens the file read-only)."""
+    return is_readonly_error(exc) or _code(exc) == SQLITE_CANTOPEN or is_transient_error(exc)
+
+
+def _probe(target: str, busy_timeout: float, table: str,
+           uri: bool) -> tuple[sqlite3.Connection, bool, str]:
     conn = connect(target, busy_timeout, setup=False, uri=uri)  # its PRAGMA reads already
     try:
-        return conn, conn.execute(HAS_JOBS).fetchone() is not None, target
+        return conn, conn.execute(HAS_TABLE, (table,)).fetchone() is not None, target
     except BaseException:
         conn.close()
         raise
