@@ -118,7 +118,10 @@ class OutputShipper:
         self._closing: list[_Attempt] = []  # ended runs whose key runs again: stored first
         self._buffered = 0  # bytes held (pieces and in flight) over all attempts
         self._dropping = False
-        self._full = False  # the last store call failed for want of room (OutputStoreFull)
+        # The last store call failed for want of room (OutputStoreFull).  Set by the
+        # output-store thread, read by the pump under the lock: a stale read only words a
+        # marker "unreachable" instead of "full".
+        self._full = False
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._stop_by = math.inf
