@@ -19,7 +19,9 @@ store holds that marker one log line names the attempt and the count.  Each atte
 stores at most ``output_max`` bytes of what the task printed, then ``base.TRUNCATED`` once;
 the rest is counted and ignored.  Failures back off, logged once per outage (outage.py).  Old
 output is purged soon after the store opens, then every PURGE_EVERY.  At exit the rest gets
-STOP_BUDGET seconds; what is left then is counted in one line, and the exit goes on.
+STOP_BUDGET seconds; what is left then is counted in one line (and, when the store said it
+is full, marked where each attempt's stored output stops if it has room for the marker), and
+the exit goes on.
 
 Runs: an attempt released without counting (preemption, a stop) runs again under the same
 key, here or elsewhere.  Each run is its own ``_Attempt``, written after the last run's end;
@@ -113,6 +115,7 @@ class OutputShipper:
         self.bytes_stored = 0
         self.bytes_dropped = 0
         self.bytes_truncated = 0
+        self.marked_at_exit = 0  # attempts whose unstored rest got a marker at exit
         self._lock = threading.Lock()
         self._attempts: dict[AttemptKey, _Attempt] = {}
         self._closing: list[_Attempt] = []  # ended runs whose key runs again: stored first
@@ -239,7 +242,9 @@ class OutputShipper:
         left = self.unstored()
         if left:
             log.warning("output store: %d byte(s) of task output not stored at exit (the "
-                        "store did not take them within %.0fs)", left, budget)
+                        "store did not take them within %.0fs)%s", left, budget,
+                        f"; a marker says so where the stored output of {self.marked_at_exit} "
+                        f"attempt(s) stops" if self.marked_at_exit else "")
 
     def unstored(self) -> int:
         """Bytes held or dropped and not yet marked (any thread)."""
@@ -311,6 +316,28 @@ class OutputShipper:
                 pause = min(self._outage.backoff, self._stop_by - self.clock())
                 if pause > 0:
                     threading.Event().wait(pause)  # the stop budget, not the stop flag
+        if self.store is not None and self._full:
+            self._mark_unstored(self.store)
+
+    def _mark_unstored(self, store: OutputStore) -> None:
+        """The stop budget is spent and the store is full: where each attempt's stored
+        output stops, ``UNSTORED_AT_EXIT`` with the bytes that did not make it, if the store
+        has room for that much (the last block of a file usually has) -- else a reader could
+        not tell that the output is cut (output-store thread, at exit).  Only a store that
+        said it is full: its calls fail at once, so this adds nothing to the exit's time."""
+        with self._lock:
+            runs = [(a, a.size + len(a.inflight or b"") + a.dropped) for a in self._runs()
+                    if a.opened]
+        for a, lost in runs:
+            if not lost:
+                continue
+            try:
+                store.append(a.key, base.UNSTORED_AT_EXIT.format(n=lost).encode())
+                if a.ended:
+                    store.finish(a.key)
+            except OutputStoreError:
+                continue
+            self.marked_at_exit += 1
 
     def _open(self) -> bool:
         try:

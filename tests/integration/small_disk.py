@@ -56,12 +56,12 @@ def _mount(*args: str) -> None:
 
 
 @contextmanager
-def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
-    """A 4 MiB tmpfs at ``tmp_path/disk``, unmounted at the end; a test module's fixture
+def small_disk(tmp_path: Path, name: str = "disk") -> Iterator[SmallDisk]:
+    """A 4 MiB tmpfs at ``tmp_path/name``, unmounted at the end; a test module's fixture
     wraps it (requested before ``env``, so that the workers stop before the unmount)."""
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a small tmpfs")
-    path = tmp_path / "disk"
+    path = tmp_path / name
     path.mkdir()
     _mount("-t", "tmpfs", "-o", f"size={SIZE},mode=0755", "jobq-test-disk", str(path))
     try:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.outstore.base import UNSTORED_AT_EXIT
 from tests.conftest import wait_for
 from tests.integration.helpers import one_error_line
 from tests.integration.small_disk import SmallDisk, small_disk
@@ -27,6 +28,15 @@ from tests.integration.small_disk import SmallDisk, small_disk
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[SmallDisk]:
     with small_disk(tmp_path) as mounted:
+        yield mounted
+
+
+@pytest.fixture
+def output_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    """The small disk under the output store alone (``<db>.output``): the queue's database
+    stays writable, so a worker settles its task and stops while its output cannot be
+    stored (as when SQLite reuses a -wal it grew before the disk filled up)."""
+    with small_disk(tmp_path, "jobq.db.output") as mounted:
         yield mounted
 
 
@@ -212,3 +222,20 @@ def test_output_lost_to_a_full_disk_is_marked_where_it_was(disk, env):
     for n in gaps:
         assert (f"[{task}] output store: {n} byte(s) of attempt 1's output were dropped while "
                 f"the store was full") in log, log
+
+
+def test_output_a_stopping_worker_could_not_store_is_marked_where_it_stops(output_disk, env):
+    go = env.tmp / "go"
+    (task,) = env.push(f"echo first; while [ ! -e {go} ]; do sleep 0.05; done; "
+                       f"for i in 1 2 3 4 5; do printf '%01000d\\n' $i; done")
+    sup = env.supervisor("--exit-when-empty")
+    wait_for(lambda: env.ctl("logs", task).stdout == "first\n", 30, what="first line stored")
+    output_disk.fill()
+    go.touch()
+    assert sup.wait(60) == 0, sup.log()
+    assert env.job(task)["status"] == "succeeded"
+    assert ("of task output not stored at exit (the store did not take them within 5s); a "
+            "marker says so where the stored output of 1 attempt(s) stops") in sup.log()
+    output_disk.free()
+    res = env.ctl("logs", task)
+    assert res.stdout == "first\n" + UNSTORED_AT_EXIT.format(n=5 * 1001), res.stdout[-300:]
