@@ -27,7 +27,17 @@ from ..task import Task, parse_or_body
 from . import sqlite_queues
 from .base import BackendBase, BackendConfigError, BackendError, FailedRecord, QueueStatus
 from .common import command_of
-from .sqlite_db import connect, is_lock_error, is_readonly_error, missing_columns, set_up
+from .sqlite_db import (
+    connect,
+    is_lock_error,
+    is_readonly_error,
+    is_transient_error,
+    missing_columns,
+    open_existing,
+    set_up,
+    transient_text,
+    unwritable,
+)
 from .sqlite_lease import SqliteLease
 from .sqlite_owner import DeadOwnerPass, TakenBack
 
@@ -96,21 +106,24 @@ class SqliteBackend(BackendBase):
         if not os.path.isdir(parent):
             raise BackendConfigError(f"--sqlite-path: directory {parent} does not exist")
         try:
-            self._conn = connect(path, busy_timeout, setup=create)
+            target = path
             if create:
+                self._conn = connect(path, busy_timeout)
                 set_up(self._conn)
                 self._check_writable()
                 if serve:
                     sqlite_queues.record_served(self._conn, queue, worker_id, time.time())
-            elif not self._conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' "
-                                        "AND name='jobs'").fetchone():
-                raise BackendError(f"SQLite database {path} holds no jobq queue (no jobs "
-                                   f"table)")
+            else:  # read-only, even where nothing may be written (sqlite_db.open_existing)
+                self._conn, has_jobs, target = open_existing(path, busy_timeout)
+                if not has_jobs:
+                    raise BackendError(f"SQLite database {path} holds no jobq queue (no jobs "
+                                       f"table)")
             # a read-only command changes no schema: an older database has no priorities
             missing = {name for name, _ in missing_columns(self._conn)}
             self.priorities_known = "priority" not in missing
             self.owners_known = "owner" not in missing  # not: read-only, older database
-            self._lease_conn = connect(path, busy_timeout, setup=create)
+            self._lease_conn = connect(target, busy_timeout, setup=create,
+                                       uri=target != path)
             if create:  # a worker or a writing jobq-ctl: what dead owners held comes back
                 self.taken_back_at_open = self.take_back_dead()
         except BaseException as exc:
@@ -119,7 +132,9 @@ class SqliteBackend(BackendBase):
                 raise
             if is_lock_error(exc):
                 raise BackendError(f"SQLite database {path} is busy: {exc}") from None
-            if is_readonly_error(exc):
+            if is_transient_error(exc):  # retried by a worker at start (startup.py)
+                raise BackendError(transient_text(path, exc)) from None
+            if is_readonly_error(exc) or unwritable(path):
                 raise BackendConfigError(f"--sqlite-path: {path} cannot be written "
                                          f"({exc})") from None
             raise BackendConfigError(f"--sqlite-path: {path} is not a usable SQLite database "

@@ -95,7 +95,7 @@ def open_control_store(settings: Settings, create: bool = True) -> Union[Control
     if settings.backend == "sqlite" and not (url or conn):
         from .sqlite import SqliteControlStore
 
-        return SqliteControlStore(settings.sqlite_path)
+        return SqliteControlStore(settings.sqlite_path, create=create)
     if not (url or conn) and settings.backend == "storage-queue":
         if settings.account_url:
             host = urlsplit(settings.account_url).hostname or ""

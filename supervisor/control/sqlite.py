@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Union
 
-from ..backends.sqlite_db import use_wal
+from ..backends.sqlite_db import open_existing, read_only_may_help, use_wal
 from . import base, records
 from .base import ControlConfigError, ControlSnapshot, ControlStoreError, OnceLog, PurgeCounts
 
@@ -53,7 +53,9 @@ class SqliteControlStore:
 
     name = "sqlite"
 
-    def __init__(self, path: str, busy_timeout: float = 1.0) -> None:
+    def __init__(self, path: str, busy_timeout: float = 1.0, create: bool = True) -> None:
+        """``create=False`` (read-only jobq-ctl commands): where the file cannot be written
+        (a read-only mount, a full disk), it is read as it is, or ControlStoreError."""
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
             raise ControlConfigError(f"control store: directory {parent} does not exist")
@@ -76,7 +78,20 @@ class SqliteControlStore:
             self._conn.executescript(SCHEMA)
         except sqlite3.Error as exc:
             self._conn.close()
-            raise ControlStoreError(f"control store {path}: {exc}") from None
+            if create or not read_only_may_help(exc):
+                raise ControlStoreError(f"control store {path}: {exc}") from None
+            self._conn = self._read_only(path, busy_timeout, exc)
+
+    @staticmethod
+    def _read_only(path: str, busy_timeout: float, first: sqlite3.Error) -> sqlite3.Connection:
+        try:
+            conn, found, _target = open_existing(path, busy_timeout, table="control_records")
+        except sqlite3.Error:
+            raise ControlStoreError(f"control store {path}: {first}") from None
+        if not found:  # no worker wrote here yet: nothing to read
+            conn.close()
+            raise ControlStoreError(f"control store {path}: {first}")
+        return conn
 
     def __repr__(self) -> str:
         return f"SqliteControlStore({self.path!r})"

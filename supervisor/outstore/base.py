@@ -26,6 +26,12 @@ from typing import Protocol
 
 READ_LIMIT = 4 << 20  # bytes one read returns at most
 DROPPED = "\n[... {n} bytes dropped: output store unreachable ...]\n"
+# The same gap when the store said it had no room (OutputStoreFull): a full disk, a quota.
+DROPPED_FULL = "\n[... {n} bytes dropped: output store full (no space left) ...]\n"
+# Where an attempt's stored output stops when the worker stopped before a full store took
+# the rest (shipper.OutputShipper.drain).
+UNSTORED_AT_EXIT = ("\n[... {n} bytes not stored: output store full (no space left) when the "
+                    "worker stopped ...]\n")
 TRUNCATED = "\n[... output truncated: more than {limit} bytes (--task-output-max) ...]\n"
 # A preemption, a stop, or jobq-ctl requeue (which starts the count again) ran it before.
 RERUN = "\n[... attempt {attempt} runs again: requeued ...]\n"
@@ -33,6 +39,11 @@ RERUN = "\n[... attempt {attempt} runs again: requeued ...]\n"
 
 class OutputStoreError(Exception):
     """A store call failed or timed out; one line without secrets."""
+
+
+class OutputStoreFull(OutputStoreError):
+    """The store has no room left (ENOSPC, EDQUOT): retried like any failure, and a gap
+    it causes is marked with DROPPED_FULL."""
 
 
 class OutputConfigError(OutputStoreError):

@@ -15,10 +15,12 @@ Writer: the worker's output-store thread; readers: jobq-ctl, the dashboard.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 
-from .base import READ_LIMIT, AttemptKey, Chunk, OutputStoreError
+from .base import READ_LIMIT, AttemptKey, Chunk, OutputStoreError, OutputStoreFull
 
 _SAFE = re.compile(r"[A-Za-z0-9_-]")
 
@@ -52,19 +54,31 @@ class FileOutputStore:
         return os.path.join(self.root, part(key.queue), part(key.task_id), str(key.attempt))
 
     def append(self, key: AttemptKey, data: bytes) -> None:
+        """All of ``data`` or none of it: a write cut short by a disk that filled up is
+        undone (ftruncate needs no space), so a reader never sees half a chunk and the retry
+        of the same bytes stores them once.  Unbuffered: a buffered file keeps the unwritten
+        rest and flushes it again before truncating -- which fails the same way."""
         path = self._base(key) + ".log"
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "ab") as fh:
-                start = fh.tell()
-                try:
-                    fh.write(data)
-                    fh.flush()
-                except OSError:
-                    fh.truncate(start)  # a retry appends the same bytes: keep them once
-                    raise
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         except OSError as exc:
-            raise OutputStoreError(f"output store {self.root}: {exc.strerror or exc}") from None
+            raise self._error(exc) from None
+        try:
+            start = os.fstat(fd).st_size
+            rest = memoryview(data)
+            while rest:
+                rest = rest[os.write(fd, rest):]
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise self._error(exc) from None
+        finally:
+            os.close(fd)
+
+    def _error(self, exc: OSError) -> OutputStoreError:
+        kind = OutputStoreFull if exc.errno in (errno.ENOSPC, errno.EDQUOT) else OutputStoreError
+        return kind(f"output store {self.root}: {exc.strerror or exc}")
 
     def reopen(self, key: AttemptKey) -> int:
         """Output-store thread: a new attempt costs one failed stat (~5 us), a rerun a stat
@@ -93,7 +107,7 @@ class FileOutputStore:
             with open(base + ".done", "wb"):
                 pass
         except OSError as exc:
-            raise OutputStoreError(f"output store {self.root}: {exc.strerror or exc}") from None
+            raise self._error(exc) from None
 
     def read(self, key: AttemptKey, offset: int = 0, limit: int = READ_LIMIT) -> Chunk:
         base = self._base(key)

@@ -13,11 +13,15 @@ most CHUNK_MAX.  A chunk whose write raised stays in flight and is retried as th
 bytes (the store keeps a retried chunk once: base.OutputStore.append).  While the store is
 slow or down, output is held up to ``buffer_limit`` bytes for the whole worker; beyond it reads
 are dropped and counted until the held bytes are down to half of it, and the first read taken
-again is preceded by ``base.DROPPED`` with the count, at the place of the gap.  Each attempt
+again is preceded by ``base.DROPPED`` with the count, at the place of the gap
+(``DROPPED_FULL`` when the store said it had no room meanwhile: a full disk), and once the
+store holds that marker one log line names the attempt and the count.  Each attempt
 stores at most ``output_max`` bytes of what the task printed, then ``base.TRUNCATED`` once;
 the rest is counted and ignored.  Failures back off, logged once per outage (outage.py).  Old
 output is purged soon after the store opens, then every PURGE_EVERY.  At exit the rest gets
-STOP_BUDGET seconds; what is left then is counted in one line, and the exit goes on.
+STOP_BUDGET seconds; what is left then is counted in one line (and, when the store said it
+is full, marked where each attempt's stored output stops if it has room for the marker), and
+the exit goes on.
 
 Runs: an attempt released without counting (preemption, a stop) runs again under the same
 key, here or elsewhere.  Each run is its own ``_Attempt``, written after the last run's end;
@@ -43,7 +47,7 @@ from typing import TYPE_CHECKING, Callable, Union
 
 from ..threads import start_thread
 from . import base
-from .base import AttemptKey, OutputConfigError, OutputStore, OutputStoreError
+from .base import AttemptKey, OutputConfigError, OutputStore, OutputStoreError, OutputStoreFull
 from .outage import BACKOFF_MAX, BACKOFF_MIN, Outage  # noqa: F401 - tests read them here
 
 if TYPE_CHECKING:
@@ -70,8 +74,8 @@ class _Attempt:
     """One run of an attempt's buffers; every field but ``opened`` (the output-store
     thread's own) is guarded by the shipper's lock."""
 
-    __slots__ = ("key", "pieces", "size", "inflight", "seen", "dropped", "capped", "ended",
-                 "opened")
+    __slots__ = ("key", "pieces", "size", "inflight", "seen", "dropped", "dropped_full",
+                 "capped", "ended", "opened", "put", "taken", "gaps")
 
     def __init__(self, key: AttemptKey) -> None:
         self.key = key
@@ -80,9 +84,15 @@ class _Attempt:
         self.inflight: Union[bytes, None] = None  # taken for the store, not yet stored
         self.seen = 0  # bytes the task printed (what the cap counts)
         self.dropped = 0  # bytes dropped since the last marker
+        self.dropped_full = False  # some of them while the store said it was full
         self.capped = False
         self.ended = False
         self.opened = False  # the store's reopen was called for this run
+        self.put = 0  # bytes put into ``pieces`` so far, markers included
+        self.taken = 0  # bytes of them taken for the store so far
+        # (where its marker ends in the put bytes, bytes dropped, store full): logged once
+        # the store took the marker
+        self.gaps: collections.deque[tuple[int, int, bool]] = collections.deque()
 
 
 class OutputShipper:
@@ -105,11 +115,16 @@ class OutputShipper:
         self.bytes_stored = 0
         self.bytes_dropped = 0
         self.bytes_truncated = 0
+        self.marked_at_exit = 0  # attempts whose unstored rest got a marker at exit
         self._lock = threading.Lock()
         self._attempts: dict[AttemptKey, _Attempt] = {}
         self._closing: list[_Attempt] = []  # ended runs whose key runs again: stored first
         self._buffered = 0  # bytes held (pieces and in flight) over all attempts
         self._dropping = False
+        # The last store call failed for want of room (OutputStoreFull).  Set by the
+        # output-store thread, read by the pump under the lock: a stale read only words a
+        # marker "unreachable" instead of "full".
+        self._full = False
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._stop_by = math.inf
@@ -163,6 +178,7 @@ class OutputShipper:
                 self._dropping = self._buffered + len(data) > bound
             if data and self._dropping:
                 a.dropped += len(data)
+                a.dropped_full = a.dropped_full or self._full
                 self.bytes_dropped += len(data)
             elif data:
                 self._mark_gap(a)
@@ -199,12 +215,16 @@ class OutputShipper:
 
     def _mark_gap(self, a: _Attempt) -> None:
         if a.dropped:
-            self._put(a, base.DROPPED.format(n=a.dropped).encode())
+            marker = base.DROPPED_FULL if a.dropped_full else base.DROPPED
+            self._put(a, marker.format(n=a.dropped).encode())
+            a.gaps.append((a.put, a.dropped, a.dropped_full))
             a.dropped = 0
+            a.dropped_full = False
 
     def _put(self, a: _Attempt, data: bytes) -> None:
         a.pieces.append(data)
         a.size += len(data)
+        a.put += len(data)
         self._buffered += len(data)
 
     # -- main thread ---------------------------------------------------------------------
@@ -222,7 +242,9 @@ class OutputShipper:
         left = self.unstored()
         if left:
             log.warning("output store: %d byte(s) of task output not stored at exit (the "
-                        "store did not take them within %.0fs)", left, budget)
+                        "store did not take them within %.0fs)%s", left, budget,
+                        f"; a marker says so where the stored output of {self.marked_at_exit} "
+                        f"attempt(s) stops" if self.marked_at_exit else "")
 
     def unstored(self) -> int:
         """Bytes held or dropped and not yet marked (any thread)."""
@@ -271,8 +293,10 @@ class OutputShipper:
                 self._next_purge = self.clock() + PURGE_EVERY
                 self._purge()
         except OutputStoreError as exc:
+            self._full = isinstance(exc, OutputStoreFull)
             self._outage.failed("write", exc)
             return max(0.0, self._outage.retry_at - self.clock())
+        self._full = False
         self._outage.recovered()
         return max(0.0, min(self._next_flush, self._next_purge) - self.clock())
 
@@ -287,10 +311,33 @@ class OutputShipper:
                     return
                 self._outage.recovered()
             except OutputStoreError as exc:
+                self._full = isinstance(exc, OutputStoreFull)
                 self._outage.failed("write", exc)
                 pause = min(self._outage.backoff, self._stop_by - self.clock())
                 if pause > 0:
                     threading.Event().wait(pause)  # the stop budget, not the stop flag
+        if self.store is not None and self._full:
+            self._mark_unstored(self.store)
+
+    def _mark_unstored(self, store: OutputStore) -> None:
+        """The stop budget is spent and the store is full: where each attempt's stored
+        output stops, ``UNSTORED_AT_EXIT`` with the bytes that did not make it, if the store
+        has room for that much (the last block of a file usually has) -- else a reader could
+        not tell that the output is cut (output-store thread, at exit).  Only a store that
+        said it is full: its calls fail at once, so this adds nothing to the exit's time."""
+        with self._lock:
+            runs = [(a, a.size + len(a.inflight or b"") + a.dropped) for a in self._runs()
+                    if a.opened]
+        for a, lost in runs:
+            if not lost:
+                continue
+            try:
+                store.append(a.key, base.UNSTORED_AT_EXIT.format(n=lost).encode())
+                if a.ended:
+                    store.finish(a.key)
+            except OutputStoreError:
+                continue
+            self.marked_at_exit += 1
 
     def _open(self) -> bool:
         try:
@@ -346,6 +393,12 @@ class OutputShipper:
                         self.bytes_stored += len(a.inflight)
                         a.inflight = None
                         finished = a.ended and not a.size
+                        marked = self._stored_gaps(a)
+                    for n, full in marked:
+                        log.warning("[%s] output store: %d byte(s) of attempt %d's output were "
+                                    "dropped while the store was %s; its stored output has a "
+                                    "marker in their place", a.key.task_id, n, a.key.attempt,
+                                    "full" if full else "unreachable or slow")
                 elif a.ended:
                     with self._lock:
                         finished = not a.size
@@ -379,6 +432,16 @@ class OutputShipper:
         a.opened = True
 
     @staticmethod
+    def _stored_gaps(a: _Attempt) -> list[tuple[int, bool]]:
+        """(bytes dropped, store full) of each gap whose marker the store now holds (lock
+        held)."""
+        out = []
+        while a.gaps and a.gaps[0][0] <= a.taken:
+            _end, n, full = a.gaps.popleft()
+            out.append((n, full))
+        return out
+
+    @staticmethod
     def _take(a: _Attempt) -> bytes:
         """Up to CHUNK_MAX bytes off the front of the attempt's buffer (lock held)."""
         out: list[bytes] = []
@@ -392,6 +455,7 @@ class OutputShipper:
             out.append(piece)
             n += len(piece)
         a.size -= n
+        a.taken += n
         return b"".join(out)
 
     def _purge(self) -> None:

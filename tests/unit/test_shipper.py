@@ -14,11 +14,13 @@ from supervisor_fakes import FakeClock
 from supervisor.outstore import shipper as mod
 from supervisor.outstore.base import (
     DROPPED,
+    DROPPED_FULL,
     RERUN,
     TRUNCATED,
     AttemptKey,
     OutputConfigError,
     OutputStoreError,
+    OutputStoreFull,
 )
 from supervisor.outstore.shipper import OutputShipper
 
@@ -40,6 +42,7 @@ class FakeStore:
         self.finished: list[AttemptKey] = []
         self.calls: list[tuple[str, AttemptKey, int]] = []
         self.fail = False
+        self.error: type[OutputStoreError] = OutputStoreError  # what a failing append raises
         self.store_then_fail = False
         self.gate = threading.Event()
         self.gate.set()
@@ -52,7 +55,7 @@ class FakeStore:
         self.gate.wait()
         self.calls.append(("append", key, len(data)))
         if self.fail and not self.store_then_fail:
-            raise OutputStoreError("fake store down")
+            raise self.error("fake store down")
         if self._kept.pop(key, None) != data:  # the same bytes again: kept once (protocol)
             self.data.setdefault(key, bytearray()).extend(data)
         if self.fail:
@@ -211,6 +214,28 @@ def test_beyond_the_buffer_output_is_dropped_and_marked_at_the_gap():
                              + b"F" * 10)
     assert stored(store, K2) == DROPPED.format(n=5).encode()
     assert store.finished == [K2]
+
+
+def test_a_gap_while_the_store_is_full_is_marked_so_and_logged_once_stored(caplog):
+    sh, store, clock = make(buffer_limit=100)
+    sh.feed(K, b"0")
+    sh.tick()  # stored: the attempt is open in the store
+    store.fail, store.error = True, OutputStoreFull
+    sh.feed(K, b"A" * 60)
+    clock.now += 1
+    clock.now += sh.tick()  # no room: 60 held in flight
+    sh.feed(K, b"B" * 50)  # dropped
+    store.fail = False
+    with caplog.at_level(logging.WARNING, logger="jobq.output"):
+        sh.tick()  # the held bytes stored; the marker waits for the next read
+        assert not [r for r in caplog.records if "were dropped" in r.message]
+        sh.feed(K, b"C" * 10)
+        clock.now += 1
+        sh.tick()
+    assert stored(store) == b"0" + b"A" * 60 + DROPPED_FULL.format(n=50).encode() + b"C" * 10
+    assert [r.message for r in caplog.records if "were dropped" in r.message] == [
+        "[t1] output store: 50 byte(s) of attempt 1's output were dropped while the store "
+        "was full; its stored output has a marker in their place"]
 
 
 def test_a_gap_at_the_end_is_marked_by_end():
