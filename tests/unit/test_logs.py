@@ -205,6 +205,21 @@ def test_output_lines_are_formatted_as_any_other_record(formatter, created):
     assert fmt.format_output(created, "jobq.task", "t-1", text) == fmt.format(record)
 
 
+@pytest.mark.parametrize("formatter", [logs.TextFormatter, logs.JsonFormatter])
+def test_control_characters_of_an_output_line_are_escaped_by_both_paths(formatter):
+    fmt = formatter()
+    text = "a\rb\x1b[2Kc\x00d\x7fe\x9bf\tg\u00e9"
+    record = logs._record(1_700_000_000.0, "jobq.task", logging.INFO, "%s", (text,),
+                          {"task_id": "t-1", "stream": "output"})
+    line = fmt.format_output(1_700_000_000.0, "jobq.task", "t-1", text)
+    assert line == fmt.format(record)
+    if formatter is logs.TextFormatter:
+        assert line.endswith("[t-1]| a\\rb\\x1b[2Kc\\x00d\\x7fe\\x9bf\tg\u00e9")
+    else:
+        assert json.loads(line)["message"] == text
+    assert line.replace("\t", " ").isprintable()
+
+
 PIECES = r"""
 import logging, os, sys
 from supervisor import logs, output
