@@ -368,9 +368,27 @@ def stop_logging() -> None:
         writer.stop()
 
 
+def json_logging() -> bool:
+    """Whether ``setup_logging`` made every line of the log stream JSON (any thread)."""
+    return bool(_WRITERS) and isinstance(_WRITERS[-1].formatter, JsonFormatter)
+
+
+def _thread_died(args: Any) -> None:
+    """``threading.excepthook``: a thread's uncaught exception is a log record (the default
+    hook prints a bare traceback on stderr, not a line of the log's format)."""
+    if args.exc_type is not SystemExit:
+        name = args.thread.name if args.thread is not None else "?"
+        logging.getLogger("jobq").error(
+            "unexpected error on thread %s", name,
+            exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+
+
 def setup_logging(level: str, fmt: str) -> None:
     """Records are built where they are logged; formatting and writing happen on the writer
-    thread, so a busy main loop does not wait on stderr (stopped, and drained, at exit)."""
+    thread, so a busy main loop does not wait on stderr (stopped, and drained, at exit).
+    Python's warnings and a thread's uncaught exception become records too: the writer is
+    the one writer of the process's stderr, so with ``--log-format json`` every line is
+    JSON (the lifeline helper formats its few lines the same way: lifeline.py)."""
     # Attributes no formatter of ours prints; not collecting them makes every record cheaper
     # (the logging HOWTO's "Optimization" section lists these switches).
     logging.logThreads = False
@@ -388,5 +406,7 @@ def setup_logging(level: str, fmt: str) -> None:
     root.handlers[:] = [handler]
     _FAST[:] = [(handler, records, OutputSink(records, writer))]
     root.setLevel(level.upper())
+    logging.captureWarnings(True)
+    threading.excepthook = _thread_died
     # The Azure SDKs log every HTTP request at INFO.
     logging.getLogger("azure").setLevel(max(logging.WARNING, root.level))

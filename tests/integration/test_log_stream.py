@@ -1,15 +1,18 @@
 """Issue 25: what a real worker writes on its log stream (stderr).  Control characters a task
 prints are escaped in the text log line, and kept as printed by the output store and the
-per-task log file."""
+per-task log file; with ``--log-format json`` every line is JSON, the lifeline helper's and a
+start-up error's too."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 
+import psutil
 import pytest
 
-from tests.conftest import command
+from tests.conftest import command, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -51,3 +54,37 @@ def test_json_log_line_carries_the_text_as_printed(env):
     assert out["message"] == RAW
     log = sup.log_path.read_bytes()
     assert not [c for c in CONTROLS if c in log], "JSON escapes them"
+
+
+def _lifeline_of(sup) -> psutil.Process:
+    found = wait_for(lambda: [p for p in psutil.Process(sup.pid).children()
+                              if "supervisor.lifeline" in " ".join(p.cmdline())], 30,
+                     what="the lifeline helper")
+    return found[0]
+
+
+def test_json_log_when_the_lifeline_kills_after_a_sigkill_of_the_supervisor(env):
+    # The setsid'd sleep leaves the task's process group: the helper finds it by its marker
+    # after the group strike, and says so on the log stream.
+    [tid] = env.push("setsid sleep 300 & echo started; sleep 300")
+    sup = env.supervisor("--log-format", "json")
+    sup.wait_log('"message": "started"')
+    helper = _lifeline_of(sup)
+    sup.signal(signal.SIGKILL)
+    sup.wait(30)
+    sup.wait_log("supervisor gone; killed")
+    helper.wait(30)
+    records = [json.loads(line) for line in sup.log().splitlines()]
+    (gone,) = [r for r in records if r["logger"] == "jobq.lifeline"]
+    assert gone["level"] == "WARNING" and gone["processes"] >= 1
+    assert any(r.get("task_id") == tid for r in records)
+
+
+def test_json_log_a_start_up_error_is_a_json_line(env):
+    not_a_dir = env.tmp / "file"
+    not_a_dir.write_text("")
+    sup = env.supervisor("--log-format", "json", "--task-log-dir", str(not_a_dir))
+    assert sup.wait(30) == 2
+    (record,) = [json.loads(line) for line in sup.log().splitlines()]
+    assert record["level"] == "ERROR" and record["exit_status"] == 2
+    assert "--task-log-dir" in record["message"]

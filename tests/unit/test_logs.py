@@ -262,3 +262,29 @@ def test_every_piece_of_output_is_logged_or_counted():
     counted = sum(int(m) for m in re.findall(r"\[(\d+) lines of output dropped", res.stderr))
     assert dropped == counted > 0
     assert shown + counted == pieces
+
+
+STRAYS = r"""
+import logging, threading, warnings
+from supervisor import logs, lifeline
+logs.setup_logging("INFO", "json")
+logging.getLogger("jobq").info("first")
+warnings.warn("a library's warning")
+thread = threading.Thread(target=lambda: 1 / 0, name="doomed")
+thread.start()
+thread.join()
+logs.stop_logging()
+lifeline.say("json", "lifeline: a line of the helper", processes=3)
+"""
+
+
+def test_with_json_every_line_on_stderr_is_json_warnings_thread_errors_lifeline():
+    res = subprocess.run([sys.executable, "-c", STRAYS], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    records = [json.loads(line) for line in res.stderr.splitlines()]
+    assert [r["logger"] for r in records] == ["jobq", "py.warnings", "jobq", "jobq.lifeline"]
+    assert "a library's warning" in records[1]["message"]
+    assert records[2]["message"] == "unexpected error on thread doomed"
+    assert "ZeroDivisionError" in records[2]["exc"]
+    assert records[3]["processes"] == 3 and records[3]["level"] == "WARNING"
