@@ -18,7 +18,8 @@ from supervisor.backends.sqlite import SqliteBackend
 from supervisor.control import SqliteControlStore
 from supervisor.dashboard.app import create_app
 from supervisor.dashboard.data import DataSource
-from tests.dashboard.conftest import TOKEN
+from tests.conftest import wait_for
+from tests.dashboard.conftest import TOKEN, login
 
 pytestmark = pytest.mark.timeout(90)
 ENDED = "your session has ended"
@@ -157,3 +158,23 @@ def test_an_idle_timeout_of_0_is_refused_with_one_line(env):
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
         "jobq-ctl: error: dashboard: --session-idle-timeout: must be more than 0"]
+
+
+def test_in_a_browser_the_cookie_it_held_before_log_out_is_refused(env, dashboard, browser):
+    env.push("true")
+    d = dashboard(token=True)
+    login(browser, d.url)
+    held = browser.get_cookie("session")["value"]
+    csrf = browser.find_element("css selector", '.who input[name="csrf"]').get_attribute("value")
+    browser.find_element("css selector", ".who button").click()
+    wait_for(lambda: browser.find_elements("id", "login-link"), 10, what="logged out")
+    replayed = Client(d.url)
+    replayed.jar.set_cookie(http.cookiejar.Cookie(
+        0, "session", held, None, False, "127.0.0.1", False, False, "/", True, False, None,
+        False, None, None, {}))
+    status, body = replayed.pause(csrf)
+    assert _paused(env) is False
+    assert status == 403 and ENDED in body, body
+    browser.get(d.url + "/")
+    assert browser.find_elements("id", "pause") == [] and browser.find_elements("id",
+                                                                                "login-link")
