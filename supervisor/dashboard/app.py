@@ -203,7 +203,9 @@ def create_app(data: DataSource | Sequence[DataSource],
             abort(400, "a name is 1-40 letters, digits, '.', '_' or '-'")
         if not auth.login(request.form.get("token", ""), name):
             log.warning("dashboard: failed login as %r from %s", name, request.remote_addr)
-            return render_template("login.html", error="wrong token"), 403
+            error = "wrong token" if auth.usable() else (
+                "no login works now: the token file is unusable (the dashboard's log says why)")
+            return render_template("login.html", error=error), 403
         log.warning("dashboard: %s logged in from %s", auth.who(), request.remote_addr)
         return redirect(url_for("overview"))
 

@@ -88,6 +88,10 @@ class Auth:
             log.warning("dashboard: the token in %s changed: %d session(s) ended",
                         self.token_file, ended)
 
+    def usable(self) -> bool:
+        """Whether there is a token to log in with now (the token file can be read)."""
+        return self._current() is not None
+
     def login(self, given: str, name: str) -> bool:
         """Check ``given`` against the token; on success a new session carries the login."""
         token = self._current()

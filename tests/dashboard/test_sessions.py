@@ -116,6 +116,8 @@ def test_a_changed_token_file_ends_the_sessions_of_the_old_token(env, dashboard)
     (env.tmp / "token").write_text("short\n")
     assert browser.request("/queue/resume", {"csrf": csrf})[0] == 403
     assert "unusable, no login works" in d.stderr()
+    status, page = Client(d.url).login(new_token)
+    assert status == 403 and "the token file is unusable" in page
     (env.tmp / "token").write_text(new_token + "\n")
     assert _logged_in(browser.request("/")[1]), "the file fixed, the session is back"
 
