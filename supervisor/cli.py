@@ -188,7 +188,15 @@ def parse_worker_settings(argv: list[str]) -> Settings:
 
 
 def _fail_usage(prog: str, message: str) -> int:
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    """The one-line error of exit status 2: with ``--log-format json`` (once the settings are
+    read and the log is set up) a JSON log record, as every other line of the stream."""
+    from .logs import json_logging
+
+    if prog == "jobq-supervisor" and json_logging():
+        logging.getLogger("jobq").error("%s: error: %s", prog, message,
+                                        extra={"exit_status": EXIT_USAGE})
+    else:
+        print(f"{prog}: error: {message}", file=sys.stderr)
     return EXIT_USAGE
 
 
@@ -220,7 +228,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     try:
         settings = parse_worker_settings(argv)
     except UsageError as exc:
-        return _fail_usage("jobq-supervisor", str(exc))
+        return _fail_usage("jobq-supervisor", str(exc))  # the log format is not known yet
+    setup_logging(settings.log_level, settings.log_format)
     from .security import SecurityConfigError, TaskGuard
 
     try:
@@ -232,7 +241,6 @@ def worker_main(argv: list[str] | None = None) -> int:
     problem = make_task_log_dir(settings) or check_task_output(settings)
     if problem:
         return _fail_usage("jobq-supervisor", problem)
-    setup_logging(settings.log_level, settings.log_format)
     if settings.lock_file:
         from .lockfile import AlreadyRunning, acquire
 

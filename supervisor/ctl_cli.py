@@ -118,6 +118,10 @@ def ctl_parser() -> _Parser:
     db.add_argument("--token-file", default=None, metavar="PATH",
                     help="a file whose first line is the operators' token: with it, the "
                          "buttons (pause/resume, drain/stop) work after a login")
+    db.add_argument("--session-idle-timeout", type=_duration, default=None,
+                    metavar="DURATION",
+                    help="a login ends after this long without a page loaded or a button "
+                         "pressed (the page's own refreshes do not count); default 30m")
     db.add_argument("--sample-interval", type=_duration, default=15.0,
                     help=argparse.SUPPRESS)  # the depth sampler's period (tests)
     return p

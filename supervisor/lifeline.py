@@ -1,8 +1,10 @@
 """The lifeline: one helper process per supervisor that kills its tasks when the supervisor
 dies, and when a task's lease deadline passes while the supervisor is frozen.
 
-The supervisor starts ``python -m supervisor.lifeline [--signal S] [--kill-timeout K] TOKEN`` in
-a session of its own with a pipe on its stdin, and writes one line per event, batched:
+The supervisor starts ``python -m supervisor.lifeline [--signal S] [--kill-timeout K]
+[--log-format F] TOKEN`` in a session of its own with a pipe on its stdin and the supervisor's
+stderr (its log stream: what it writes there is a log line in the supervisor's ``--log-format``),
+and writes one line per event, batched:
 
 ``+PGID SEQ DEADLINE EXPIRES``  a task started (``JOBQ_LIFELINE=TOKEN:SEQ``, its lease's kill
                                 deadline and expiry, CLOCK_MONOTONIC seconds)
@@ -60,11 +62,11 @@ class Lifeline:
     sends registrations soon and changed deadlines every FEED_EVERY seconds."""
 
     def __init__(self, token: str, lock_lost_behavior: str = "sigkill",
-                 kill_timeout: float = 0.0) -> None:
+                 kill_timeout: float = 0.0, log_format: str = "text") -> None:
         self.token = token
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "supervisor.lifeline", "--signal", lock_lost_behavior,
-             "--kill-timeout", repr(float(kill_timeout)), token],
+             "--kill-timeout", repr(float(kill_timeout)), "--log-format", log_format, token],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
             close_fds=True)
         self.pid = self._proc.pid
@@ -345,7 +347,23 @@ def kill_everything(token: bytes, groups: set[int], budget: float = KILL_BUDGET)
                  budget)[1]
 
 
-def act(token: bytes, book: Deadlines, actions: list[tuple[int, int]]) -> None:
+def say(log_format: str, message: str, **fields: object) -> None:
+    """One WARNING line on the log stream, formatted as the supervisor's own lines are
+    (logs.py's formatters: in JSON every line is an object), written at once.  Imported here,
+    not at the top: only after a kill, never on the helper's start."""
+    import logging
+
+    from .logs import JsonFormatter, TextFormatter
+
+    record = logging.LogRecord("jobq.lifeline", logging.WARNING, "", 0, message, None, None)
+    record.__dict__.update(fields)
+    formatter = JsonFormatter() if log_format == "json" else TextFormatter()
+    sys.stderr.write(formatter.format(record) + "\n")
+    sys.stderr.flush()
+
+
+def act(token: bytes, book: Deadlines, actions: list[tuple[int, int]],
+        log_format: str = "text") -> None:
     """Signal the tasks whose deadline passed without word from the supervisor."""
     for sig in {s for _, s in actions}:
         targets = {p for p, s in actions if s == sig}
@@ -353,21 +371,19 @@ def act(token: bytes, book: Deadlines, actions: list[tuple[int, int]]) -> None:
                    for p in targets if book.tasks[p].seq]
         groups, pids = sweep(functools.partial(task_pids, needles, targets), targets, sig)
         if groups or pids:
-            sys.stderr.write(
-                f"jobq lifeline: lease deadline passed with no word from the supervisor "
-                f"(frozen?): sent {signal.Signals(sig).name} to the task(s) in process "
-                f"group(s) {' '.join(map(str, sorted(targets)))} and {pids} process(es) "
-                "of their trees\n")
-            sys.stderr.flush()
+            say(log_format, f"lifeline: lease deadline passed with no word from the "
+                f"supervisor (frozen?): sent {signal.Signals(sig).name} to the task(s) in "
+                f"process group(s) {' '.join(map(str, sorted(targets)))} and {pids} "
+                "process(es) of their trees", process_groups=sorted(targets), processes=pids)
 
 
-def serve(token: bytes, book: Deadlines, fd: int = 0) -> None:
+def serve(token: bytes, book: Deadlines, fd: int = 0, log_format: str = "text") -> None:
     """Read the supervisor's lines, acting on deadlines between them, until EOF."""
     rest = b""
     while True:
         actions = book.due(time.monotonic())
         if actions:
-            act(token, book, actions)
+            act(token, book, actions, log_format)
         wake = book.next_wake()
         timeout = None if wake is None else max(0.0, wake - time.monotonic())
         if not select.select([fd], [], [], timeout)[0]:
@@ -388,10 +404,14 @@ def main(argv: list[str]) -> int:
     token = args[-1].encode("ascii")
     sig = signal.SIGTERM if options.get("--signal") == "sigterm" else signal.SIGKILL
     book = Deadlines(sig, float(options.get("--kill-timeout", "0")))
-    serve(token, book)
+    log_format = options.get("--log-format", "text")
+    try:
+        serve(token, book, log_format=log_format)
+    except Exception as exc:  # never die with tasks left: sweep them as at the supervisor's end
+        say(log_format, f"lifeline: unexpected error, killing every task: {exc!r}")
     if killed := kill_everything(token, set(book.tasks)):
-        sys.stderr.write(f"jobq lifeline: supervisor gone; killed {killed} leftover task "
-                         "process(es) after its process groups\n")
+        say(log_format, f"lifeline: supervisor gone; killed {killed} leftover task "
+            "process(es) after its process groups", processes=killed)
     return 0
 
 

@@ -15,6 +15,7 @@ import json
 import logging
 import logging.handlers
 import queue
+import re
 import sys
 import threading
 import time
@@ -28,6 +29,13 @@ TASK_BUDGET = 1 << 20  # bytes of one task's output lines waiting for the writer
 TOTAL_BUDGET = 16 << 20  # bytes of all tasks' output lines waiting for the writer
 LINE_COST = 200  # bytes a queued line takes beyond its text (tuple, str header, float)
 DROPPED = "[%d lines of output dropped: log writer behind]"
+# What a terminal acts on instead of showing -- C0 controls but tab, DEL, C1 controls -- as a
+# task prints it: escaped in a text log line, so ``\r`` or an escape sequence cannot move the
+# cursor back over the task id or clear the line.  (JSON escapes them all itself: our
+# encoder writes everything outside printable ASCII as a \u escape.)
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c != 0x09}
+_CONTROLS.update({0x0D: "\\r", 0x0A: "\\n"})
+_CONTROL = re.compile("[" + re.escape("".join(map(chr, _CONTROLS))) + "]")
 _STANDARD = set(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime"}
 
 
@@ -76,7 +84,23 @@ class JsonFormatter(logging.Formatter):
             "stream": "output"})
 
 
+def escape_controls(text: str) -> str:
+    """``text`` with the characters of ``_CONTROLS`` written as ``\\r``, ``\\x1b``... (writer
+    thread, per output line).  Callers test ``text.isprintable()`` first: one C scan, true of
+    almost every line; a regex substitution is twice as fast as ``str.translate`` on a line
+    full of escape sequences (a progress bar), measured."""
+    return _CONTROL.sub(_escaped, text)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return _CONTROLS[ord(match.group())]
+
+
 class TextFormatter(logging.Formatter):
+    """``TIME LEVEL [TASK]| text`` lines; a task's output line has its control characters
+    escaped (``escape_controls``): the output store and a task's log file keep the bytes as
+    printed."""
+
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(message)s")
         self._second = -1
@@ -85,6 +109,8 @@ class TextFormatter(logging.Formatter):
     def format_output(self, created: float, logger: str, task_id: str, text: str) -> str:
         """A task's output line, exactly as ``format`` would make it, without a LogRecord
         (writer thread)."""
+        if not text.isprintable():
+            text = escape_controls(text)
         second = int(created)
         if second != self._second:
             self._second = second
@@ -96,10 +122,13 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         task_id = getattr(record, "task_id", None)
+        output = getattr(record, "stream", None) == "output"
+        if output and not text.isprintable():
+            text = escape_controls(text)
         if task_id:
             head, _, rest = text.partition(record.levelname)
             pad = " " * max(0, 7 - len(record.levelname))
-            sep = "|" if getattr(record, "stream", None) == "output" else ""
+            sep = "|" if output else ""
             text = f"{head}{record.levelname}{pad} [{task_id}]{sep}{rest[len(pad):]}"
         return text
 
@@ -339,9 +368,27 @@ def stop_logging() -> None:
         writer.stop()
 
 
+def json_logging() -> bool:
+    """Whether ``setup_logging`` made every line of the log stream JSON (any thread)."""
+    return bool(_WRITERS) and isinstance(_WRITERS[-1].formatter, JsonFormatter)
+
+
+def _thread_died(args: Any) -> None:
+    """``threading.excepthook``: a thread's uncaught exception is a log record (the default
+    hook prints a bare traceback on stderr, not a line of the log's format)."""
+    if args.exc_type is not SystemExit:
+        name = args.thread.name if args.thread is not None else "?"
+        logging.getLogger("jobq").error(
+            "unexpected error on thread %s", name,
+            exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+
+
 def setup_logging(level: str, fmt: str) -> None:
     """Records are built where they are logged; formatting and writing happen on the writer
-    thread, so a busy main loop does not wait on stderr (stopped, and drained, at exit)."""
+    thread, so a busy main loop does not wait on stderr (stopped, and drained, at exit).
+    Python's warnings and a thread's uncaught exception become records too: the writer is
+    the one writer of the process's stderr, so with ``--log-format json`` every line is
+    JSON (the lifeline helper formats its few lines the same way: lifeline.py)."""
     # Attributes no formatter of ours prints; not collecting them makes every record cheaper
     # (the logging HOWTO's "Optimization" section lists these switches).
     logging.logThreads = False
@@ -359,5 +406,7 @@ def setup_logging(level: str, fmt: str) -> None:
     root.handlers[:] = [handler]
     _FAST[:] = [(handler, records, OutputSink(records, writer))]
     root.setLevel(level.upper())
+    logging.captureWarnings(True)
+    threading.excepthook = _thread_died
     # The Azure SDKs log every HTTP request at INFO.
     logging.getLogger("azure").setLevel(max(logging.WARNING, root.level))

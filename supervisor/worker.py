@@ -119,7 +119,7 @@ class Worker:
         try:
             set_child_subreaper()
             self.lifeline = self.launcher.lifeline = Lifeline(
-                self.token, self.s.lock_lost_behavior, self.s.kill_timeout)
+                self.token, self.s.lock_lost_behavior, self.s.kill_timeout, self.s.log_format)
             # our leases outlive us until the lifeline has killed what we ran
             self.backend.add_lease_holder(self.lifeline.pid)
             self.watchdog.start()

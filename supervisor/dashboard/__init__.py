@@ -2,6 +2,7 @@
 the same seams as ``jobq-ctl``.  See docs/architecture.rst, "The dashboard".
 
 Modules: ``serve.py`` (options, waitress, signals), ``app.py`` (routes), ``data.py`` (per-thread
-backend and control store), ``auth.py`` (token login, CSRF), ``history.py`` (the depth
-sampler thread), ``charts.py`` (server-side SVG); templates/ and static/ ship in the package.
+backend and control store), ``auth.py`` (token login, CSRF), ``sessions.py`` (the server-side
+login sessions), ``history.py`` (the depth sampler thread), ``charts.py`` (server-side SVG);
+templates/ and static/ ship in the package.
 """

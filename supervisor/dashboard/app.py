@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from flask import (
@@ -32,6 +32,7 @@ from .charts import depth_chart, finished_chart
 from .data import DataSource, Unavailable
 from .history import History, summed_per_minute
 from .queues import Queues
+from .sessions import DEFAULT_IDLE_TIMEOUT, Sessions
 from .task_views import found_or_404, id_or_400
 from .task_views import register as register_task_views
 
@@ -49,16 +50,20 @@ def _flag_arg(name: str) -> bool:
 
 def create_app(data: DataSource | Sequence[DataSource],
                history: History | Mapping[str, History] | None = None,
-               token: str | None = None, secret: bytes | None = None, refresh: int = 5
-               ) -> Flask:
+               token: str | None = None, secret: bytes | None = None, refresh: int = 5,
+               token_file: str | None = None, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+               clock: Callable[[], float] = time.monotonic) -> Flask:
     """The WSGI app (built on the main thread before serving starts).  ``data``: one queue's
     DataSource, or one per queue (``history``: then a History per queue name).  ``refresh``:
-    seconds between an open page's refreshes (each one costs backend and store calls)."""
+    seconds between an open page's refreshes (each one costs backend and store calls).
+    ``token``: the operators' token, ``token_file`` the file it was read from (read again
+    per request); ``idle_timeout`` ends a session unused that long (``clock``: monotonic
+    seconds, injected by tests)."""
     app = Flask(__name__)
     app.secret_key = secret or os.urandom(32)  # sessions end when the dashboard restarts
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Strict",
                       MAX_CONTENT_LENGTH=64 * 1024)
-    auth = Auth(token)
+    auth = Auth(token, Sessions(idle_timeout, clock), token_file)
     queues = Queues([data] if isinstance(data, DataSource) else data)
     histories: Mapping[str, History] = (
         history if isinstance(history, Mapping)
@@ -198,16 +203,18 @@ def create_app(data: DataSource | Sequence[DataSource],
             abort(400, "a name is 1-40 letters, digits, '.', '_' or '-'")
         if not auth.login(request.form.get("token", ""), name):
             log.warning("dashboard: failed login as %r from %s", name, request.remote_addr)
-            return render_template("login.html", error="wrong token"), 403
+            error = "wrong token" if auth.usable() else (
+                "no login works now: the token file is unusable (the dashboard's log says why)")
+            return render_template("login.html", error=error), 403
         log.warning("dashboard: %s logged in from %s", auth.who(), request.remote_addr)
         return redirect(url_for("overview"))
 
     @app.post("/logout")
     def logout() -> Any:
-        auth.check_post()
-        from flask import session
-
-        session.clear()
+        auth.check_post(need_login=False)  # an ended session's logout clears its cookie
+        who = auth.logout()
+        if who is not None:
+            log.warning("dashboard: %s logged out from %s", who, request.remote_addr)
         return redirect(url_for("overview"))
 
     # ------------------------------------------------------------------ actions

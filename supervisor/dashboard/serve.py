@@ -1,7 +1,7 @@
 """``jobq-ctl dashboard``: checks the options, builds the app and serves it with waitress
 (main thread; waitress's request threads and the depth sampler run beside it).  One-line
-errors, exit 2, for a missing extra, a bad --bind, a non-loopback bind without a token or an
-unusable token file."""
+errors, exit 2, for a missing extra, a bad --bind, a non-loopback bind without a token, an
+unusable token file or a --session-idle-timeout of 0."""
 
 from __future__ import annotations
 
@@ -71,6 +71,7 @@ def run(ns: Any, settings: Any) -> int:
     from .app import create_app
     from .auth import read_token
     from .history import History, Sampler
+    from .sessions import DEFAULT_IDLE_TIMEOUT
 
     try:
         host, port = parse_bind(ns.bind)
@@ -78,6 +79,10 @@ def run(ns: Any, settings: Any) -> int:
             raise UsageError(f"--bind {ns.bind}: a non-loopback address needs --token-file "
                              f"(or bind 127.0.0.1 and use an SSH tunnel or a reverse proxy)")
         token = read_token(ns.token_file) if ns.token_file else None
+        idle = getattr(ns, "session_idle_timeout", None)
+        idle = DEFAULT_IDLE_TIMEOUT if idle is None else idle
+        if idle <= 0:
+            raise UsageError("--session-idle-timeout: must be more than 0")
         key = first_key(ns)
     except (OSError, ValueError, UsageError) as exc:
         text = f"--token-file: {exc}" if isinstance(exc, OSError) else str(exc)
@@ -91,7 +96,8 @@ def run(ns: Any, settings: Any) -> int:
                       interval=getattr(ns, "sample_interval", SAMPLE_INTERVAL))
     # Azure bills (and throttles) per call: an open page refreshes less often there
     app = create_app(sources, histories, token,
-                     refresh=5 if settings.backend == "sqlite" else 15)
+                     refresh=5 if settings.backend == "sqlite" else 15,
+                     token_file=ns.token_file, idle_timeout=idle)
     try:
         server = waitress.create_server(app, host=host, port=port, threads=THREADS,
                                         ident="jobq-dashboard")

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -157,3 +158,27 @@ class Unreachable:
 
     def close(self) -> None:
         pass
+
+
+@pytest.fixture
+def served():
+    """``serve(app)``: a WSGI app built in the test (e.g. with an injected clock) served by
+    waitress on a free loopback port, as ``jobq-ctl dashboard`` serves it; its base URL.
+    Closed when the test ends."""
+    import threading
+
+    import waitress
+
+    servers: list[tuple[Any, threading.Thread]] = []
+
+    def serve(app) -> str:
+        server = waitress.create_server(app, host="127.0.0.1", port=0, threads=2)
+        thread = threading.Thread(target=server.run, name="test-dashboard", daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        return f"http://127.0.0.1:{server.effective_port}"
+
+    yield serve
+    for server, thread in servers:
+        server.close()
+        thread.join(10)

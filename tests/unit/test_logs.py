@@ -205,6 +205,21 @@ def test_output_lines_are_formatted_as_any_other_record(formatter, created):
     assert fmt.format_output(created, "jobq.task", "t-1", text) == fmt.format(record)
 
 
+@pytest.mark.parametrize("formatter", [logs.TextFormatter, logs.JsonFormatter])
+def test_control_characters_of_an_output_line_are_escaped_by_both_paths(formatter):
+    fmt = formatter()
+    text = "a\rb\x1b[2Kc\x00d\x7fe\x9bf\tg\u00e9"
+    record = logs._record(1_700_000_000.0, "jobq.task", logging.INFO, "%s", (text,),
+                          {"task_id": "t-1", "stream": "output"})
+    line = fmt.format_output(1_700_000_000.0, "jobq.task", "t-1", text)
+    assert line == fmt.format(record)
+    if formatter is logs.TextFormatter:
+        assert line.endswith("[t-1]| a\\rb\\x1b[2Kc\\x00d\\x7fe\\x9bf\tg\u00e9")
+    else:
+        assert json.loads(line)["message"] == text
+    assert line.replace("\t", " ").isprintable()
+
+
 PIECES = r"""
 import logging, os, sys
 from supervisor import logs, output
@@ -247,3 +262,29 @@ def test_every_piece_of_output_is_logged_or_counted():
     counted = sum(int(m) for m in re.findall(r"\[(\d+) lines of output dropped", res.stderr))
     assert dropped == counted > 0
     assert shown + counted == pieces
+
+
+STRAYS = r"""
+import logging, threading, warnings
+from supervisor import logs, lifeline
+logs.setup_logging("INFO", "json")
+logging.getLogger("jobq").info("first")
+warnings.warn("a library's warning")
+thread = threading.Thread(target=lambda: 1 / 0, name="doomed")
+thread.start()
+thread.join()
+logs.stop_logging()
+lifeline.say("json", "lifeline: a line of the helper", processes=3)
+"""
+
+
+def test_with_json_every_line_on_stderr_is_json_warnings_thread_errors_lifeline():
+    res = subprocess.run([sys.executable, "-c", STRAYS], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    records = [json.loads(line) for line in res.stderr.splitlines()]
+    assert [r["logger"] for r in records] == ["jobq", "py.warnings", "jobq", "jobq.lifeline"]
+    assert "a library's warning" in records[1]["message"]
+    assert records[2]["message"] == "unexpected error on thread doomed"
+    assert "ZeroDivisionError" in records[2]["exc"]
+    assert records[3]["processes"] == 3 and records[3]["level"] == "WARNING"

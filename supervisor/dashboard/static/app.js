@@ -7,7 +7,9 @@
   var every = Math.max(2, parseInt(live.getAttribute("data-refresh"), 10) || 5) * 1000;
   function refresh() {
     if (document.visibilityState !== "visible") { return; }
-    fetch(window.location.href, {credentials: "same-origin", cache: "no-store"})
+    // the header: a refresh is not the operator's doing, and keeps no login from going idle
+    fetch(window.location.href, {credentials: "same-origin", cache: "no-store",
+                                 headers: {"X-Jobq-Refresh": "1"}})
       .then(function (r) { return r.ok ? r.text() : null; })
       .then(function (html) {
         if (!html) { return; }
@@ -36,7 +38,7 @@
   function poll() {
     if (document.visibilityState !== "visible" && offset !== null) { return; }
     var q = url + (offset === null ? "" : "&offset=" + offset);
-    fetch(q, {credentials: "same-origin", cache: "no-store"})
+    fetch(q, {credentials: "same-origin", cache: "no-store", headers: {"X-Jobq-Refresh": "1"}})
       .then(function (r) {
         return r.json().then(function (body) { return {ok: r.ok, code: r.status, body: body}; });
       })
