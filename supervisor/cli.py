@@ -31,7 +31,16 @@ from .settings import (
     Settings,
     SettingsError,
 )
-from .usage import UsageError, _duration, _parse, _Parser, _positive_int, _size, jobq_parser
+from .usage import (
+    UsageError,
+    _duration,
+    _exit_codes,
+    _parse,
+    _Parser,
+    _positive_int,
+    _size,
+    jobq_parser,
+)
 
 __all__ = ["UsageError", "ctl_main", "parse_worker_settings", "worker_main", "worker_parser"]
 
@@ -104,6 +113,11 @@ def worker_parser() -> _Parser:
                    help="signal sent to a task whose lease is lost")
     p.add_argument("--max-attempts", type=int,
                    help="attempts per task before it is failed (a task may set its own)")
+    p.add_argument("--no-retry-exit-codes", type=_exit_codes, metavar="N,N",
+                   help="exit statuses that fail a task at once, not retried (default "
+                        "126,127: bash's cannot execute, command not found; empty: retry "
+                        "every status); a task that cannot start (missing --cwd) is never "
+                        "retried either")
     _durations(p,
                ("--retry-delay", "first retry backoff; doubles per attempt"),
                ("--retry-delay-max", "upper bound of the retry backoff"),

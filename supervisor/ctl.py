@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -181,6 +182,10 @@ def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None,
     if ns.task_max_attempts is not None and ns.task_max_attempts < 1:
         raise UsageError("--max-attempts: must be at least 1")
     env = _env_pairs(ns.env)
+    if ns.cwd is not None and not os.path.isabs(ns.cwd):
+        # The worker would resolve it against its own working directory, not the pusher's.
+        raise UsageError(f"--cwd: must be an absolute directory on the worker's host, got "
+                         f"{ns.cwd!r}")
     key = first_key(ns)
     try:
         tasks = [Task(cmd=c, env=env, cwd=ns.cwd, max_attempts=ns.task_max_attempts)

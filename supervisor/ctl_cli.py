@@ -55,7 +55,8 @@ def ctl_parser() -> _Parser:
                       help="environment variable for the tasks (repeatable; not the JOBQ_ "
                            "variables the worker sets)")
     push.add_argument("--cwd", default=None,
-                      help="working directory of the tasks (default: the worker's)")
+                      help="working directory of the tasks, an absolute path on the "
+                           "workers' hosts (default: the worker's)")
     # -- scheduling (ctl.py push_schedule; README "Scheduling" says which backend has which)
     push.add_argument("--priority", type=int, default=None, metavar="N",
                       help="0..9, higher first (default 5); SQLite only")

@@ -81,6 +81,9 @@ class Settings:
     kill_timeout: float = 600.0
     lock_lost_behavior: str = "sigkill"
     max_attempts: int = 5
+    # exit statuses of a task that are final at once, never retried (settlement.py); bash's
+    # own "cannot execute" and "command not found" by default
+    no_retry_exit_codes: tuple[int, ...] = (126, 127)
     retry_delay: float = 10.0
     retry_delay_max: float = 600.0
     task_time_limit: float | None = None
@@ -217,6 +220,10 @@ class Settings:
             raise bad("lock-lost-behavior", "must be sigkill or sigterm")
         if self.max_attempts < 1:
             raise bad("max-attempts", "must be at least 1")
+        for code in self.no_retry_exit_codes:
+            if not 1 <= code <= 255:
+                raise bad("no-retry-exit-codes", f"{code} is not an exit status that fails a "
+                          "task (1..255)")
         if self.max_consecutive_failures < 0:
             raise bad("max-consecutive-failures", "must not be negative")
         for name in ("task_time_limit", "time_limit", "idle_timeout"):
