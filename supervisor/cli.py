@@ -105,7 +105,11 @@ def worker_parser() -> _Parser:
                    help=f"seconds between lease renewals ({_per_backend(1, 'lock/3')})")
     _durations(p,
                ("--renew-before", "renew at the latest this long before the lock ends"),
-               ("--reaper-interval", "SQLite stale-lock reaper period; 0 disables it"),
+               ("--reaper-interval", "SQLite stale-lock reaper period (also of the purge of "
+                "succeeded tasks); 0 disables both"),
+               ("--retention", "SQLite: succeeded tasks older than this are purged (default "
+                "7d, as --task-output-retention; 0 keeps them for ever); failed and "
+                "cancelled tasks are kept"),
                ("--stale-lock-age",
                 "reap running jobs whose lock expired this long ago (default: lock)"),
                ("--kill-timeout", "SIGTERM to SIGKILL escalation delay; 0 never escalates"))

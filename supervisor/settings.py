@@ -54,6 +54,14 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
+def format_duration(seconds: float) -> str:
+    """``7d``, ``36h``, ``90m``, ``45s``: the inverse of parse_duration, for messages."""
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def safety_margin(lock: float) -> float:
     """The lease deadline's margin: max(2 s, 10 % of the lock), capped at lock/3."""
     return min(max(2.0, 0.1 * lock), lock / 3.0)
@@ -77,6 +85,7 @@ class Settings:
     renew_interval: float | None = None  # None: the backend's default
     renew_before: float = 10.0
     reaper_interval: float = 300.0
+    retention: float = 7 * 86_400.0  # s a succeeded task stays in the SQLite queue; 0: for ever
     stale_lock_age: float | None = None  # None: the lock duration
     kill_timeout: float = 600.0
     lock_lost_behavior: str = "sigkill"
@@ -210,8 +219,8 @@ class Settings:
                 f"{self.renew_every:g}s leaves no time to renew a {lock:g}s lock "
                 f"(must be under {lock - safety_margin(lock):g}s = lock minus safety margin)",
             )
-        for name in ("reaper_interval", "kill_timeout", "retry_delay", "retry_delay_max",
-                     "renew_before"):
+        for name in ("reaper_interval", "retention", "kill_timeout", "retry_delay",
+                     "retry_delay_max", "renew_before"):
             if getattr(self, name) < 0:
                 raise bad(name.replace("_", "-"), "must not be negative")
         if self.stale_lock_age is not None and self.stale_lock_age < 0:

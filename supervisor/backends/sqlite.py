@@ -27,6 +27,7 @@ from .base import BackendBase, BackendConfigError, BackendError, FailedRecord, Q
 from .common import command_of
 from .sqlite_db import connect, is_lock_error, is_readonly_error, missing_columns, set_up
 from .sqlite_lease import SqliteLease
+from .sqlite_retention import Purger, purge_all
 
 __all__ = ["SqliteBackend", "SqliteLease"]
 
@@ -54,10 +55,12 @@ class SqliteBackend(BackendBase):
     tells_age = True  # ``oldest_pending_age``: one index step (sqlite_fleet.py)
     priorities = True  # receive in (priority DESC, seq) order: jobs_by_priority
     unique_tasks = True  # jobs_unique: a partial unique index over live tasks' keys
+    keeps_succeeded = True  # until --retention: ``prune_succeeded`` (sqlite_retention.py)
 
     def __init__(self, path: str, queue: str, worker_id: str, *, max_attempts: int = 5,
                  stale_lock_age: float = 2700.0, reaper_interval: float = 300.0,
-                 busy_timeout: float = MAIN_BUSY_TIMEOUT, create: bool = True) -> None:
+                 busy_timeout: float = MAIN_BUSY_TIMEOUT, create: bool = True,
+                 retention: float = 7 * 86_400.0) -> None:
         """Open (``create``: and set up) the database at ``path`` (main thread).
 
         ``create=False`` writes nothing: a missing file or one without the jobs table is a
@@ -74,6 +77,8 @@ class SqliteBackend(BackendBase):
         self._next_reap = 0.0
         self._reap_backoff = 0.0
         self.clock = time.monotonic  # the reaper's schedule (tests inject a clock)
+        self.wall = time.time  # the age of a succeeded task (tests inject a clock)
+        self.purger = Purger(self, retention, reaper_interval)
         self._data_version = -1
         self._lease_lock = threading.Lock()
         self._lease_busy_ms = 0
@@ -220,7 +225,9 @@ class SqliteBackend(BackendBase):
                 for row in sorted(rows, key=lambda r: (-r[0], r[1]))]
 
     def maintenance(self) -> None:
-        """The stale-lock reaper, every --reaper-interval (main thread)."""
+        """The stale-lock reaper, every --reaper-interval, and the purge of succeeded tasks
+        past --retention on its own schedule (sqlite_retention.py) (main thread)."""
+        self.purger.maintenance()
         if not self.reaper_interval or self.clock() < self._next_reap:
             return
         now = self.clock()
@@ -368,6 +375,11 @@ class SqliteBackend(BackendBase):
         with self._tx() as conn:
             return conn.execute("DELETE FROM jobs WHERE queue=? AND status=?",
                                 (self.queue, state)).rowcount
+
+    def prune_succeeded(self, before: float) -> int:
+        """Delete the tasks that succeeded before ``before`` (wall clock), in short batches;
+        how many (jobq-ctl prune)."""
+        return purge_all(self, before)
 
     def oldest_pending_age(self, now: float) -> float | None:
         from .sqlite_fleet import oldest_pending_age
