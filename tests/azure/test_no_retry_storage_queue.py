@@ -1,5 +1,6 @@
 """Storage Queue: a command that cannot run goes to ``<queue>-failed`` on its first attempt,
-through the same settlement decision as SQLite (issue 25, class 7)."""
+through the same settlement decision as SQLite; ``prune`` has nothing to do (issue 25,
+class 7)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,11 @@ def test_command_not_found_is_failed_at_once(sq):  # noqa: F811 (fixture)
     assert rec["reason"].startswith("exit status 127: command not found, not retried")
     assert "will retry" not in sup.log()
     assert sq.count() == 0
+
+
+def test_prune_says_the_service_keeps_no_succeeded_tasks(sq):  # noqa: F811 (fixture)
+    res = sq.ctl("prune", check=False)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.splitlines() == [
+        "jobq-ctl: error: prune: storage-queue keeps no succeeded tasks (a message is deleted "
+        "once its task succeeded): nothing to prune"]
