@@ -30,7 +30,16 @@ from .settings import (
     TASK_OUTPUT_MODES,
     Settings,
 )
-from .usage import UsageError, _duration, _parse, _Parser, _positive_int, _size, jobq_parser
+from .usage import (
+    UsageError,
+    _duration,
+    _exit_codes,
+    _parse,
+    _Parser,
+    _positive_int,
+    _size,
+    jobq_parser,
+)
 
 __all__ = ["UsageError", "ctl_main", "parse_worker_settings", "worker_main", "worker_parser"]
 
@@ -95,7 +104,11 @@ def worker_parser() -> _Parser:
                    help=f"seconds between lease renewals ({_per_backend(1, 'lock/3')})")
     _durations(p,
                ("--renew-before", "renew at the latest this long before the lock ends"),
-               ("--reaper-interval", "SQLite stale-lock reaper period; 0 disables it"),
+               ("--reaper-interval", "SQLite stale-lock reaper period (also of the purge of "
+                "succeeded tasks); 0 disables both"),
+               ("--retention", "SQLite: succeeded tasks older than this are purged (default "
+                "7d, as --task-output-retention; 0 keeps them for ever); failed and "
+                "cancelled tasks are kept"),
                ("--stale-lock-age",
                 "reap running jobs whose lock expired this long ago (default: lock)"),
                ("--kill-timeout", "SIGTERM to SIGKILL escalation delay; 0 never escalates"))
@@ -103,6 +116,11 @@ def worker_parser() -> _Parser:
                    help="signal sent to a task whose lease is lost")
     p.add_argument("--max-attempts", type=int,
                    help="attempts per task before it is failed (a task may set its own)")
+    p.add_argument("--no-retry-exit-codes", type=_exit_codes, metavar="N,N",
+                   help="exit statuses that fail a task at once, not retried (default "
+                        "126,127: bash's cannot execute, command not found; empty: retry "
+                        "every status); a task that cannot start (missing --cwd) is never "
+                        "retried either")
     _durations(p,
                ("--retry-delay", "first retry backoff; doubles per attempt"),
                ("--retry-delay-max", "upper bound of the retry backoff"),

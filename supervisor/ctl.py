@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .backends.base import Backend, BackendError
 from .control.base import ControlStoreError
 from .security import SecurityConfigError, SigningKey, load_key, sign_task, split_paths
-from .settings import parse_duration
+from .settings import format_duration, parse_duration
 from .task import DEFAULT_PRIORITY, MAX_NOT_BEFORE, MAX_PRIORITY, Task, TaskFormatError
 from .usage import UsageError
 
@@ -185,6 +185,10 @@ def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None,
     if ns.task_max_attempts is not None and ns.task_max_attempts < 1:
         raise UsageError("--max-attempts: must be at least 1")
     env = _env_pairs(ns.env)
+    if ns.cwd is not None and not os.path.isabs(ns.cwd):
+        # The worker would resolve it against its own working directory, not the pusher's.
+        raise UsageError(f"--cwd: must be an absolute directory on the worker's host, got "
+                         f"{ns.cwd!r}")
     key = first_key(ns)
     try:
         tasks = [Task(cmd=c, env=env, cwd=ns.cwd, max_attempts=ns.task_max_attempts)
@@ -333,6 +337,21 @@ def cmd_clear(ns: Any, backend: Backend) -> int:
     return 0
 
 
+def cmd_prune(ns: Any, backend: Backend, retention: float) -> int:
+    """Delete the succeeded tasks older than --older-than (default: ``retention``, the
+    --retention of the flags, environment or config file) and say how many."""
+    if not backend.keeps_succeeded:
+        raise UsageError(f"prune: {backend.name} keeps no succeeded tasks (a message is "
+                         f"deleted once its task succeeded): nothing to prune")
+    if ns.older_than is None and not retention:
+        raise UsageError("prune: --retention is 0 (succeeded tasks are kept for ever); give "
+                         "--older-than to prune anyway")
+    age = retention if ns.older_than is None else ns.older_than
+    n = backend.prune_succeeded(time.time() - age)
+    print(f"pruned {n} succeeded task(s) older than {format_duration(age)}")
+    return 0
+
+
 def run_command(ns: Any, backend: Backend | None, store: ControlStore | None = None,
                 sources: Sources | None = None) -> int:
     """Run the parsed sub-command ``ns.command``; its exit status.  ``backend`` is None for
@@ -353,4 +372,6 @@ def run_command(ns: Any, backend: Backend | None, store: ControlStore | None = N
         return cmd_requeue(ns, backend, store)
     if ns.command == "push":
         return cmd_push(ns, backend, sources, store)
+    if ns.command == "prune":
+        return cmd_prune(ns, backend, ns.retention)
     return handlers[ns.command](ns, backend)

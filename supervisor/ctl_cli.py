@@ -35,6 +35,10 @@ def ctl_parser() -> _Parser:
     p.add_argument("--signing-key-file", action="append", metavar="PATH", path=True,
                    help="push: sign tasks; cancel/pause/resume/drain/stop: sign the control "
                         "records, with this key (env/INI: comma-separated list)")
+    # also here, so that the worker's JOBQ_RETENTION / INI ``retention`` is prune's default
+    p.add_argument("--retention", type=_duration,
+                   help="prune: the age past which succeeded tasks go (default 7d; the "
+                        "worker's option of the same name)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", help="one of:")
     sub.required = True
 
@@ -56,7 +60,8 @@ def ctl_parser() -> _Parser:
                       help="environment variable for the tasks (repeatable; not the JOBQ_ "
                            "variables the worker sets)")
     push.add_argument("--cwd", default=None,
-                      help="working directory of the tasks (default: the worker's)")
+                      help="working directory of the tasks, an absolute path on the "
+                           "workers' hosts (default: the worker's)")
     # -- scheduling (ctl.py push_schedule; README "Scheduling" says which backend has which)
     push.add_argument("--priority", type=int, default=None, metavar="N",
                       help="0..9, higher first (default 5); SQLite only")
@@ -108,6 +113,11 @@ def ctl_parser() -> _Parser:
     rq.add_argument("--all-failed", action="store_true", help="requeue every failed task")
     cl = cmd("clear", "delete pending tasks (or, with --failed, failed ones)")
     cl.add_argument("--failed", action="store_true", help="delete failed tasks instead")
+    pr = cmd("prune", "SQLite: delete succeeded tasks older than --retention now (workers do "
+                      "it every --reaper-interval); failed and cancelled tasks are kept")
+    pr.add_argument("--older-than", type=_duration, default=None, metavar="DURATION",
+                    help="this age instead of --retention (e.g. 1d, 12h; 0: every succeeded "
+                         "task)")
     _add_fleet_commands(cmd)
     # -- dashboard (supervisor/dashboard/) --
     db = cmd("dashboard", "serve a web view of the queue and its workers (needs the "

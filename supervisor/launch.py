@@ -30,7 +30,7 @@ from .outstore.base import AttemptKey
 from .process import task_environment
 from .security import TaskGuard
 from .settings import Settings
-from .settlement import Settlement, attempts_allowed, cancel_reason
+from .settlement import Settlement, attempts_allowed, cancel_reason, spawn_not_retried
 from .spawner import Spawner, SpawnJob
 from .task import Task
 from .watchdog import RunningTask, Watchdog
@@ -264,10 +264,14 @@ class Launcher:
             assert exc is not None
             text = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
             reason = f"spawn failed: {text}" + (
-                f" (cwd {task.cwd})" if task.cwd and isinstance(exc, FileNotFoundError) else "")
+                f" (cwd {task.cwd})" if task.cwd and getattr(exc, "filename", None) == task.cwd
+                else "")
+            final = spawn_not_retried(exc)
+            if final is not None:
+                reason = f"{reason}: {final}"
             log.error("%s", reason, extra={"task_id": task_id})
             self.settlement.failed(keeper, task_id, lease.attempt, max_attempts, reason, "",
-                                   None)
+                                   None, retry=final is None)
             return None
         if self.lifeline is not None:
             self.lifeline.register(proc.pgid, proc.marker, keeper)  # with its lease deadline

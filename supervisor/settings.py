@@ -61,6 +61,14 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
+def format_duration(seconds: float) -> str:
+    """``7d``, ``36h``, ``90m``, ``45s``: the inverse of parse_duration, for messages."""
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def safety_margin(lock: float) -> float:
     """The lease deadline's margin: max(2 s, 10 % of the lock), capped at lock/3."""
     return min(max(2.0, 0.1 * lock), lock / 3.0)
@@ -84,10 +92,14 @@ class Settings:
     renew_interval: float | None = None  # None: the backend's default
     renew_before: float = 10.0
     reaper_interval: float = 300.0
+    retention: float = 7 * 86_400.0  # s a succeeded task stays in the SQLite queue; 0: for ever
     stale_lock_age: float | None = None  # None: the lock duration
     kill_timeout: float = 600.0
     lock_lost_behavior: str = "sigkill"
     max_attempts: int = 5
+    # exit statuses of a task that are final at once, never retried (settlement.py); bash's
+    # own "cannot execute" and "command not found" by default
+    no_retry_exit_codes: tuple[int, ...] = (126, 127)
     retry_delay: float = 10.0
     retry_delay_max: float = 600.0
     task_time_limit: float | None = None
@@ -214,8 +226,8 @@ class Settings:
                 f"{self.renew_every:g}s leaves no time to renew a {lock:g}s lock "
                 f"(must be under {lock - safety_margin(lock):g}s = lock minus safety margin)",
             )
-        for name in ("reaper_interval", "kill_timeout", "retry_delay", "retry_delay_max",
-                     "renew_before"):
+        for name in ("reaper_interval", "retention", "kill_timeout", "retry_delay",
+                     "retry_delay_max", "renew_before"):
             if getattr(self, name) < 0:
                 raise bad(name.replace("_", "-"), "must not be negative")
         if self.stale_lock_age is not None and self.stale_lock_age < 0:
@@ -224,6 +236,10 @@ class Settings:
             raise bad("lock-lost-behavior", "must be sigkill or sigterm")
         if self.max_attempts < 1:
             raise bad("max-attempts", "must be at least 1")
+        for code in self.no_retry_exit_codes:
+            if not 1 <= code <= 255:
+                raise bad("no-retry-exit-codes", f"{code} is not an exit status that fails a "
+                          "task (1..255)")
         if self.max_consecutive_failures < 0:
             raise bad("max-consecutive-failures", "must not be negative")
         for name in ("task_time_limit", "time_limit", "idle_timeout"):

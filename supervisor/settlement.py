@@ -12,6 +12,7 @@ to lock-lost when the broker refuses the settlement).
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import signal
@@ -70,6 +71,31 @@ def cancel_reason(cancel: Any) -> str:
     """The failed-state reason of a cancelled task: who, when and why (any thread)."""
     when = datetime.fromtimestamp(cancel.when, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return f"cancelled by {cancel.who} at {when}: {cancel.reason or 'no reason given'}"
+
+
+# What bash's own exit statuses mean: the reason of a task failed at once for one says it.
+EXIT_MEANINGS = {126: "command cannot execute", 127: "command not found"}
+# A spawn that failed for want of the worker's resources says nothing about the task: it is
+# retried like any failed attempt.  Every other spawn failure (a missing or inaccessible
+# --cwd, a string the OS cannot take) would fail again on every worker: final at once.
+SPAWN_RETRIED = frozenset({errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
+
+
+def exit_not_retried(settings: Settings, rc: int) -> str | None:
+    """Why a task that exited with ``rc`` by itself is not retried (``--no-retry-exit-codes``),
+    or None when it is (any thread)."""
+    if rc not in settings.no_retry_exit_codes:
+        return None
+    meaning = EXIT_MEANINGS.get(rc)
+    return f"{meaning + ', ' if meaning else ''}not retried (--no-retry-exit-codes)"
+
+
+def spawn_not_retried(exc: BaseException) -> str | None:
+    """Why a task whose shell could not be started is not retried, or None when it is
+    (main thread)."""
+    if isinstance(exc, OSError) and exc.errno in SPAWN_RETRIED:
+        return None
+    return "the task cannot start, not retried"
 
 
 def retry_delay(settings: Settings, attempt: int) -> float:
@@ -322,9 +348,13 @@ class Settlement:
         else:
             reason = status if rt.term_reason else self.guard.annotate_failure(
                 status, rc, tail, rt.proc.marker)
+        # Only an exit of its own: a status the worker's kill caused says nothing of the task.
+        final = None if rt.term_reason else exit_not_retried(self.s, rc)
+        if final is not None:
+            reason = f"{reason}: {final}"
         log.warning("finished: %s in %.1fs (%s)", reason, duration, of, extra=extra)
         self.failed(keeper, rt.task_id, rt.attempt, max_attempts, reason, tail, rc,
-                    started=rt.started)
+                    started=rt.started, retry=final is None)
 
     def cancelled(self, keeper: LeaseKeeper, task_id: str, attempt: int, reason: str,
                   tail: str, rc: int | None, by: str = "",
@@ -341,13 +371,19 @@ class Settlement:
         self.metrics.task_cancelled()
 
     def failed(self, keeper: LeaseKeeper, task_id: str, attempt: int, max_attempts: int,
-               reason: str, tail: str, rc: int | None, started: float | None = None) -> None:
-        """A failed attempt: retry with backoff, or dead-letter the last one (main thread)."""
+               reason: str, tail: str, rc: int | None, started: float | None = None,
+               retry: bool = True) -> None:
+        """A failed attempt: retry with backoff, or dead-letter the last one -- or, when not
+        ``retry`` (``reason`` says why), this one (main thread).
+
+        Every backend's failed attempt ends here: SQLite's failed state, Storage Queue's
+        ``-failed`` queue and Service Bus's dead-letter queue get the same decision."""
         self.metrics.task_failed()
         record = functools.partial(self.results.ended, task_id, attempt, "failed", rc=rc,
                                    tail=tail, started=started, max_attempts=max_attempts)
-        if attempt >= max_attempts:
-            full = f"{reason}; attempt {attempt} of {max_attempts}, giving up"
+        if attempt >= max_attempts or not retry:
+            full = f"{reason}; attempt {attempt} of {max_attempts}" + (
+                ", giving up" if retry else "")
             log.error("failed for good: %s", full, extra={"task_id": task_id})
             self.settle(keeper, DeadLetter(full, tail, rc), "failed",
                         record(final=True, reason=full))

@@ -121,6 +121,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _exit_codes(text: str) -> tuple[int, ...]:
+    """``126,127`` -> (126, 127); empty -> () (--no-retry-exit-codes)."""
+    try:
+        return tuple(sorted({int(part) for part in text.replace(" ", "").split(",") if part}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected exit statuses separated by commas (e.g. 126,127), got {text!r}") from None
+
+
 def _with_env_config(prog: str, argv: list[str]) -> list[str]:
     """JOBQ_CONFIG as if given as ``--config`` (configargparse reads no env var for it), so a
     missing file is the same one-line exit 2; a ``--config`` flag wins.  jobq-ctl's ``-c`` is

@@ -52,6 +52,7 @@ def open_backend(settings: Settings, for_ctl: bool = False, create: bool = True,
             busy_timeout=CTL_BUSY_TIMEOUT if for_ctl else MAIN_BUSY_TIMEOUT,
             create=create,
             serve=not for_ctl,  # a worker starts on the queue (sqlite_queues.py)
+            retention=settings.retention,
         )
     # An option of the other Azure backend is a mistake worth one clear line.
     for option, only_for in (("namespace", "servicebus"), ("account_url", "storage-queue")):

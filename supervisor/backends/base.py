@@ -145,6 +145,10 @@ class Backend(Protocol):
     max_delay: float | None
     unique_tasks: bool
     unique_by_control: bool
+    # Succeeded tasks stay in the queue until ``prune_succeeded`` (or --retention) deletes
+    # them (SQLite); the Azure services delete a message once its task succeeded.  Default
+    # False (then ``prune_succeeded`` is never called).
+    keeps_succeeded: bool
 
     def receive(self, max_messages: int, lock_duration: float) -> Sequence[Lease]: ...
 
@@ -170,7 +174,13 @@ class Backend(Protocol):
         ...
 
     def maintenance(self) -> None:
-        """Periodic housekeeping on the main thread (SQLite: the stale-lock reaper)."""
+        """Periodic housekeeping on the main thread (SQLite: the stale-lock reaper and the
+        purge of succeeded tasks past --retention)."""
+        ...
+
+    def prune_succeeded(self, before: float) -> int:
+        """Delete the tasks that succeeded before ``before`` (wall-clock epoch seconds);
+        how many (jobq-ctl prune; only when ``keeps_succeeded``)."""
         ...
 
     def changed(self) -> bool:
@@ -227,6 +237,7 @@ class BackendBase:
     max_delay: float | None = None
     unique_tasks: bool = False
     unique_by_control: bool = False
+    keeps_succeeded: bool = False
 
     def changed(self) -> bool:
         """Without a probe the answer is always "maybe" (never asked: ``change_probe``)."""
@@ -253,3 +264,7 @@ class BackendBase:
     def served_queues(self) -> list[str] | None:
         """Cannot tell."""
         return None
+
+    def prune_succeeded(self, before: float) -> int:
+        """Nothing kept, nothing to delete (never called: ``keeps_succeeded``)."""
+        return 0

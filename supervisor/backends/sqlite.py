@@ -40,6 +40,7 @@ from .sqlite_db import (
 )
 from .sqlite_lease import SqliteLease
 from .sqlite_owner import DeadOwnerPass, TakenBack
+from .sqlite_retention import Purger, purge_all
 
 __all__ = ["SqliteBackend", "SqliteLease"]
 
@@ -68,11 +69,12 @@ class SqliteBackend(BackendBase):
     tells_age = True  # ``oldest_pending_age``: one index step (sqlite_fleet.py)
     priorities = True  # receive in (priority DESC, seq) order: jobs_by_priority
     unique_tasks = True  # jobs_unique: a partial unique index over live tasks' keys
+    keeps_succeeded = True  # until --retention: ``prune_succeeded`` (sqlite_retention.py)
 
     def __init__(self, path: str, queue: str, worker_id: str, *, max_attempts: int = 5,
                  stale_lock_age: float = 2700.0, reaper_interval: float = 300.0,
                  busy_timeout: float = MAIN_BUSY_TIMEOUT, create: bool = True,
-                 serve: bool = False) -> None:
+                 serve: bool = False, retention: float = 7 * 86_400.0) -> None:
         """Open (``create``: and set up) the database at ``path`` (main thread).
 
         ``create=False`` writes nothing: a missing file or one without the jobs table is a
@@ -93,6 +95,8 @@ class SqliteBackend(BackendBase):
         self._next_owner_pass = 0.0
         self.taken_back_at_open: list[TakenBack] = []
         self.clock = time.monotonic  # the reaper's schedule (tests inject a clock)
+        self.wall = time.time  # the age of a succeeded task (tests inject a clock)
+        self.purger = Purger(self, retention, reaper_interval)
         self._data_version = -1
         self._lease_lock = threading.Lock()
         self._lease_busy_ms = 0
@@ -274,11 +278,13 @@ class SqliteBackend(BackendBase):
 
     def maintenance(self) -> None:
         """The dead-owner pass every DEAD_OWNER_EVERY, the stale-lock reaper every
-        --reaper-interval (main thread)."""
+        --reaper-interval, and the purge of succeeded tasks past --retention on its own
+        schedule (sqlite_retention.py) (main thread)."""
         if self.clock() >= self._next_owner_pass:
             self._next_owner_pass = self.clock() + DEAD_OWNER_EVERY
             if self.take_back_dead():
                 self._data_version = -1  # the change probe says "receive": work came back
+        self.purger.maintenance()
         if not self.reaper_interval or self.clock() < self._next_reap:
             return
         now = self.clock()
@@ -435,6 +441,11 @@ class SqliteBackend(BackendBase):
 
     def served_queues(self) -> list[str]:
         return sqlite_queues.served(self._conn)
+
+    def prune_succeeded(self, before: float) -> int:
+        """Delete the tasks that succeeded before ``before`` (wall clock), in short batches;
+        how many (jobq-ctl prune)."""
+        return purge_all(self, before)
 
     def oldest_pending_age(self, now: float) -> float | None:
         from .sqlite_fleet import oldest_pending_age

@@ -57,6 +57,10 @@ CREATE INDEX IF NOT EXISTS jobs_by_priority
 -- any other write that would make a second one (a requeue) fails instead.
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_unique ON jobs (queue, unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('pending', 'running');
+-- Succeeded jobs by age, for the purge past --retention (sqlite_retention.py): a pass with
+-- nothing due is one probe instead of a scan of every succeeded job.  Partial: a receive never
+-- touches it, and a completion adds one entry (measured: +4 % on a bare receive + complete).
+CREATE INDEX IF NOT EXISTS jobs_done ON jobs (queue, updated_at) WHERE status = 'succeeded';
 """
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.backends.sqlite import SqliteBackend
+from supervisor.task import Task
 from tests.conftest import Env, Supervisor
 from tests.reliability.conftest import still_works
 
@@ -34,6 +36,15 @@ def tmpfs(path: Path, options: str):
     finally:
         if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", str(path)], check=True)  # a process still in it
+
+
+def _push_raw(env: Env, task: Task) -> str:
+    """Push ``task`` as any producer may, without jobq-ctl's checks; its id."""
+    backend = SqliteBackend(str(env.db), "default", "test-producer")
+    try:
+        return backend.push([task])[0]
+    finally:
+        backend.close()
 
 
 def settled(env: Env, sup: Supervisor, timeout: float = 30.0) -> dict[str, tuple]:
@@ -88,7 +99,11 @@ def test_task_cwd_missing(env):
     (env.tmp / "a-file").write_text("")
     missing = env.push("echo never", extra=("--cwd", str(env.tmp / "gone")))
     not_dir = env.push("echo never", extra=("--cwd", str(env.tmp / "a-file")))
-    relative = env.push("echo never", extra=("--cwd", "no/such/relative/dir"))
+    # jobq-ctl refuses a relative cwd (exit 2); another producer's message may carry one
+    refused = env.ctl("push", "-c", "echo never", "--cwd", "no/such/relative/dir",
+                      check=False)
+    assert refused.returncode == 2 and "--cwd: must be an absolute" in refused.stderr
+    relative = [_push_raw(env, Task(cmd="echo never", cwd="no/such/relative/dir"))]
     vanishing = env.tmp / "vanishing"
     vanishing.mkdir()
     # the cwd exists at push time and is gone by the time the task runs
@@ -100,7 +115,8 @@ def test_task_cwd_missing(env):
     for task_id in missing + not_dir + relative + late:
         status, reason = rows[task_id]
         assert status == "failed", rows[task_id]
-        assert "spawn failed" in reason and "attempt 2 of 2" in reason, reason
+        # never retried: the directory is as missing on the next attempt (issue 25)
+        assert "spawn failed" in reason and "not retried; attempt 1 of 2" in reason, reason
     assert "No such file or directory" in rows[missing[0]][1]
     assert "(cwd " in rows[missing[0]][1]
     assert "Not a directory" in rows[not_dir[0]][1]

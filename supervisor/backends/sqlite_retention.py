@@ -1,0 +1,112 @@
+"""Retention of the SQLite queue: succeeded tasks older than ``--retention`` are deleted.
+
+A succeeded task's row is of no use to the queue once it is done (its result record and its
+output have their own stores and retention), and a busy queue would otherwise grow by a row
+per task for ever.  Failed tasks -- cancelled ones included, they end in the failed state --
+are kept until an operator requeues or clears them: they are work that did not get done
+(README "Retention").
+
+Rows go in batches of ``PURGE_BATCH``, each its own short write transaction, so no other
+writer (a worker settling, ``jobq-ctl push``) waits for more than one batch.  The worker purges
+on its maintenance pass (``SqliteBackend.maintenance``, the main thread, beside the stale-lock
+reaper), at most ``PURGE_BUDGET`` seconds a pass: a backlog (the first run after an upgrade)
+goes on ``PURGE_AGAIN`` seconds later instead of holding the main loop.  ``jobq-ctl prune``
+purges everything due at once, batch after batch.  The rows are found through ``jobs_done``
+(sqlite_db.py), a partial index over succeeded rows only, so a pass with nothing due costs one
+index probe, not a scan of every succeeded row.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from contextlib import AbstractContextManager
+from typing import Callable, Protocol
+
+from ..settings import format_duration
+from .base import BackendError
+
+log = logging.getLogger("jobq.sqlite")
+
+PURGE_BATCH = 500  # rows per write transaction (~5-15 ms on these machines)
+PURGE_BUDGET = 0.05  # s of one maintenance pass spent purging
+PURGE_AGAIN = 1.0  # s to the next pass while more rows are due
+
+PURGE_SQL = ("DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE queue=? "
+             "AND status='succeeded' AND updated_at<? LIMIT ?)")
+
+
+class Queue(Protocol):
+    """What the purge uses of SqliteBackend (which hands itself in: no import of it here)."""
+
+    queue: str
+    clock: Callable[[], float]  # monotonic: the schedule
+    wall: Callable[[], float]  # wall clock: the age of a row (its updated_at)
+
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]: ...
+
+
+def purge_batch(backend: Queue, before: float, batch: int = PURGE_BATCH) -> int:
+    """Delete up to ``batch`` of the queue's tasks that succeeded before ``before`` (wall
+    clock) in one write transaction; how many (the caller's thread: main, or jobq-ctl's).
+    Raises BackendError."""
+    try:
+        with backend._tx() as conn:
+            return conn.execute(PURGE_SQL, (backend.queue, before, batch)).rowcount
+    except sqlite3.DatabaseError as exc:
+        raise BackendError(f"SQLite purge failed: {exc}") from None
+
+
+def purge_all(backend: Queue, before: float, batch: int = PURGE_BATCH) -> int:
+    """Every task that succeeded before ``before``, batch after batch; how many (jobq-ctl
+    prune)."""
+    total = 0
+    while True:
+        n = purge_batch(backend, before, batch)
+        total += n
+        if n < batch:
+            return total
+
+
+class Purger:
+    """When the worker purges (its main thread, from ``SqliteBackend.maintenance``).
+
+    ``retention`` 0 or ``interval`` 0 (``--reaper-interval 0``): never.  The schedule reads
+    the backend's ``clock`` (monotonic) and the age its ``wall`` clock, both injectable."""
+
+    def __init__(self, backend: Queue, retention: float, interval: float,
+                 batch: int = PURGE_BATCH, budget: float = PURGE_BUDGET) -> None:
+        self.backend = backend
+        self.retention = retention
+        self.interval = interval
+        self.batch = batch
+        self.budget = budget
+        self.next_at = 0.0  # the first maintenance pass purges
+
+    def maintenance(self) -> int:
+        """Purge what is due, for at most ``budget`` seconds; how many rows went (main
+        thread).  A failure is logged and tried again at the next interval."""
+        if not self.retention or not self.interval:
+            return 0
+        clock = self.backend.clock
+        start = clock()
+        if start < self.next_at:
+            return 0
+        before = self.backend.wall() - self.retention
+        total, more = 0, False
+        try:
+            while True:
+                n = purge_batch(self.backend, before, self.batch)
+                total += n
+                more = n == self.batch
+                if not more or clock() - start >= self.budget:
+                    break
+        except BackendError as exc:
+            log.warning("purge of succeeded tasks skipped this round (next try in %.0fs): %s",
+                        self.interval, exc)
+        if total:
+            log.info("purged %d succeeded task(s) older than %s%s", total,
+                     format_duration(self.retention), ", more to go" if more else "")
+        self.next_at = start + (PURGE_AGAIN if more else self.interval)
+        return total
+
