@@ -202,7 +202,8 @@ class Worker:
     def _wait_and_drain(self) -> None:
         for item in self._wait(self._next_wakeup()):
             if isinstance(item, int):
-                self.lifecycle.on_signal(item, self.active)
+                self.lifecycle.on_signal(item, self.active,
+                                         item in self.signals.inherited_ignored)
             elif isinstance(item, SpawnJob):
                 self._spawned(item)
             elif isinstance(item, ControlRequest):
