@@ -288,7 +288,9 @@ def ctl_parser() -> _Parser:
 
 
 def ctl_main(argv: list[str] | None = None) -> int:
-    """Entry point of ``jobq-ctl`` (main thread); see ctl_cli.py."""
+    """Entry point of ``jobq-ctl`` (main thread); see ctl_cli.py.  A reader of its stdout
+    that went away (``| head``) ends it quietly (ctl_stdout.py)."""
     from .ctl_cli import ctl_main as main
+    from .ctl_stdout import run_quietly
 
-    return main(argv)
+    return run_quietly(main, argv)
