@@ -23,6 +23,15 @@ def quiet_stdout() -> None:
     os.close(devnull)
 
 
+def print_or_drop(text: str) -> None:
+    """``print(text)``; a reader gone meanwhile gets nothing more, and the command goes on
+    (``push`` prints every id and every skipped one's warning, and ``--wait`` waits)."""
+    try:
+        print(text)
+    except BrokenPipeError:
+        quiet_stdout()
+
+
 def flush_or_drop() -> None:
     """Flush stdout; a reader gone meanwhile gets nothing more, and the command goes on (the
     ids of ``push --wait``: the wait is what is left to do)."""
