@@ -119,7 +119,15 @@ def test_lifeline_helper_ignores_the_workers_signals(env):
     sup, procs = _running(env)
     lifeline = [p for p in procs if "supervisor.lifeline" in " ".join(p.cmdline())]
     assert len(lifeline) == 1, procs
-    for sig in (signal.SIGHUP, signal.SIGUSR2, signal.SIGQUIT, signal.SIGALRM, signal.SIGRTMIN):
+
+    def ignored() -> set[int]:  # from the helper's main(), not during its start
+        with open(f"/proc/{lifeline[0].pid}/status") as fh:
+            mask = int(next(ln for ln in fh if ln.startswith("SigIgn:")).split()[1], 16)
+        return {s for s in range(1, 65) if mask & (1 << (s - 1))}
+
+    sent = (signal.SIGHUP, signal.SIGUSR2, signal.SIGQUIT, signal.SIGALRM, signal.SIGRTMIN)
+    wait_for(lambda: set(sent) <= ignored(), 10, what="the helper ignoring them")
+    for sig in sent:
         lifeline[0].send_signal(sig)
     # Delivery shows no event: a fixed window in which a killed helper would be seen gone.
     with pytest.raises(psutil.TimeoutExpired):
