@@ -42,8 +42,8 @@ class SignalQueue:
     def __init__(self, events: queue.SimpleQueue[Event]) -> None:
         self.events = events
         self._previous: dict[int, Any] = {}
-        # Started under nohup or as a script's background job, we inherit SIGHUP/SIGQUIT
-        # ignored: they stay ignored (logged), while a task gets them at their default.
+        # Started under nohup, we inherit SIGHUP ignored: it stays ignored (logged by the
+        # main loop), while a task gets it at its default.
         self.inherited_ignored: frozenset[int] = frozenset()
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
