@@ -51,6 +51,10 @@ class SignalQueue:
         self.events.put_nowait(signum)
 
     def install(self) -> None:
+        """Install the handlers; once only (cli.py installs them before the backend is
+        opened, and the worker then takes the queue over)."""
+        if self._previous:
+            return
         self.inherited_ignored = frozenset(
             sig for sig in INHERITED_IGNORED if signal.getsignal(sig) == signal.SIG_IGN)
         for sig in sorted(CAUGHT_SIGNALS):

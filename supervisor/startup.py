@@ -15,16 +15,10 @@ import time
 
 from .backends import open_backend
 from .backends.base import Backend, BackendError
+from .preemption import SignalQueue
 from .reporting import ZERO_COUNTS, log_summary
 from .settings import EXIT_OK, Settings
-from .signals import (
-    CAUGHT_SIGNALS,
-    DRAIN_SIGNAL,
-    INHERITED_IGNORED,
-    STOP_ONCE_SIGNALS,
-    STOP_SIGNALS,
-    on_other_signal,
-)
+from .signals import DRAIN_SIGNAL, STOP_ONCE_SIGNALS, STOP_SIGNALS, on_other_signal
 from .signals import name as signal_name
 
 ENDING_SIGNALS = (*STOP_SIGNALS, *STOP_ONCE_SIGNALS, DRAIN_SIGNAL)  # before a task ran: a stop
@@ -65,55 +59,49 @@ def check_task_output(settings: Settings) -> str | None:
     return None
 
 
-def open_with_retry(settings: Settings) -> Backend | None:
+def open_with_retry(settings: Settings, signals: SignalQueue) -> Backend | None:
     """Open the backend; a transient outage is retried with backoff, one log line per try.
 
-    The signals of the table (signals.py) are caught meanwhile: a stop or a drain (no task
-    runs yet) is a stop like any other -- the summary line, then None (exit 0); the others
-    do what they do in the main loop (SIGQUIT: the stacks; SIGUSR2 and the like: a log line).
-    The handlers only enqueue the signal; the worker installs its own afterwards."""
+    ``signals`` is installed already (its handlers only enqueue): a stop or a drain meanwhile
+    (no task runs yet) is a stop like any other -- the summary line, then None (exit 0); the
+    other signals of the table (signals.py) do what they do in the main loop (SIGQUIT: the
+    stacks; SIGUSR2 and the like: a log line).  What arrives once the backend is open stays
+    on the queue for the worker's main loop."""
     log = logging.getLogger("jobq")
     started = time.monotonic()
     delay, attempt = 1.0, 1
-    signals: queue.SimpleQueue[int] = queue.SimpleQueue()
-    ignored: set[int] = {sig for sig in INHERITED_IGNORED
-                         if signal.getsignal(sig) == signal.SIG_IGN}
-    previous = {sig: signal.signal(sig, lambda signum, _frame: signals.put_nowait(signum))
-                for sig in CAUGHT_SIGNALS - {signal.SIGCHLD}}
-    try:
-        while True:
-            try:
-                backend = open_backend(settings)
-            except BackendError as exc:
-                log.warning("backend not reachable (attempt %d): %s; retrying in %.0fs",
-                            attempt, exc, delay)
-                backend = None
-            signum = _wait_for_stop(signals, ignored, 0 if backend is not None else delay, log)
-            if signum is None:
-                if backend is not None:
-                    return backend
-                delay, attempt = min(delay * 2, 30.0), attempt + 1
-                continue
+    while True:
+        try:
+            backend = open_backend(settings)
+        except BackendError as exc:
+            log.warning("backend not reachable (attempt %d): %s; retrying in %.0fs",
+                        attempt, exc, delay)
+            backend = None
+        signum = _wait_for_stop(signals, 0 if backend is not None else delay, log)
+        if signum is None:
             if backend is not None:
-                backend.close()
-            log_summary(ZERO_COUNTS, time.monotonic() - started,
-                        f"{signal_name(signum)} received", EXIT_OK)
-            return None
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+                return backend
+            delay, attempt = min(delay * 2, 30.0), attempt + 1
+            continue
+        if backend is not None:
+            backend.close()
+        log_summary(ZERO_COUNTS, time.monotonic() - started,
+                    f"{signal_name(signum)} received", EXIT_OK)
+        return None
 
 
-def _wait_for_stop(signals: queue.SimpleQueue[int], ignored: set[int], timeout: float,
-                   log: logging.Logger) -> int | None:
+def _wait_for_stop(signals: SignalQueue, timeout: float, log: logging.Logger) -> int | None:
     """The first stop (or drain) signal within ``timeout``, or None; the others are handled
-    as they come (main thread)."""
+    as they come (main thread).  Only signal numbers are on the queue before the worker."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            signum = signals.get(timeout=max(0.0, deadline - time.monotonic()))
+            signum = signals.events.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             return None
-        if signum in ENDING_SIGNALS and signum not in ignored:
+        if not isinstance(signum, int) or signum == signal.SIGCHLD:
+            continue  # no child of ours yet
+        ignored = signum in signals.inherited_ignored
+        if signum in ENDING_SIGNALS and not ignored:
             return signum
-        on_other_signal(signum, signum in ignored, log)
+        on_other_signal(signum, ignored, log)

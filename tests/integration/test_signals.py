@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 
 import psutil
 import pytest
@@ -153,3 +154,33 @@ def test_worker_keeps_ignoring_sigpipe_when_its_log_reader_goes(env):
             proc.kill()
     assert (env.tmp / "rc").read_text().split() == ["0"]  # not 141: no SIGPIPE death
     assert env.rows("SELECT status FROM jobs") == [("succeeded",)] * len(ids)
+
+
+# Sends the worker a signal of its own the moment the Worker object is being built -- after
+# the backend opened, before the main loop runs: a window no handler of the worker's own
+# covered (the test injects only the timing; the rest is the real command).
+SIGNAL_WHILE_BUILDING = r'''
+import os, sys
+from supervisor import worker
+build, signum = worker.Worker.__init__, int(sys.argv[1])
+def init(self, *args, **kw):
+    os.kill(os.getpid(), signum)
+    build(self, *args, **kw)
+worker.Worker.__init__ = init
+from supervisor.cli import worker_entry
+sys.argv = ["jobq-supervisor", *sys.argv[2:]]
+worker_entry()
+'''
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_a_stop_signal_before_the_main_loop_runs_is_a_clean_stop(env, sig):
+    env.push("echo never")
+    script = env.tmp / "building.py"
+    script.write_text(SIGNAL_WHILE_BUILDING)
+    res = subprocess.run([sys.executable, str(script), str(int(sig)), *env.base_args()],
+                         capture_output=True, text=True, timeout=60, cwd=env.tmp)
+    assert res.returncode == 0, res.stderr
+    summary = res.stderr.strip().splitlines()[-1]
+    assert f"stop='{sig.name} received'" in summary and "exit=0" in summary, res.stderr
+    assert env.rows("SELECT status, attempt FROM jobs") == [("pending", 0)]
