@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import queue
 import sys
 from typing import Any, NoReturn
 
@@ -271,17 +272,26 @@ def worker_main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             return _fail_usage("jobq-supervisor",
                                f"--lock-file: cannot open {settings.lock_file}: {exc.strerror}")
+    from .preemption import SignalQueue
+
+    # From here on no signal of the table (signals.py) ends the worker unseen: start-up and
+    # then the worker's main loop read this queue; Worker.run restores the handlers.
+    signals = SignalQueue(queue.SimpleQueue())
+    signals.install()
     try:
-        backend = open_with_retry(settings)
+        backend = open_with_retry(settings, signals)
     except BackendConfigError as exc:
+        signals.restore()
         return _fail_usage("jobq-supervisor", str(exc))
     if backend is None:  # stopped by a signal while the backend was unreachable
+        signals.restore()
         return EXIT_OK
     from .metrics import MetricsUnavailable
 
     try:
-        worker = Worker(settings, backend, guard=guard)
+        worker = Worker(settings, backend, guard=guard, signals=signals)
     except MetricsUnavailable as exc:
+        signals.restore()
         backend.close()
         return _fail_usage("jobq-supervisor", str(exc))
     # Every task passes through several threads (main loop, spawner, output pump, lease
@@ -310,7 +320,9 @@ def ctl_parser() -> _Parser:
 
 
 def ctl_main(argv: list[str] | None = None) -> int:
-    """Entry point of ``jobq-ctl`` (main thread); see ctl_cli.py."""
+    """Entry point of ``jobq-ctl`` (main thread); see ctl_cli.py.  A reader of its stdout
+    that went away (``| head``) ends it quietly (ctl_stdout.py)."""
     from .ctl_cli import ctl_main as main
+    from .ctl_stdout import run_quietly
 
-    return main(argv)
+    return run_quietly(main, argv)

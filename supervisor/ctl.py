@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend, BackendError
 from .control.base import ControlStoreError
+from .ctl_stdout import print_or_drop
 from .security import SecurityConfigError, SigningKey, load_key, sign_task, split_paths
 from .settings import format_duration, parse_duration
 from .task import DEFAULT_PRIORITY, MAX_NOT_BEFORE, MAX_PRIORITY, Task, TaskFormatError
@@ -211,7 +212,7 @@ def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None,
         if task_id != task.id:  # skipped: stdout keeps one id per task, the live one's
             print(f"jobq-ctl: skipped: unique key {task.unique_key!r} is held by pending or "
                   f"running task {task_id}", file=sys.stderr)
-        print(task_id)
+        print_or_drop(task_id)  # every task is pushed: a reader gone changes nothing
     warn_unserved(ns, backend)
     if sources is not None:
         from .ctl_output import after_push

@@ -277,10 +277,14 @@ def _command(action: str) -> Callable[[Any, Backend | None, ControlStore], int]:
             print(f"jobq-ctl: error: {action}: no live worker {unknown[0]!r} on queue "
                   f"{ns.queue} (jobq-ctl workers lists them); nothing sent", file=sys.stderr)
             return EXIT_NOT_FOUND
-        by = who()
-        for worker in names:
-            put_commands(store, ns.queue, [worker], action, key, by)
-            print(f"{worker}: {action} sent")
+        by, sent = who(), []
+        try:  # every command is sent before a line is printed (ctl_stdout.py: ``| head``)
+            for worker in names:
+                put_commands(store, ns.queue, [worker], action, key, by)
+                sent.append(worker)
+        finally:
+            for worker in sent:
+                print(f"{worker}: {action} sent")
         return 0
     return run
 

@@ -12,13 +12,13 @@ not succeed), 2 (no store configured), 130 (Ctrl-C).
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from typing import IO, Any, Union
 
 from .control.records import ResultRecord
 from .ctl_follow import CHECK_EVERY, Clock, Follower, Sink, Sources, end_line, run
+from .ctl_stdout import flush_or_drop, quiet_stdout
 from .outstore.base import AttemptKey, OutputStore
 from .outstore.open import open_output_store
 from .usage import UsageError
@@ -180,14 +180,6 @@ def logs(ns: Any, src: Sources, out: IO[bytes], err: IO[str]) -> int:
     return 0
 
 
-def _quiet_stdout() -> None:
-    """The reader of stdout went away (``| head``): send what is left nowhere, so that
-    Python's flush at exit does not print a traceback."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-
-
 def cmd_logs(ns: Any, src: Sources) -> int:
     if ns.tail is not None and ns.tail < 0:
         raise UsageError("--tail: must be 0 or more")
@@ -198,7 +190,7 @@ def cmd_logs(ns: Any, src: Sources) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
-        _quiet_stdout()
+        quiet_stdout()
         return 0
 
 
@@ -260,10 +252,10 @@ def after_push(ids: Sequence[str], ns: Any, src: Sources) -> int:
     """ctl.cmd_push hands over here once the ids are printed (and flushed: scripts read
     them while the wait goes on)."""
     try:
-        sys.stdout.flush()  # inside: once a script sees the ids, Ctrl-C is answered here
+        flush_or_drop()  # inside: once a script sees the ids, Ctrl-C is answered here
         return wait_pushed(ids, src, ns.follow, sys.stdout.buffer, sys.stderr)
     except KeyboardInterrupt:
         return _stopped(ids, sys.stderr)
-    except BrokenPipeError:
-        _quiet_stdout()
+    except BrokenPipeError:  # the reader of --follow's output went away: the wait ends
+        quiet_stdout()
         return 1

@@ -1,5 +1,5 @@
-"""The worker's state and what moves it: stop signals, SIGUSR1 drain (or a drain/stop command
-from the control thread), Azure Scheduled Events,
+"""The worker's state and what moves it: stop signals (SIGTERM, SIGINT, SIGHUP, SIGXCPU),
+SIGUSR1 drain (or a drain/stop command from the control thread), Azure Scheduled Events,
 ``--time-limit``, ``--idle-timeout`` and ``--max-consecutive-failures``.
 
 Main thread only.  A transition never signals a task itself: it sets a request on each running
@@ -20,7 +20,6 @@ from .events import Event, ScheduledEventChanged
 from .lease import LeaseKeeper
 from .notify import Notifier
 from .preemption import (
-    STOP_SIGNALS,
     PreemptEvent,
     ScheduledEventsPoller,
     imds_base,
@@ -28,6 +27,8 @@ from .preemption import (
     scheduled_events_enabled,
 )
 from .settings import EXIT_FAILURES, EXIT_OK, Settings
+from .signals import DRAIN_SIGNAL, STOP_ONCE_SIGNALS, STOP_SIGNALS, on_other_signal
+from .signals import name as signal_name
 from .watchdog import RunningTask, Watchdog
 
 log = logging.getLogger("jobq.worker")
@@ -80,11 +81,19 @@ class Lifecycle:
         if self.poller is not None:
             self.poller.stop()
 
-    def on_signal(self, signum: int, active: list[RunningTask]) -> None:
-        """A signal to the supervisor, drained from the signal queue (main thread)."""
-        if signum in STOP_SIGNALS:
+    def on_signal(self, signum: int, active: list[RunningTask],
+                  inherited_ignored: bool = False) -> None:
+        """A signal to the supervisor, drained from the signal queue (main thread); what each
+        does: signals.py.  ``inherited_ignored``: the worker was started with it ignored."""
+        if inherited_ignored or signum not in (*STOP_SIGNALS, *STOP_ONCE_SIGNALS,
+                                               DRAIN_SIGNAL, signal.SIGCHLD):
+            on_other_signal(signum, inherited_ignored, log)
+        elif signum in STOP_ONCE_SIGNALS:  # not counted: a SIGTERM after it is no "second"
+            if self.state is not State.STOPPING:
+                self.begin_stop(f"{signal_name(signum)} received", EXIT_OK, active)
+        elif signum in STOP_SIGNALS:
             self.stop_signals += 1
-            name = signal.Signals(signum).name
+            name = signal_name(signum)
             if self.stop_signals == 1:
                 self.begin_stop(f"{name} received", EXIT_OK, active)
             else:
@@ -92,7 +101,7 @@ class Lifecycle:
                 for rt in active:
                     rt.kill_reason = f"second {name}"
                 self.watchdog.wake()
-        elif signum == signal.SIGUSR1:
+        elif signum == DRAIN_SIGNAL:
             self.drain("drained (SIGUSR1)", "SIGUSR1", active)
 
     def drain(self, reason: str, by: str, active: list[RunningTask]) -> None:

@@ -27,8 +27,9 @@ other.  One "lifeline" thread of the supervisor sends registrations within REGIS
 start and changed deadlines every FEED_EVERY seconds, independent of the main loop (a Storage
 Queue receive may hold that for seconds while the leases renew on their own threads).
 
-It ignores SIGTERM/SIGINT/SIGHUP: a signal to the supervisor's process group (``timeout``,
-systemd) must not take the lifeline down before the supervisor has finished its shutdown.
+It ignores every signal the supervisor catches (signals.py: SIGTERM, SIGINT, SIGHUP, ...): a
+signal to the supervisor's process group (``timeout``, systemd) or one meant for the supervisor
+must not take the lifeline down before the supervisor has finished its shutdown.
 Stdlib only, so it starts fast.
 """
 
@@ -44,6 +45,8 @@ import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Callable
+
+from .signals import CAUGHT_SIGNALS
 
 if TYPE_CHECKING:
     from .lease import LeaseKeeper
@@ -397,7 +400,7 @@ def serve(token: bytes, book: Deadlines, fd: int = 0, log_format: str = "text") 
 
 
 def main(argv: list[str]) -> int:
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in CAUGHT_SIGNALS - {signal.SIGCHLD}:  # it starts no process: SIG_IGN is fine
         signal.signal(sig, signal.SIG_IGN)
     args = argv[1:]
     options = dict(zip(args[:-1:2], args[1:-1:2]))

@@ -27,39 +27,38 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .events import Event
 from .settings import SCHEDULED_EVENTS_URL as SCHEDULED_EVENTS_URL  # the one copy; re-exported
+from .signals import CAUGHT_SIGNALS, INHERITED_IGNORED
 from .threads import start_thread
 
 if TYPE_CHECKING:  # imported where used: a worker off Azure never loads http/email/ssl
     import urllib.request
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-INHERITED_IGNORED = (signal.SIGHUP, signal.SIGQUIT)
-
-
-def _ignore(signum: int, frame: FrameType | None) -> None:
-    """Ignore the signal (main thread), as SIG_IGN would -- but a task gets the default."""
-
-
 class SignalQueue:
-    """Installs handlers that put the signal number on ``events`` (main thread)."""
+    """Installs handlers that put the signal number on ``events`` (main thread): every signal
+    of the table in signals.py, whose default action would end the worker without its
+    shutdown path.  Each is a handler, never SIG_IGN: exec resets a handler to the default,
+    so a task starts with default dispositions whatever the worker does with them."""
 
     def __init__(self, events: queue.SimpleQueue[Event]) -> None:
         self.events = events
         self._previous: dict[int, Any] = {}
+        # Started under nohup, we inherit SIGHUP ignored: it stays ignored (logged by the
+        # main loop), while a task gets it at its default.
+        self.inherited_ignored: frozenset[int] = frozenset()
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         # Only this: no logging, no locks, no Event.set() in a signal handler.
         self.events.put_nowait(signum)
 
     def install(self) -> None:
-        for sig in (*STOP_SIGNALS, signal.SIGCHLD, signal.SIGUSR1):
+        """Install the handlers; once only (cli.py installs them before the backend is
+        opened, and the worker then takes the queue over)."""
+        if self._previous:
+            return
+        self.inherited_ignored = frozenset(
+            sig for sig in INHERITED_IGNORED if signal.getsignal(sig) == signal.SIG_IGN)
+        for sig in sorted(CAUGHT_SIGNALS):
             self._previous[sig] = signal.signal(sig, self._handler)
-        # Started under nohup or as a shell's background job, we inherit these ignored, and
-        # an ignored signal stays ignored across exec: every task would too.  A handler
-        # that does nothing ignores them as well, and exec resets it to the default.
-        for sig in INHERITED_IGNORED:
-            if signal.getsignal(sig) == signal.SIG_IGN:
-                self._previous[sig] = signal.signal(sig, _ignore)
 
     def restore(self) -> None:
         for sig, previous in self._previous.items():

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
 import subprocess
 from collections.abc import Sequence
 from typing import IO
+
+from .signals import CAUGHT_SIGNALS, PYTHON_IGNORED
 
 
 class SpawnedShell:
@@ -39,9 +40,10 @@ class SpawnedShell:
 
 
 # Signals the supervisor ignores (Python ignores SIGPIPE) stay ignored across exec: a task gets
-# them back at their defaults, as Popen's restore_signals does.
-_RESTORED_SIGNALS = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFZ", "SIGXFSZ")
-                          if hasattr(signal, n))
+# them back at their defaults, as Popen's restore_signals does.  The ones the worker catches
+# (signals.py) are reset by exec anyway; naming them too keeps a task's dispositions default
+# whatever the worker does with them.
+_RESTORED_SIGNALS = tuple(sorted({*PYTHON_IGNORED, *CAUGHT_SIGNALS}))
 
 
 def posix_spawn_shell(argv: list[str], env: dict[str, str]) -> SpawnedShell | None:
@@ -82,7 +84,7 @@ class _LibcSpawn:
     (~0.3-1 ms for bash): every other supervisor thread stops for that long at every spawn.
     Measured with a thread probing the GIL during spawns: p90 wait 0.75-1.4 ms with
     ``os.posix_spawn``, 0.11 ms through ctypes.  The same attributes as the fallback: new
-    session, SIGPIPE/SIGXFSZ at default, empty signal mask."""
+    session, _RESTORED_SIGNALS at default, empty signal mask."""
 
     _SETSIGDEF, _SETSIGMASK, _SETSID = 0x04, 0x08, 0x80  # glibc's spawn.h (SETSID: >= 2.26)
 

@@ -1,6 +1,6 @@
 """What runs before the worker's main loop: the task log directory, ``--task-output store``
 checked, and the backend opened with retry while it is unreachable (a stop signal meanwhile
-is a stop like any other).
+is a stop like any other; signals.py's table applies).
 
 Main thread only, called by ``cli.worker_main``.
 """
@@ -15,9 +15,13 @@ import time
 
 from .backends import open_backend
 from .backends.base import Backend, BackendError
-from .preemption import STOP_SIGNALS
+from .preemption import SignalQueue
 from .reporting import ZERO_COUNTS, log_summary
 from .settings import EXIT_OK, Settings
+from .signals import DRAIN_SIGNAL, STOP_ONCE_SIGNALS, STOP_SIGNALS, on_other_signal
+from .signals import name as signal_name
+
+ENDING_SIGNALS = (*STOP_SIGNALS, *STOP_ONCE_SIGNALS, DRAIN_SIGNAL)  # before a task ran: a stop
 
 
 def make_task_log_dir(settings: Settings) -> str | None:
@@ -55,37 +59,49 @@ def check_task_output(settings: Settings) -> str | None:
     return None
 
 
-def open_with_retry(settings: Settings) -> Backend | None:
+def open_with_retry(settings: Settings, signals: SignalQueue) -> Backend | None:
     """Open the backend; a transient outage is retried with backoff, one log line per try.
 
-    SIGTERM/SIGINT meanwhile are a stop like any other: the summary line, then None (exit 0).
-    The handlers only enqueue the signal; the worker installs its own afterwards."""
+    ``signals`` is installed already (its handlers only enqueue): a stop or a drain meanwhile
+    (no task runs yet) is a stop like any other -- the summary line, then None (exit 0); the
+    other signals of the table (signals.py) do what they do in the main loop (SIGQUIT: the
+    stacks; SIGUSR2 and the like: a log line).  What arrives once the backend is open stays
+    on the queue for the worker's main loop."""
     log = logging.getLogger("jobq")
     started = time.monotonic()
     delay, attempt = 1.0, 1
-    stops: queue.SimpleQueue[int] = queue.SimpleQueue()
-    previous = {sig: signal.signal(sig, lambda signum, _frame: stops.put_nowait(signum))
-                for sig in STOP_SIGNALS}
-    try:
-        while True:
-            try:
-                backend = open_backend(settings)
-            except BackendError as exc:
-                log.warning("backend not reachable (attempt %d): %s; retrying in %.0fs",
-                            attempt, exc, delay)
-                backend = None
-            if backend is not None and stops.empty():
-                return backend
-            try:
-                signum = stops.get(timeout=0 if backend is not None else delay)
-            except queue.Empty:
-                delay, attempt = min(delay * 2, 30.0), attempt + 1
-                continue
+    while True:
+        try:
+            backend = open_backend(settings)
+        except BackendError as exc:
+            log.warning("backend not reachable (attempt %d): %s; retrying in %.0fs",
+                        attempt, exc, delay)
+            backend = None
+        signum = _wait_for_stop(signals, 0 if backend is not None else delay, log)
+        if signum is None:
             if backend is not None:
-                backend.close()
-            log_summary(ZERO_COUNTS, time.monotonic() - started,
-                        f"{signal.Signals(signum).name} received", EXIT_OK)
+                return backend
+            delay, attempt = min(delay * 2, 30.0), attempt + 1
+            continue
+        if backend is not None:
+            backend.close()
+        log_summary(ZERO_COUNTS, time.monotonic() - started,
+                    f"{signal_name(signum)} received", EXIT_OK)
+        return None
+
+
+def _wait_for_stop(signals: SignalQueue, timeout: float, log: logging.Logger) -> int | None:
+    """The first stop (or drain) signal within ``timeout``, or None; the others are handled
+    as they come (main thread).  Only signal numbers are on the queue before the worker."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            signum = signals.events.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
             return None
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        if not isinstance(signum, int) or signum == signal.SIGCHLD:
+            continue  # no child of ours yet
+        ignored = signum in signals.inherited_ignored
+        if signum in ENDING_SIGNALS and not ignored:
+            return signum
+        on_other_signal(signum, ignored, log)

@@ -15,7 +15,9 @@ import signal
 import threading
 from typing import Callable
 
-HANDLED_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGUSR1, signal.SIGHUP}
+from .signals import CAUGHT_SIGNALS
+
+HANDLED_SIGNALS = CAUGHT_SIGNALS  # every signal the worker catches (signals.py)
 
 
 def start_thread(target: Callable[[], None], name: str) -> threading.Thread:

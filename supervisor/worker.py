@@ -55,14 +55,16 @@ CHANGE_PROBE_EVERY = 0.1
 class Worker:
     def __init__(self, settings: Settings, backend: Backend,
                  clock: Callable[[], float] = time.monotonic,
-                 guard: TaskGuard | None = None) -> None:
+                 guard: TaskGuard | None = None, signals: SignalQueue | None = None) -> None:
         self.s = settings
         # signature/allow-list checks, task user, resource limits (security.py)
         self.guard = guard if guard is not None else TaskGuard.from_settings(settings)
         self.backend = backend
         self.clock = clock
-        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
-        self.signals = SignalQueue(self.events)
+        # ``signals``: installed before the backend was opened (cli.py), with what arrived
+        # since still on its queue, which becomes the main loop's
+        self.signals = signals if signals is not None else SignalQueue(queue.SimpleQueue())
+        self.events: queue.SimpleQueue[Event] = self.signals.events
         self.token = secrets.token_hex(8)
         self.active: list[RunningTask] = []  # spawned, not yet settled
         self.cleaning: list[RunningTask] = []  # settled, leftovers being cleaned
@@ -204,7 +206,8 @@ class Worker:
     def _wait_and_drain(self) -> None:
         for item in self._wait(self._next_wakeup()):
             if isinstance(item, int):
-                self.lifecycle.on_signal(item, self.active)
+                self.lifecycle.on_signal(item, self.active,
+                                         item in self.signals.inherited_ignored)
             elif isinstance(item, SpawnJob):
                 self._spawned(item)
             elif isinstance(item, ControlRequest):

@@ -27,6 +27,10 @@ SESSION_TAG = uuid.uuid4().hex
 # handler of our own is reset to the default in each child at exec.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+# Under nohup, SIGHUP likewise: every worker would keep ignoring it (as it should under nohup)
+# and the SIGHUP tests would wait in vain.  A handler that does nothing ignores it here too.
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, lambda signum, frame: None)
 
 
 def command(name: str) -> list[str]:

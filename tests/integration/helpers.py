@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -29,6 +30,35 @@ with open(out + ".ready", "a") as fh:
 while True:
     signal.pause()
 '''
+
+
+# Every signal whose default action would end a worker and that the worker does something
+# about (docs/architecture.rst, "Signals to the worker"), named here, not taken from the code
+# under test; SIGPIPE and SIGXFSZ are ignored by Python itself.
+WORKER_SIGNALS = tuple(getattr(signal, n) for n in (
+    "SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM",
+    "SIGPROF", "SIGIO", "SIGPWR", "SIGSTKFLT", "SIGXCPU", "SIGXFSZ", "SIGPIPE")) + tuple(
+    range(signal.SIGRTMIN, signal.SIGRTMAX + 1))
+# Those of them a worker ignores and logs, carrying on.
+LOGGED_AND_IGNORED = tuple(getattr(signal, n) for n in (
+    "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGIO", "SIGPWR", "SIGSTKFLT")) + (
+    signal.SIGRTMIN, signal.SIGRTMIN + 5, signal.SIGRTMAX)
+
+
+def ignoring(*sigs: int) -> tuple[str, ...]:
+    """A prefix that starts the command after it with ``sigs`` ignored (SIG_IGN), as nohup
+    (SIGHUP) and a script's background job (SIGINT, SIGQUIT) leave them."""
+    return (sys.executable, "-c", "import os, signal, sys; "
+            f"[signal.signal(s, signal.SIG_IGN) for s in {[int(s) for s in sigs]!r}]; "
+            "os.execvp(sys.argv[1], sys.argv[1:])")
+
+
+def signal_name(sig: int) -> str:
+    """As the worker logs it: ``SIGUSR2``, ``SIGRTMIN+5``."""
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"SIGRTMIN+{sig - signal.SIGRTMIN}"
 
 
 def write_recorder(tmp: Path) -> str:

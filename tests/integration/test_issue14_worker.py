@@ -64,7 +64,8 @@ def _last_line(log: str) -> str:
     return log.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
+                                 signal.SIGXCPU])
 def test_stop_signal_during_start_up_retry_is_a_stop(env, sig):
     sup = env.supervisor("--backend", "storage-queue", "--connection-string", UNREACHABLE)
     sup.wait_log("retrying in 2s")  # in the pause after the second refused attempt
@@ -73,6 +74,21 @@ def test_stop_signal_during_start_up_retry_is_a_stop(env, sig):
     last = _last_line(sup.log())
     assert "summary: succeeded=0" in last and f"{sig.name} received" in last, sup.log()
     assert "exit=0" in last
+
+
+def test_other_signals_during_start_up_retry_are_logged(env):
+    """Issue 25: SIGUSR2 and the like used to kill a worker still opening its backend."""
+    sup = env.supervisor("--backend", "storage-queue", "--connection-string", UNREACHABLE)
+    sup.wait_log("retrying in 2s")
+    for sig in (signal.SIGUSR2, signal.SIGALRM, signal.SIGPWR):
+        sup.signal(sig)
+        sup.wait_log(f"{sig.name} received: ignored", 10)
+    sup.signal(signal.SIGQUIT)
+    sup.wait_log("SIGQUIT received: stacks of every thread follow", 10)
+    sup.wait_log("retrying in 4s")  # still retrying
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 0
+    assert "SIGTERM received" in _last_line(sup.log())
 
 
 def test_summary_is_the_last_line_after_leftover_cleanup(env):

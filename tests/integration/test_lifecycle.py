@@ -6,13 +6,13 @@ import json
 import os
 import signal
 import sqlite3
-import sys
 import time
 
 import psutil
 import pytest
 
 from tests.conftest import wait_for
+from tests.integration.helpers import WORKER_SIGNALS, ignoring
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -288,11 +288,9 @@ def _open_files(pid: int) -> set[str]:
         return set()
 
 
-# Starts the command after it with SIGHUP and SIGQUIT ignored, as nohup and a shell's
-# background job (`cmd &`) leave them.
-IGNORING = (sys.executable, "-c", "import os, signal, sys; "
-            "[signal.signal(s, signal.SIG_IGN) for s in (signal.SIGHUP, signal.SIGQUIT)]; "
-            "os.execvp(sys.argv[1], sys.argv[1:])")
+# Starts the command after it with every signal the worker handles ignored, as nohup (SIGHUP)
+# and a shell's background job (`cmd &`: SIGINT, SIGQUIT) leave some of them.
+IGNORING = ignoring(*(s for s in WORKER_SIGNALS if s not in (signal.SIGPIPE, signal.SIGXFSZ)))
 
 
 @pytest.mark.parametrize("prefix", [(), IGNORING], ids=["plain-start", "started-ignoring"])
@@ -300,7 +298,8 @@ def test_tasks_start_with_no_signal_blocked_or_ignored(env, tmp_path, prefix):
     """Both ways of starting a shell (posix_spawn; Popen when the task has a cwd): the
     supervisor's threads block its signals and Python ignores SIGPIPE, the task must inherit
     neither (`yes | head` must end by SIGPIPE, a task must be able to get SIGTERM) -- nor
-    the SIGHUP and SIGQUIT a supervisor started by nohup or as a background job ignores.
+    any signal the supervisor handles or ignores (SIGHUP, SIGUSR2, ..., real-time ones),
+    whatever its own parent left ignored (nohup, a background job).
     Probed in a program the task runs (grep), not in bash: bash ignores SIGQUIT itself and
     gives its programs the dispositions it got."""
     out = tmp_path / "masks"
@@ -313,8 +312,7 @@ def test_tasks_start_with_no_signal_blocked_or_ignored(env, tmp_path, prefix):
     env.push(probe("cwd"), extra=("--cwd", str(tmp_path)))
     sup = env.supervisor("--exit-when-empty", prefix=prefix)
     assert sup.wait(60) == 0, sup.log()[-2000:]
-    ours = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-            signal.SIGPIPE}
+    ours = set(WORKER_SIGNALS)
     for tag in ("plain", "cwd"):
         masks = dict(line.split(":") for line in (tmp_path / f"masks.{tag}").read_text()
                      .splitlines())

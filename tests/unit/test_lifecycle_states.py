@@ -1,6 +1,7 @@
 """Lifecycle: the worker's state transitions and the requests they leave on running tasks.
 
-running -> draining (SIGUSR1) / stopping (SIGTERM, SIGINT; a second one asks for kills) /
+running -> draining (SIGUSR1) / stopping (SIGTERM, SIGINT, SIGHUP; a second one asks for
+kills; SIGXCPU, never a second) /
 preempting (Scheduled Events; a cancelled event resumes); and the stops that --time-limit,
 --idle-timeout and --max-consecutive-failures cause.  A fake clock, a fake notifier and
 watchdog (they record what they were told), a real Settings and a real event queue.
@@ -8,6 +9,7 @@ watchdog (they record what they were told), a real Settings and a real event que
 
 from __future__ import annotations
 
+import logging
 import queue
 import signal
 import time
@@ -88,7 +90,7 @@ def test_sigusr1_is_ignored_unless_running() -> None:
 
 
 # --------------------------------------------------------------------------- stopping
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGXCPU])
 def test_stop_signal_requeues_every_running_task(sig: int) -> None:
     h = Harness()
     h.active[1].stop_reason = "cancelled"  # an earlier request is kept
@@ -107,6 +109,41 @@ def test_second_stop_signal_asks_to_kill_every_task_now() -> None:
     assert h.requests() == [("preempted", None, "second SIGINT")] * 2
     assert h.watchdog.wakes == 2
     assert (h.lc.state, h.lc.stop_reason) == (State.STOPPING, "SIGTERM received")
+
+
+def test_sighup_after_sigterm_is_the_second_signal() -> None:
+    h = Harness()
+    h.lc.on_signal(signal.SIGTERM, h.active)
+    h.lc.on_signal(signal.SIGHUP, h.active)
+    assert h.requests() == [("preempted", None, "second SIGHUP")] * 2
+
+
+def test_repeated_sigxcpu_never_kills() -> None:
+    """The kernel repeats SIGXCPU every CPU second past the soft limit: no escalation, and
+    an operator's SIGTERM after it is still the first stop signal."""
+    h = Harness()
+    for _ in range(3):
+        h.lc.on_signal(signal.SIGXCPU, h.active)
+    h.lc.on_signal(signal.SIGTERM, h.active)
+    assert h.requests() == [("preempted", None, None)] * 2
+    assert (h.lc.state, h.lc.stop_reason) == (State.STOPPING, "SIGXCPU received")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR2, signal.SIGALRM, signal.SIGPWR, signal.SIGQUIT,
+                                 signal.SIGRTMIN + 3])
+def test_signals_meaning_nothing_change_nothing(sig: int, caplog: Any) -> None:
+    h = Harness()
+    h.lc.on_signal(sig, h.active)
+    assert h.lc.state is State.RUNNING and h.untouched() and h.watchdog.wakes == 0
+    assert "received" in caplog.text
+
+
+def test_a_sighup_inherited_ignored_stays_ignored(caplog: Any) -> None:
+    caplog.set_level(logging.INFO)
+    h = Harness()
+    h.lc.on_signal(signal.SIGHUP, h.active, inherited_ignored=True)
+    assert h.lc.state is State.RUNNING and h.untouched()
+    assert "SIGHUP received: ignored (the worker was started with it ignored" in caplog.text
 
 
 def test_stop_signal_while_draining_still_requeues() -> None:
