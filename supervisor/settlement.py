@@ -16,11 +16,11 @@ import functools
 import logging
 import signal
 import time
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from .backends.base import Backend, Lease
 from .backends.multi import queue_of
+from .control.records import cancel_reason
 from .lease import Complete, DeadLetter, LeaseKeeper, Release, SettleStep
 from .logs import log_fast
 from .metrics import Metrics
@@ -64,12 +64,6 @@ _COUNT_OF = {"completed": "succeeded", "retry": "retried", "failed": "failed",
 def attempts_allowed(task: Task | None, settings: Settings) -> int:
     """The message's own max_attempts, else the worker's (any thread)."""
     return (task.max_attempts if task is not None else None) or settings.max_attempts
-
-
-def cancel_reason(cancel: Any) -> str:
-    """The failed-state reason of a cancelled task: who, when and why (any thread)."""
-    when = datetime.fromtimestamp(cancel.when, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return f"cancelled by {cancel.who} at {when}: {cancel.reason or 'no reason given'}"
 
 
 def retry_delay(settings: Settings, attempt: int) -> float:
