@@ -16,11 +16,10 @@ import functools
 import logging
 import signal
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .backends.base import Backend, Lease
 from .backends.multi import queue_of
-from .control.records import cancel_reason
 from .lease import Complete, DeadLetter, LeaseKeeper, Release, SettleStep
 from .logs import log_fast
 from .metrics import Metrics
@@ -64,6 +63,16 @@ _COUNT_OF = {"completed": "succeeded", "retry": "retried", "failed": "failed",
 def attempts_allowed(task: Task | None, settings: Settings) -> int:
     """The message's own max_attempts, else the worker's (any thread)."""
     return (task.max_attempts if task is not None else None) or settings.max_attempts
+
+
+def cancel_reason(cancel: Any) -> str:
+    """The failed-state reason of a cancelled task (any thread): the words of
+    ``control.records.cancel_reason``, which jobq-ctl uses too.  Imported here, not at the top:
+    a cancel comes only from a control store, and a worker with ``--control off`` loads none
+    of control/ (docs/architecture.rst, "Modules")."""
+    from .control.records import cancel_reason as words
+
+    return words(cancel)
 
 
 def retry_delay(settings: Settings, attempt: int) -> float:
