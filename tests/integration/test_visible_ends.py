@@ -25,9 +25,9 @@ from supervisor.dashboard.data import DataSource
 from supervisor.outstore.files import FileOutputStore, output_dir
 from tests.conftest import command, marked_processes, wait_for
 from tests.integration.captured import Captured
-from tests.integration.test_results import FAST, results, settled
+from tests.integration.test_results import FAST, results
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(180)
 WHO = f"{getpass.getuser()}@{socket.gethostname()}"
 Q = "default"
 
@@ -65,7 +65,7 @@ def test_a_task_cancelled_while_pending_says_so_everywhere_within_seconds(env):
     assert follow.wait(30) == 3, follow.err
     took = time.monotonic() - t0
     assert took < 8, f"the wait ended {took:.1f}s after the cancel"
-    (last,) = wait.err
+    last = wait.err[-1]  # (a warning may come first: a store busy under load is retried)
     assert last.startswith(f"{task_id} ") and is_cancel_line(last[len(task_id) + 1:],
                                                               "wrong input"), last
     assert is_cancel_line(follow.err[-1], "wrong input"), follow.err
@@ -185,7 +185,13 @@ def test_an_attempt_superseded_by_a_later_one_is_not_shown_running(env):
     wait_for(lambda: not any(p.name() == "sleep" for p in marked_processes()), 15,
              what="the lifeline to kill attempt 1")
     again = env.supervisor("--worker-id", "vm-01", *lease)
-    first, second = settled(env, task_id, 2)
+    got: list[dict[str, Any]] = []
+
+    def ended() -> bool:  # the lock (6 s), a reaper pass and a start: generous under load
+        got[:] = results(env, task_id)
+        return len(got) == 2 and got[1]["state"] == "succeeded"
+    wait_for(ended, 90, what="attempt 2 succeeded")
+    first, second = got
     assert (first["attempt"], first["state"], first["final"]) == (1, "worker-lost", False)
     assert (second["state"], second["final"]) == ("succeeded", True)
     assert "running" not in env.ctl("result", task_id).stdout
