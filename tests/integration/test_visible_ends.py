@@ -16,6 +16,7 @@ import socket
 import time
 from typing import Any
 
+import psutil
 import pytest
 
 from supervisor.backends.sqlite import SqliteBackend
@@ -42,6 +43,17 @@ def dashboard(env: Any) -> Any:
                                  lambda: SqliteControlStore(str(env.db)), None,
                                  lambda: FileOutputStore(output_dir(str(env.db))))
                       ).test_client()
+
+
+def a_sleep_runs() -> bool:
+    """Whether a task's ``sleep`` runs (one that ends while we look is not running)."""
+    for p in marked_processes():
+        try:
+            if p.name() == "sleep":
+                return True
+        except psutil.NoSuchProcess:
+            continue
+    return False
 
 
 def is_cancel_line(line: str, reason: str) -> bool:
@@ -176,14 +188,12 @@ def test_an_attempt_superseded_by_a_later_one_is_not_shown_running(env):
     lease = ("--lock-duration", "6", "--renew-interval", "1", "--reaper-interval", "1",
              "--stale-lock-age", "0", "--retry-delay", "0", *FAST)
     sup = env.supervisor("--worker-id", "vm-01", *lease)
-    wait_for(lambda: any(p.name() == "sleep" for p in marked_processes()), 30,
-             what="attempt 1 running")
+    wait_for(a_sleep_runs, 30, what="attempt 1 running")
     wait_for(lambda: [r["state"] for r in results(env, task_id)] == ["running"], 10,
              what="the running record")
     sup.signal(signal.SIGKILL)
     sup.wait(10)
-    wait_for(lambda: not any(p.name() == "sleep" for p in marked_processes()), 15,
-             what="the lifeline to kill attempt 1")
+    wait_for(lambda: not a_sleep_runs(), 15, what="the lifeline to kill attempt 1")
     again = env.supervisor("--worker-id", "vm-01", *lease)
     got: list[dict[str, Any]] = []
 
