@@ -53,6 +53,11 @@ def iso_or_none(ts: float | None) -> str | None:
     return None if ts is None else iso(ts)
 
 
+def iso_times(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with its TIME_KEYS as ISO-8601 UTC (or None), as every JSON output has them."""
+    return {k: iso_or_none(v) if k in TIME_KEYS else v for k, v in row.items()}
+
+
 def _env_pairs(pairs: list[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
@@ -267,29 +272,58 @@ def cmd_peek(ns: Any, backend: Backend) -> int:
     return 0
 
 
-def cmd_failed(ns: Any, backend: Backend) -> int:
+def cmd_failed(ns: Any, backend: Backend, store: ControlStore | None = None) -> int:
+    """The failed and cancelled tasks: the backend's listing with, from the control store
+    (when there is one), who cancelled and the worker and output of the attempt that ended
+    each task -- the rows the dashboard's /api/failed shows (task_ends.failed_listing);
+    ``--json`` adds each task's ``body`` (the dashboard does not show it: it masks env)."""
+    from .task_ends import failed_listing
+
     records = backend.failed()
+    rows, warning = failed_listing(records, store, ns.queue)
+    if warning:
+        print(f"jobq-ctl: warning: {warning}", file=sys.stderr)
     if ns.json:
-        print(dumps([{k: iso_or_none(v) if k in TIME_KEYS else v for k, v in vars(r).items()}
-                     for r in records]))
+        print(dumps([{**iso_times(row), "body": r.body} for row, r in zip(rows, records)]))
         return 0
-    for r in records:
-        print(f"{r.id}  failed {iso(r.failed_at)}  attempts={r.attempts}  reason: {r.reason}")
-        print(f"    command: {r.command}")
-        if r.output_tail:
-            tail = r.output_tail.splitlines()[-5:]
+    for row in rows:
+        print(f"{row['id']}  {row['state']} {iso(row['failed_at'])}  attempts="
+              f"{row['attempts']}  reason: {row['reason']}")
+        print(f"    command: {row['command']}")
+        if row["output_tail"]:
+            tail = row["output_tail"].splitlines()[-5:]
             print("    output (last lines):")
             for line in tail:
                 print(f"      {line}")
     return 0
 
 
+def all_failed_ids(backend: Backend, include_cancelled: bool) -> list[str]:
+    """The ids ``requeue --all-failed`` brings back: every failed task, and the cancelled
+    ones only with ``include_cancelled`` (an operator's cancel is not undone by a sweep)."""
+    from .task_ends import is_cancelled
+
+    return [r.id for r in backend.failed() if include_cancelled or not is_cancelled(r.reason)]
+
+
+REQUEUE_CHUNK = 500  # ids per requeue call: well below SQLite's host parameter limit
+
+
+def requeue_ids(backend: Backend, ids: list[str]) -> int:
+    """``backend.requeue`` of ``ids`` (SQLite: in chunks, one statement each); how many."""
+    step = REQUEUE_CHUNK if backend.name == "sqlite" else max(1, len(ids))
+    return sum(backend.requeue(ids[i:i + step]) for i in range(0, len(ids), step))
+
+
 def cmd_requeue(ns: Any, backend: Backend, store: ControlStore | None = None) -> int:
     if ns.all_failed == bool(ns.ids):
         raise UsageError("requeue: give task ids or --all-failed (not both)")
+    if ns.include_cancelled and not ns.all_failed:
+        raise UsageError("--include-cancelled: only with --all-failed (a named task comes "
+                         "back whether it failed or was cancelled)")
     back = taken_back(backend, [] if ns.all_failed else list(ns.ids))
-    ids = [r.id for r in backend.failed()] if ns.all_failed else list(ns.ids)
-    n = backend.requeue(None if ns.all_failed else ns.ids)
+    ids = all_failed_ids(backend, ns.include_cancelled) if ns.all_failed else list(ns.ids)
+    n = requeue_ids(backend, ids) if ns.all_failed else backend.requeue(ns.ids)
     returned = sum(t.status == "pending" for t in back.values())
     print(f"requeued {n + returned}")
     for t in back.values():
@@ -366,11 +400,12 @@ def run_command(ns: Any, backend: Backend | None, store: ControlStore | None = N
     handlers = {
         "size": lambda ns, b: print(b.size()) or 0,
         "peek": cmd_peek,
-        "failed": cmd_failed,
         "clear": cmd_clear,
     }
     if ns.command == "requeue":
         return cmd_requeue(ns, backend, store)
+    if ns.command == "failed":
+        return cmd_failed(ns, backend, store)
     if ns.command == "push":
         return cmd_push(ns, backend, sources, store)
     if ns.command == "prune":

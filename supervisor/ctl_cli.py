@@ -106,11 +106,14 @@ def ctl_parser() -> _Parser:
     pk = cmd("peek", "show the next pending tasks")
     pk.add_argument("-n", type=int, default=10, help="how many tasks to show")
     pk.add_argument("--json", action="store_true", help="print JSON")
-    fl = cmd("failed", "list failed (dead-lettered) tasks")
+    fl = cmd("failed", "list failed (dead-lettered) and cancelled tasks")
     fl.add_argument("--json", action="store_true", help="print JSON")
     rq = cmd("requeue", "move failed tasks back to pending")
     rq.add_argument("ids", nargs="*", help="ids of failed tasks (as push and failed print them)")
-    rq.add_argument("--all-failed", action="store_true", help="requeue every failed task")
+    rq.add_argument("--all-failed", action="store_true",
+                    help="requeue every failed task, not the cancelled ones")
+    rq.add_argument("--include-cancelled", action="store_true",
+                    help="with --all-failed: the cancelled tasks too")
     cl = cmd("clear", "delete pending tasks (or, with --failed, failed ones)")
     cl.add_argument("--failed", action="store_true", help="delete failed tasks instead")
     pr = cmd("prune", "SQLite: delete succeeded tasks older than --retention now (workers do "
@@ -243,7 +246,7 @@ def _run(ns: Any, settings: Settings) -> int:
                                    create=ns.command not in READ_ONLY_COMMANDS)
             if ns.command in QUEUE_VIEWS:
                 backend.require_queue()
-        if ns.command in FLEET_COMMANDS or ns.command in ("status", "requeue"):
+        if ns.command in FLEET_COMMANDS or ns.command in ("status", "requeue", "failed"):
             store = open_store(ns.command, settings)
         elif (ns.command == "push" and (ns.unique or ns.unique_key is not None)
               and backend is not None and backend.unique_by_control):

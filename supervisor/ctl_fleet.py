@@ -24,10 +24,11 @@ from typing import Any
 from .backends.base import Backend, QueueStatus
 from .control.base import CANCEL_TTL, ControlStore, ControlStoreError, worker_state
 from .control.open import open_control_store
-from .control.records import Cancel, Command, QueueFlag, WorkerRecord, new_seq
+from .control.records import Cancel, Command, QueueFlag, WorkerRecord, cancel_reason, new_seq
 from .control.signing import sign
 from .ctl import READ_ONLY_COMMANDS, first_key, iso, iso_or_none, taken_back
 from .security import SigningKey
+from .task_ends import NEVER_RAN
 from .usage import UsageError
 
 log = logging.getLogger("jobq.ctl")
@@ -59,8 +60,9 @@ def _no_store(command: str, settings: Any) -> str:
 def open_store(command: str, settings: Any) -> ControlStore | None:
     """The control store for ``command``.  A fleet command without one is a UsageError;
     status and requeue go on without one (status then shows its control part as unknown;
-    requeue cannot clear the cancels of what it brings back, and says so)."""
-    optional = command in ("status", "requeue")
+    requeue cannot clear the cancels of what it brings back, and says so; failed lists what
+    the backend keeps)."""
+    optional = command in ("status", "requeue", "failed")
     try:
         store = open_control_store(settings, create=command not in READ_ONLY_COMMANDS)
     except ControlStoreError as exc:
@@ -226,7 +228,9 @@ def cancel_tasks(backend: Backend | None, store: ControlStore, queue: str, ids: 
     if states is not None and live:
         from .backends.sqlite_fleet import cancel_pending
 
-        text = f"cancelled by {by}" + (f": {reason}" if reason else "")
+        # worded as a worker words a cancel it finds at claim time (task_ends.py)
+        text = cancel_reason(Cancel(queue=queue, task_id="", reason=reason, who=by,
+                                    when=now)) + NEVER_RAN
         taken = cancel_pending(backend, live, text, now)  # type: ignore[arg-type]
     return live, taken
 

@@ -19,10 +19,17 @@ that attempt (``== attempt N runs again ==``), where the stored output goes on b
 store's RERUN marker.  While it waits for an attempt's result and the record says running,
 new bytes take it back to reading too.
 
-On SQLite the queue's own table is a fallback: a task whose job row is succeeded or failed
-and which gets no final result record within RESULT_GRACE (a pending task cancelled by
-jobq-ctl, ``--control off``) ends with the job row's status.  Azure has no such table: there
-only result records end a wait.  See docs/architecture.rst, "Task output".
+A task cancelled before an attempt ran (pending, or backing off before a retry) has no
+worker to write its end: its end is derived from its cancel record (task_ends.py) and printed
+like a worker's, ``cancelled by WHO at WHEN: WHY (before it started)``.  On SQLite the
+queue's own table is a fallback besides: a task whose job row is succeeded or failed and
+which gets no final result record within RESULT_GRACE (``--control off``) ends with the job
+row's status.  Azure has no such table: there only result records (and cancels) end a wait.
+
+Exit statuses of a follow (``logs -f``) and a wait (``push --wait/--follow``), by how the task
+ended (``exit_status``): 0 succeeded, 1 failed (or ended with no record saying it
+succeeded), 3 cancelled; several tasks: 1 if any failed, else 3 if any was cancelled.  See
+docs/architecture.rst, "Task output".
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from .backends.base import BackendError
 from .control.base import ControlStore, ControlStoreError
 from .control.records import ResultRecord
 from .outstore.base import AttemptKey, OutputStore, OutputStoreError
+from .task_ends import read_pending_cancel
 
 POLL_MIN = 0.5  # s between reads while output flows
 POLL_MAX = 1.0  # s between reads when nothing new came
@@ -46,6 +54,7 @@ RESULT_GRACE = 10.0  # s to wait for a result record (or a final one) before fal
 ENDED_GRACE = 5.0  # s of silence after a record says an attempt ended without its output
 FAIL_FOR = 60.0  # s a follow or wait retries a store that fails, once it was reached
 STORE_ERRORS = (OutputStoreError, ControlStoreError, BackendError)
+EXIT_SUCCEEDED, EXIT_FAILED, EXIT_CANCELLED = 0, 1, 3
 JobStates = Callable[[Sequence[str]], dict[str, str]]
 
 
@@ -65,6 +74,16 @@ class Sources:
     control: Union[ControlStore, None]
     jobs: Union[JobStates, None] = None  # SQLite: id -> status of the ids in the queue
     clock: Clock = field(default_factory=Clock)
+    wall: Callable[[], float] = time.time  # the cancels' clock
+
+    def pending_cancel(self, task_id: str,
+                       records: Sequence[ResultRecord]) -> Union[ResultRecord, None]:
+        """The derived end of a task cancelled before an attempt ran (task_ends.py), or
+        None; ``records``: the task's, just read."""
+        if self.control is None:
+            return None
+        return read_pending_cancel(self.control, self.queue, task_id, records,
+                                   lambda: self.job_state(task_id), self.wall())
 
     def results(self, task_id: str) -> list[ResultRecord]:
         return self.control.results_of(self.queue, task_id) if self.control else []
@@ -97,11 +116,23 @@ def signal_name(number: int) -> str:
         return str(number)
 
 
+def exit_status(rec: Union[ResultRecord, None], job: str = "") -> int:
+    """The exit status of a follow or wait that ended with ``rec`` (None: the SQLite status
+    ``job`` ended it): EXIT_SUCCEEDED, EXIT_CANCELLED or EXIT_FAILED."""
+    outcome = rec.outcome if rec is not None else job
+    if outcome == "succeeded":
+        return EXIT_SUCCEEDED
+    return EXIT_CANCELLED if outcome == "cancelled" else EXIT_FAILED
+
+
 def end_line(rec: ResultRecord) -> str:
-    """How an attempt ended, as ``logs -f`` prints it on stderr."""
+    """How an attempt ended, as ``logs -f`` prints it on stderr.  A cancel: ``cancelled by
+    WHO at WHEN: WHY ...`` (the reason every writer words with ``cancel_reason``)."""
     if rec.outcome == "cancelled":
+        if rec.reason.startswith("cancelled by"):
+            return rec.reason
         by = f"cancelled by {rec.cancelled_by or 'unknown'}"
-        return f"{by}: {rec.reason}" if rec.reason and "cancelled by" not in rec.reason else by
+        return f"{by}: {rec.reason}" if rec.reason else by
     if rec.outcome in ("lock-lost", "requeued"):
         return rec.outcome.replace("-", " ")
     if rec.signal is not None:
@@ -196,9 +227,12 @@ class Follower:
         if not self._due(now):
             return False
         if self.phase == "results":
-            finals = [r for r in self.src.results(self.task_id) if r.final]
+            records = self.src.results(self.task_id)
+            finals = [r for r in records if r.final]
             if finals:
                 self._finish(finals[-1])
+            elif (cancel := self.src.pending_cancel(self.task_id, records)) is not None:
+                self._finish(cancel)
             elif (job := self._job_ended(now)) is not None:
                 self._finish(None, job)
         elif self.phase == "result":
@@ -218,6 +252,9 @@ class Follower:
             elif self.phase == "next" and self._runs_again(records):
                 self._enter("read", now)
                 return self._read(now)
+            elif (cancel := self.src.pending_cancel(self.task_id, records)) is not None:
+                self.say(end_line(cancel))
+                self._finish(cancel)
             elif (job := self._job_ended(now)) is not None:
                 self._finish(None, job)
         return False

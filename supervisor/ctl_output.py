@@ -6,8 +6,10 @@ Streams: stdout carries a task's output as it was printed (raw bytes; with sever
 followed, each line behind ``<id>: ``) and, for push, the ids first; stderr carries
 everything else (attempt headers, how an attempt ended, the result lines of ``--wait``), so
 ``jobq-ctl logs ID > out.log`` and ``ids=$(jobq-ctl push ... --wait)`` keep only data.
-Exit statuses: 0, 1 (unknown id or attempt, a store that cannot be reached, a task that did
-not succeed), 2 (no store configured), 130 (Ctrl-C).
+Exit statuses: 0 (``logs`` without ``-f``: the output was shown); ``logs -f`` and ``push
+--wait/--follow`` exit by how the task ended (ctl_follow.exit_status: 0 succeeded, 1 failed,
+3 cancelled); 1 also for an unknown id or attempt and a store that cannot be reached; 2 (no
+store configured), 130 (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -17,7 +19,18 @@ from collections.abc import Sequence
 from typing import IO, Any, Union
 
 from .control.records import ResultRecord
-from .ctl_follow import CHECK_EVERY, Clock, Follower, Sink, Sources, end_line, run
+from .ctl_follow import (
+    CHECK_EVERY,
+    EXIT_CANCELLED,
+    EXIT_FAILED,
+    Clock,
+    Follower,
+    Sink,
+    Sources,
+    end_line,
+    exit_status,
+    run,
+)
 from .ctl_stdout import flush_or_drop, quiet_stdout
 from .outstore.base import AttemptKey, OutputStore
 from .outstore.open import open_output_store
@@ -130,7 +143,8 @@ def _warner(say: Any) -> Any:
 
 
 def logs(ns: Any, src: Sources, out: IO[bytes], err: IO[str]) -> int:
-    """``jobq-ctl logs``: 0, or 1 for an unknown id or attempt."""
+    """``jobq-ctl logs``: 0, or 1 for an unknown id or attempt; with ``-f``, how the task
+    (or the one attempt followed) ended (``exit_status``)."""
     def say(text: str) -> None:
         print(text, file=err, flush=True)
 
@@ -138,18 +152,25 @@ def logs(ns: Any, src: Sources, out: IO[bytes], err: IO[str]) -> int:
     found = src.attempts(task_id)
     if not found and not ns.attempt:
         state = src.job_state(task_id)
-        if state is None or (state == "?" and not ns.follow):
+        cancel = src.pending_cancel(task_id, []) if state is not None else None
+        if state is None or (state == "?" and not ns.follow and cancel is None):
             what = (f"no task {task_id!r} in queue {src.queue}" if src.jobs is not None
                     else f"no output or result for {task_id!r} in queue {src.queue}")
             say(f"jobq-ctl: error: logs: {what}")
             return 1
         if not ns.follow:
-            what = "yet" if state in ("pending", "running", "?") else "stored"
-            say(f"jobq-ctl: task {task_id} has no output {what} ({state})")
+            what = ("yet" if state in ("pending", "running", "?") and cancel is None
+                    else "stored")
+            say(f"jobq-ctl: task {task_id} has no output {what} "
+                f"({end_line(cancel) if cancel else state})")
             return 0
+        if cancel is not None:
+            say(end_line(cancel))
+            return EXIT_CANCELLED
         say(f"waiting for task {task_id} to start...")
-        run([Follower(src, task_id, Sink(out), say)], src.clock, _warner(say))
-        return 0
+        f = Follower(src, task_id, Sink(out), say)
+        run([f], src.clock, _warner(say))
+        return exit_status(f.final, f.job)
     ended = any(r.final for r in src.results(task_id))  # no attempt comes after
     if ns.attempt and ns.attempt not in found and (ended or not ns.follow):
         say(f"jobq-ctl: error: logs: task {task_id} has no attempt {ns.attempt} (attempts: "
@@ -177,6 +198,7 @@ def logs(ns: Any, src: Sources, out: IO[bytes], err: IO[str]) -> int:
         f = Follower(src, task_id, sink, say, attempt=chosen[-1], offset=offset,
                      chain=not ns.attempt)
         run([f], src.clock, _warner(say))
+        return exit_status(f.final, f.job)
     return 0
 
 
@@ -209,7 +231,8 @@ def result_line(task_id: str, rec: Union[ResultRecord, None], job: str = "") -> 
 def wait_pushed(ids: Sequence[str], src: Sources, follow: bool, out: IO[bytes],
                 err: IO[str]) -> int:
     """Wait until every pushed task ended for good, printing a result line for each as it
-    does: 0 when all succeeded, 1 otherwise, 130 on Ctrl-C (the tasks go on)."""
+    does: 0 when all succeeded, 1 when one failed, else 3 when one was cancelled
+    (``exit_status``); 130 on Ctrl-C (the tasks go on)."""
     several = len(ids) > 1
 
     def sayer(task_id: str) -> Any:
@@ -238,9 +261,8 @@ def wait_pushed(ids: Sequence[str], src: Sources, follow: bool, out: IO[bytes],
         report()
     except KeyboardInterrupt:
         return _stopped([f.task_id for f in followers if not f.done], err)
-    ok = all((f.final.outcome == "succeeded") if f.final else f.job == "succeeded"
-             for f in followers)
-    return 0 if ok else 1
+    codes = {exit_status(f.final, f.job) for f in followers}
+    return EXIT_FAILED if EXIT_FAILED in codes else max(codes)
 
 
 def _stopped(left: Sequence[str], err: IO[str]) -> int:

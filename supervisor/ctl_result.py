@@ -3,19 +3,22 @@
 Each attempt of a task has one record in the control store, written by the worker that ran
 it when the attempt starts (``running``) and again when it ends (results.py; see
 docs/architecture.rst, "The fleet layer").  One range query (``results_of``); the backend is
-not asked.  Exit statuses: 0 with records, 1 for a task without any (unknown, not started
-yet, or purged after 7 days) and for a store that cannot be reached, 2 without a store.
+not asked (but on SQLite, for a task with a cancel, its job row).  Exit statuses: 0 with
+records, 1 for a task without any (unknown, not started yet, or purged after 7 days) and for
+a store that cannot be reached, 2 without a store.
 
 An attempt's record stays ``running`` when its worker died (SIGKILL, a lost VM) before it
 wrote the end.  Readers show such an attempt as ``worker-lost`` (``shown_state``): its worker
-record is gone or its heartbeat stale, so it cannot still be running.
+record is gone or its heartbeat stale, or a later attempt of the task has a record, so it
+cannot still be running.  A task cancelled before an attempt ran shows that attempt as
+``cancelled`` (derived from its cancel record, task_ends.py), not as no result.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import ctl_fleet
@@ -24,17 +27,21 @@ from .control.base import HEARTBEAT_INTERVAL, LOST_AFTER, ControlStore, worker_s
 from .control.records import ResultRecord
 from .ctl import iso, iso_or_none
 from .ctl_fleet import EXIT_NOT_FOUND, duration_text
+from .task_ends import read_pending_cancel
 
 # A running record this young whose worker has no record may belong to a worker whose first
 # heartbeat is not written yet (it and the first result go out on the control thread).
 LOST_GRACE = LOST_AFTER * HEARTBEAT_INTERVAL
 
 
-def shown_state(r: ResultRecord, workers: Mapping[str, str] | None, now: float) -> str:
-    """The attempt's state as readers show it: ``worker-lost`` for a ``running`` record whose
-    worker is lost, or has no record (deleted at its exit, purged) past ``LOST_GRACE``;
-    ``workers``: the queue's, from ``control.base.worker_states`` (None: not known, shown as
-    stored) (any thread)."""
+def shown_state(r: ResultRecord, workers: Mapping[str, str] | None, now: float,
+                superseded: bool = False) -> str:
+    """The attempt's state as readers show it: ``worker-lost`` for a ``running`` record
+    that a later attempt ``superseded``, or whose worker is lost, or has no record (deleted
+    at its exit, purged) past ``LOST_GRACE``; ``workers``: the queue's, from
+    ``control.base.worker_states`` (None: not known) (any thread)."""
+    if r.outcome == "running" and superseded:
+        return "worker-lost"  # a later attempt started: this one's lease was taken back
     if r.outcome != "running" or workers is None:
         return r.outcome
     state = workers.get(r.worker)
@@ -49,11 +56,11 @@ def _duration(r: ResultRecord, now: float, state: str) -> float | None:
     return max(0.0, (r.finished if r.finished is not None else now) - r.started)
 
 
-def result_json(r: ResultRecord, now: float,
-                workers: Mapping[str, str] | None = None) -> dict[str, Any]:
+def result_json(r: ResultRecord, now: float, workers: Mapping[str, str] | None = None,
+                superseded: bool = False) -> dict[str, Any]:
     """One attempt as ``--json`` prints it (times in ISO-8601 UTC, like every JSON output);
-    ``workers``: as ``shown_state`` takes them."""
-    state = shown_state(r, workers, now)
+    ``workers``, ``superseded``: as ``shown_state`` takes them."""
+    state = shown_state(r, workers, now, superseded)
     d = _duration(r, now, state)
     return {"task_id": r.task_id, "attempt": r.attempt, "max_attempts": r.max_attempts,
             "state": state, "final": r.final, "exit_status": r.exit_status,
@@ -61,6 +68,24 @@ def result_json(r: ResultRecord, now: float,
             "finished": iso_or_none(r.finished),
             "duration_s": None if d is None else round(d, 3), "reason": r.reason,
             "cancelled_by": r.cancelled_by or None}
+
+
+def results_json(records: Sequence[ResultRecord], now: float,
+                 workers: Mapping[str, str] | None) -> list[dict[str, Any]]:
+    """Every attempt of a task (``records``: by attempt) as ``--json`` prints them; the
+    dashboard's task page shows the same."""
+    last = max((r.attempt for r in records), default=0)
+    return [result_json(r, now, workers, r.attempt < last) for r in records]
+
+
+def task_results(store: ControlStore, queue: str, task_id: str,
+                 job: Callable[[], str | None]) -> list[ResultRecord]:
+    """The task's result records, and the derived end of a cancel that came before an
+    attempt ran (task_ends.py); ``job``: its SQLite job status ("?" elsewhere).  Raises
+    ControlStoreError (the caller's thread)."""
+    records = store.results_of(queue, task_id)
+    cancel = read_pending_cancel(store, queue, task_id, records, job, ctl_fleet.clock())
+    return records + [cancel] if cancel is not None else records
 
 
 def _status(r: ResultRecord) -> str:
@@ -79,15 +104,26 @@ def _took(seconds: float | None) -> str:
 
 def _detail(r: ResultRecord) -> str:
     parts = ["final"] if r.final else []
-    if r.cancelled_by:
+    if r.cancelled_by and not r.reason.startswith("cancelled by"):  # said once
         parts.append(f"cancelled by {r.cancelled_by}")
     if r.reason:
         parts.append(r.reason)
     return "; ".join(parts)
 
 
+def _job(backend: Backend | None, task_id: str) -> Callable[[], str | None]:
+    if backend is None or backend.name != "sqlite":
+        return lambda: "?"
+
+    def status() -> str | None:
+        from .backends.sqlite_fleet import task_states
+
+        return task_states(backend, [task_id]).get(task_id)  # type: ignore[arg-type]
+    return status
+
+
 def cmd_result(ns: Any, backend: Backend | None, store: ControlStore) -> int:
-    records = store.results_of(ns.queue, ns.id)
+    records = task_results(store, ns.queue, ns.id, _job(backend, ns.id))
     if not records:
         print(f"jobq-ctl: error: result: no result recorded for task {ns.id!r} in queue "
               f"{ns.queue} (not started yet, unknown, or older than 7 days)", file=sys.stderr)
@@ -95,14 +131,15 @@ def cmd_result(ns: Any, backend: Backend | None, store: ControlStore) -> int:
     now = ctl_fleet.clock()
     workers = worker_states(store.workers(ns.queue), now)
     if ns.json:
-        print(json.dumps([result_json(r, now, workers) for r in records], indent=2))
+        print(json.dumps(results_json(records, now, workers), indent=2))
         return 0
     print(f"task {ns.id} on queue {ns.queue}")
     print(f"{'ATTEMPT':>7}  {'STATE':11}  {'STATUS':10}  {'WORKER':30}  {'STARTED':20}  "
           f"{'FINISHED':20}  {'TOOK':>7}  DETAIL")
+    last = records[-1].attempt
     for r in records:
         of = f"{r.attempt}/{r.max_attempts}" if r.max_attempts else str(r.attempt)
-        state = shown_state(r, workers, now)
+        state = shown_state(r, workers, now, r.attempt < last)
         took = _took(_duration(r, now, state))
         print(f"{of:>7}  {state:11}  {_status(r):10}  {r.worker:30}  {iso(r.started):20}  "
               f"{iso(r.finished):20}  {took:>7}  {_detail(r)}".rstrip())

@@ -17,7 +17,6 @@ import functools
 import logging
 import signal
 import time
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from .backends.base import Backend, Lease
@@ -68,9 +67,13 @@ def attempts_allowed(task: Task | None, settings: Settings) -> int:
 
 
 def cancel_reason(cancel: Any) -> str:
-    """The failed-state reason of a cancelled task: who, when and why (any thread)."""
-    when = datetime.fromtimestamp(cancel.when, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return f"cancelled by {cancel.who} at {when}: {cancel.reason or 'no reason given'}"
+    """The failed-state reason of a cancelled task (any thread): the words of
+    ``control.records.cancel_reason``, which jobq-ctl uses too.  Imported here, not at the top:
+    a cancel comes only from a control store, and a worker with ``--control off`` loads none
+    of control/ (docs/architecture.rst, "Modules")."""
+    from .control.records import cancel_reason as words
+
+    return words(cancel)
 
 
 # What bash's own exit statuses mean: the reason of a task failed at once for one says it.

@@ -1,5 +1,6 @@
-"""Rules every backend shares: reading a message body, and mapping a failed call about one
-lease onto the seam's errors (base.py).  Nothing here talks to a queue.
+"""Rules every backend shares: reading a message body, what ``peek`` says of a task's time,
+and mapping a failed call about one lease onto the seam's errors (base.py).  Nothing here
+talks to a queue.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import base64
 import binascii
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Callable
 
 from ..task import Task, TaskFormatError
@@ -20,6 +22,16 @@ def parse_body(body: str) -> tuple[Task | None, str | None]:
         return Task.parse(body), None
     except TaskFormatError as exc:
         return None, poison_reason(exc, body)
+
+
+def held_until(item: Task | str, until: float | None, now: float) -> Task | str:
+    """A peeked task with ``not_before`` set to the time the queue holds it until (None:
+    it is ready), whatever its body says: a requeued task's body keeps the time it was
+    first pushed to wait for, and a retry's back-off is in no body (any thread)."""
+    if not isinstance(item, Task):
+        return item
+    held = until if until is not None and until > now else None
+    return item if held == item.not_before else replace(item, not_before=held)
 
 
 def poison_reason(error: TaskFormatError, body: str) -> str:

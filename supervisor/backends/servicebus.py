@@ -42,7 +42,7 @@ from azure.servicebus import (
 from ..task import Task, parse_or_body
 from .azure_common import Scrubber, matches, reset_for_requeue
 from .base import Backend, BackendBase, BackendConfigError, FailedRecord, Lease, QueueStatus
-from .common import mapped_errors
+from .common import held_until, mapped_errors
 from .servicebus_lease import ServiceBusLease
 from .servicebus_pool import ReceiverPool
 from .servicebus_util import SDK_ERRORS, LockCheck, failed_record, message_text, translate
@@ -327,9 +327,14 @@ class ServiceBusBackend(BackendBase):
         return self._count(dead_letter=False)
 
     def peek(self, n: int) -> list[Task | str]:
+        """Scheduled messages with their scheduled time (``held_until``), not their body's:
+        a requeued copy is sent unscheduled."""
         out: list[Task | str] = []
+        now = time.time()
         for message in self._peek_all(None, max(0, n)):
-            out.append(parse_or_body(message_text(message)))
+            at = getattr(message, "scheduled_enqueue_time_utc", None)
+            out.append(held_until(parse_or_body(message_text(message)),
+                                  at.timestamp() if at is not None else None, now))
         return out
 
     def status(self) -> QueueStatus:

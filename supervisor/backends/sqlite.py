@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from ..task import Task, parse_or_body
 from . import sqlite_queues
 from .base import BackendBase, BackendConfigError, BackendError, FailedRecord, QueueStatus
-from .common import command_of
+from .common import command_of, held_until
 from .sqlite_db import (
     connect,
     is_lock_error,
@@ -373,15 +373,18 @@ class SqliteBackend(BackendBase):
                            (self.queue,))[0][0]
 
     def peek(self, n: int) -> list[Task | str]:
+        """Tasks carry the time the queue holds them until (``held_until``), not their
+        body's: a requeue makes that stale, a retry's back-off is not in it."""
         out: list[Task | str] = []
+        now = time.time()
         # in receive order, the ready ones before those not visible yet (an operator's
         # command: the sort over every pending job is fine)
-        for (body,) in self._query("SELECT body FROM jobs WHERE queue=? AND status='pending' "
-                                   "ORDER BY visible_at > ?, "
-                                   f"{'priority DESC, ' if self.priorities_known else ''}seq "
-                                   "LIMIT ?",
-                                   (self.queue, time.time(), n)):
-            out.append(parse_or_body(body))
+        for body, visible_at in self._query(
+                "SELECT body, visible_at FROM jobs WHERE queue=? AND status='pending' "
+                "ORDER BY visible_at > ?, "
+                f"{'priority DESC, ' if self.priorities_known else ''}seq LIMIT ?",
+                (self.queue, now, n)):
+            out.append(held_until(parse_or_body(body), visible_at, now))
         return out
 
     def status(self) -> QueueStatus:

@@ -39,7 +39,7 @@ from .base import (
     Lease,
     QueueStatus,
 )
-from .common import mapped_errors
+from .common import held_until, mapped_errors
 from .storage_queue_lease import StorageQueueLease
 from .storage_queue_util import (
     SDK_ERRORS,
@@ -240,13 +240,15 @@ class StorageQueueBackend(BackendBase):
         return int(props.approximate_message_count or 0)
 
     def peek(self, n: int) -> list[Task | str]:
-        """Up to ``min(n, 32)`` visible messages (the service's peek limit); poison as text."""
+        """Up to ``min(n, 32)`` visible messages (the service's peek limit); poison as text.
+        Only visible messages are peeked, so none is held back (``held_until``): a requeued
+        task's body may still name the time it was first pushed to wait for."""
         if n < 1:
             return []
         messages = self._call("peek", lambda: self._main.peek_messages(max_messages=min(n, _PAGE)))
         out: list[Task | str] = []
         for message in messages:
-            out.append(parse_or_body(message_text(message.content)))
+            out.append(held_until(parse_or_body(message_text(message.content)), None, 0.0))
         return out
 
     def oldest_pending_age(self, now: float) -> float | None:

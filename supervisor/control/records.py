@@ -17,6 +17,7 @@ import json
 import math
 import secrets
 from dataclasses import MISSING, dataclass, fields, replace
+from datetime import datetime, timezone
 from typing import Any, Union
 
 VERSION = 1
@@ -91,6 +92,13 @@ class Cancel:
     def expires(self) -> float:
         """Epoch seconds after which readers ignore this cancel (any thread)."""
         return self.when + (CANCEL_TTL if self.ttl is None else self.ttl)
+
+
+def cancel_reason(cancel: Cancel) -> str:
+    """How a cancelled task's end is worded wherever it is shown (the failed listing, result
+    records, ``push --wait``, ``logs -f``): who, when and why (any thread)."""
+    when = datetime.fromtimestamp(cancel.when, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"cancelled by {cancel.who} at {when}: {cancel.reason or 'no reason given'}"
 
 
 @dataclass(frozen=True)

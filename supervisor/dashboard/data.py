@@ -27,7 +27,7 @@ from ..ctl_fleet import (
     worker_view,
     workers_json,
 )
-from ..ctl_result import result_json
+from ..ctl_result import results_json, task_results
 from ..outstore.base import OutputStore, OutputStoreError
 from ..security import SigningKey
 from ..task import Task, TaskFormatError
@@ -174,13 +174,16 @@ class DataSource:
                                  "cmd": None, "env": {}, "reason": None, "worker": None,
                                  "lease_expires": None, "attempts": []}
         backend = self.backend()
+        job: str | None = "?"  # the job row's status where the queue tells (SQLite)
         if backend.name == "sqlite":
+            job = None
             with self.using("queue"):
                 rows = backend._query(  # type: ignore[attr-defined]
                     "SELECT status, attempt, body, reason, locked_by, locked_until FROM jobs "
                     "WHERE queue=? AND id=?", (self.queue, task_id))
             if rows:
                 status, attempt, body, reason, by, until = rows[0]
+                job = status
                 if status == "failed" and (reason or "").startswith("cancelled"):
                     status = "cancelled"  # SQLite keeps a cancelled task as failed
                 found.update(state=status, attempt=attempt, reason=reason,
@@ -194,13 +197,13 @@ class DataSource:
         store = self.optional_store()
         if store is not None:
             with self.using("control store"):
-                results = store.results_of(self.queue, task_id)
+                results = task_results(store, self.queue, task_id, lambda: job)
                 now = clock()
                 workers = store.workers(self.queue)
             states = worker_states(workers, now)
             running = [(r, t) for r in workers if states[r.id] != "lost"
                        for t in r.tasks if t.id == task_id]
-            found["attempts"] = [result_json(r, now, states) for r in results]
+            found["attempts"] = results_json(results, now, states)
             if running:
                 rec, info = running[0]
                 found.update(worker=rec.id, state=found["state"] or "running",
@@ -209,6 +212,7 @@ class DataSource:
                              lease_expires=iso_or_none(info.lease_expires))
             elif results and found["state"] is None:
                 found["state"] = found["attempts"][-1]["state"]
+                found["reason"] = found["reason"] or results[-1].reason or None
             if results:
                 found["attempt"] = max(found["attempt"] or 0, results[-1].attempt)
         if found["state"] is None and not found["attempts"]:

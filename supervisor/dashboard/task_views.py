@@ -57,7 +57,9 @@ def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
             output_error = None
         except Unavailable as exc:
             stored, output_error = None, exc.text
-        attempts = sorted({a["attempt"] for a in found["attempts"]} | set(stored or []))
+        # an attempt cancelled before it ran (no worker) has no output to show
+        attempts = sorted({a["attempt"] for a in found["attempts"] if a["worker"]}
+                          | set(stored or []))
         chosen = _int_arg("attempt", 1, required=False)
         return render_template("task.html", t=found, output_attempts=attempts, chosen=chosen,
                                output_error=output_error, cap_kib=tasks.CAP >> 10)

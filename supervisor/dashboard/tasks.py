@@ -13,11 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..control.base import CANCEL_TTL
-from ..ctl import forget_cancels, iso_or_none
+from ..ctl import all_failed_ids, forget_cancels, iso_times, requeue_ids
 from ..ctl_fleet import cancel_tasks
 from ..ctl_output import output_end
 from ..outstore.base import AttemptKey
-from .data import DataSource, Unavailable
+from ..task_ends import failed_listing
+from .data import DataSource
 
 CAP = 256 << 10  # bytes of output one API call returns at most (and the page keeps)
 GRACE = 30.0  # s between SIGTERM and SIGKILL on cancel: jobq-ctl cancel's --grace default
@@ -61,43 +62,16 @@ def output_attempts(data: DataSource, task_id: str) -> list[int]:
 
 # ----------------------------------------------------------------------------- failed
 def failed_json(data: DataSource) -> tuple[list[dict[str, Any]], int]:
-    """(the failed and cancelled tasks, newest first, at most SHOWN; how many there are).
-    The backend's failed listing (every backend keeps cancelled tasks there too) joined with
-    the control store's cheap listings of failed and cancelled result records (who
-    cancelled, the worker, the tail where the backend has none).  A result record without a
-    backend record is not shown: the task was requeued or cleared since."""
+    """(the failed and cancelled tasks, newest first, at most SHOWN; how many there are):
+    the rows ``jobq-ctl failed --json`` prints (task_ends.failed_listing, field by field),
+    without a control store the backend's part only."""
     with data.using("queue"):
         records = data.backend().failed()
-    results: dict[str, Any] = {}
-    store = data.optional_store()
-    if store is not None:
-        try:
-            with data.using("control store"):
-                for outcome in ("failed", "cancelled"):
-                    for r in store.results(data.queue, outcome):
-                        if r.task_id not in results or r.when >= results[r.task_id].when:
-                            results[r.task_id] = r
-        except Unavailable:
-            results = {}
-    rows: list[dict[str, Any]] = []
-    for f in records:
-        r = results.pop(f.id, None)
-        cancelled = (r is not None and r.outcome == "cancelled") or \
-            f.reason.startswith("cancelled")
-        rows.append({"id": f.id, "state": "cancelled" if cancelled else "failed",
-                     "attempts": f.attempts, "reason": f.reason or (r.reason if r else ""),
-                     "command": f.command, "exit_status": f.exit_status,
-                     "worker": f.worker or (r.worker if r else None),
-                     "when": iso_or_none(f.failed_at or (r.finished if r else None)),
-                     "cancelled_by": (r.cancelled_by or None) if r else None,
-                     "tail": _last_lines(f.output_tail or (r.tail if r else "")),
-                     "_t": f.failed_at or 0.0})
-    rows.sort(key=lambda row: float(row.pop("_t")), reverse=True)
-    return rows[:SHOWN], len(rows)
-
-
-def _last_lines(text: str, n: int = 10) -> str:
-    return "\n".join(text.splitlines()[-n:])
+    rows, warning = failed_listing(records, data.optional_store(), data.queue)
+    if warning is not None:
+        data.close_thread()  # a broken store connection must not serve the next request
+    rows.sort(key=lambda row: row["failed_at"] or 0.0, reverse=True)
+    return [iso_times(row) for row in rows[:SHOWN]], len(rows)
 
 
 # ---------------------------------------------------------------------------- actions
@@ -124,12 +98,12 @@ def cancel(data: DataSource, task_id: str, by: str) -> str | None:
 
 
 def requeue(data: DataSource, ids: list[str] | None) -> int:
-    """``jobq-ctl requeue IDS`` (None: ``--all-failed``): how many came back; their cancel
-    records are forgotten so that the next worker runs them."""
+    """``jobq-ctl requeue IDS`` (None: ``--all-failed``, cancelled tasks not included): how
+    many came back; their cancel records are forgotten so that the next worker runs them."""
     with data.using("queue"):
         backend = data.backend()
-        known = [f.id for f in backend.failed()] if ids is None else ids
-        n = backend.requeue(ids)
+        known = all_failed_ids(backend, False) if ids is None else ids
+        n = requeue_ids(backend, known) if ids is None else backend.requeue(ids)
     forget_cancels(data.queue, known, data.optional_store())
     return n
 

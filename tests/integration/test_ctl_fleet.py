@@ -125,9 +125,11 @@ def test_cancel_pending_task_never_runs_and_is_listed_failed_as_cancelled(queue)
     leases = backend.receive(10, 60)
     assert [lease.task.id for lease in leases] == [ids[1]]  # type: ignore[attr-defined]
     failed = json.loads(ctl(db, "failed", "--json").stdout)
-    assert [(f["id"], f["reason"].split(":")[0]) for f in failed] == [
-        (ids[0], f"cancelled by {WHO}")]
-    assert "wrong input" in failed[0]["reason"]
+    assert [(f["id"], f["state"], f["cancelled_by"]) for f in failed] == [
+        (ids[0], "cancelled", WHO)]
+    # worded as a worker words a cancel it finds at claim time
+    assert failed[0]["reason"].startswith(f"cancelled by {WHO} at ")
+    assert failed[0]["reason"].endswith(": wrong input (before it started)")
     assert ctl(db, "requeue", ids[0]).returncode == 0  # requeue brings it back
     # ... for good: its cancel is forgotten, or the next worker would cancel it at claim time
     assert store.get_cancel(QUEUE, ids[0]) is None
@@ -141,6 +143,8 @@ def test_requeue_all_failed_forgets_only_the_cancels_of_what_it_requeued(queue):
     [lease] = backend.receive(1, 60)  # the second runs
     assert ctl(db, "cancel", second).returncode == 0  # running: recorded for its worker
     assert ctl(db, "requeue", "--all-failed").returncode == 0
+    assert store.get_cancel(QUEUE, first) is not None  # cancelled: not brought back
+    assert ctl(db, "requeue", "--all-failed", "--include-cancelled").returncode == 0
     assert store.get_cancel(QUEUE, first) is None
     assert store.get_cancel(QUEUE, second) is not None  # still to be acted on
     lease.complete()

@@ -113,7 +113,7 @@ def test_logs_follow_shows_each_line_within_3s_and_ends_with_the_exit_status(q):
         time.sleep(0.1 if i < 20 else 0.7)
     q.output(task, 1, b"", finish=True)
     q.result(task, 1, "failed", final=True, exit_status=3)
-    assert ctl.wait() == 0, ctl.err
+    assert ctl.wait() == 1, ctl.err  # the task failed (issue 25: exit by the outcome)
     arrived = {line: t for t, line in ctl.out}
     assert ctl.stdout() == b"start\n" + b"".join(written)
     late = max(arrived[line] - t for line, t in written.items())

@@ -66,7 +66,7 @@ def test_a_missed_requeue_record_still_reads_the_second_run(world, one_attempt):
         replace(result("r2", 1, "failed", True, 4), started=2.0e9))))
     out, err = io.BytesIO(), io.StringIO()
     assert logs(ns("r2", follow=True, attempt=1 if one_attempt else None), w.src, out,
-                err) == 0
+                err) == 1  # exit by how it ended: failed
     assert out.getvalue() == b"one\n" + MARK + b"two\n"
     assert err.getvalue().splitlines() == ["exit status 4"]
 

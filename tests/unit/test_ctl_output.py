@@ -131,7 +131,7 @@ def test_follow_shows_each_line_within_a_second_and_ends_with_the_exit_status(wo
     w.fake.at(16.0, lambda: (w.out.finish(key("t1", 1)),
                             w.control.put_result(result("t1", 1, "failed", True, 3))))
     out, err = TimedOut(w.fake), io.StringIO()
-    assert logs(ns("t1", follow=True), w.src, out, err) == 0
+    assert logs(ns("t1", follow=True), w.src, out, err) == 1  # it failed
     assert out.getvalue() == b"first\n" + b"".join(line + b"\n" for line in printed)
     late = {line: out.arrived[line] - t for line, t in printed.items()}
     assert max(late.values()) <= 1.0 + 1e-9, late
@@ -163,7 +163,7 @@ def test_complete_output_waits_for_its_result_record_a_bounded_time(world):
     complete_output(w, "t3", 1, b"x\n")
     w.fake.at(4.0, lambda: w.control.put_result(result("t3", 1, "failed", True, signal=9)))
     err = io.StringIO()
-    assert logs(ns("t3", follow=True), w.src, io.BytesIO(), err) == 0
+    assert logs(ns("t3", follow=True), w.src, io.BytesIO(), err) == 1
     assert err.getvalue() == "killed by signal SIGKILL\n"
     assert 4.0 <= w.fake.now < 6.0
 
@@ -185,7 +185,7 @@ def test_an_attempt_whose_worker_died_ends_on_its_record_and_the_next_one_is_fol
                                                          cancelled_by="ann@box",
                                                          reason="wrong input"))))
     rc, out, err = captured(logs, ns("t5", follow=True), w)
-    assert rc == 0
+    assert rc == 3  # cancelled
     assert out == b"half a liagain\n"
     assert err.splitlines() == ["lock lost", "== attempt 2 ==",
                                 "cancelled by ann@box: wrong input"]
@@ -322,7 +322,8 @@ def test_push_follow_prefixes_lines_of_several_tasks(world):
 
 
 def test_sqlite_job_row_ends_a_wait_without_a_final_record(world):
-    """A pending task cancelled by jobq-ctl gets no result record: its row says failed."""
+    """A task whose row says failed and that gets no result record (``--control off``, or a
+    record lost): the row ends the wait."""
     w = world
     w.jobs["c1"] = "pending"
     w.fake.at(2.0, lambda: w.jobs.update(c1="failed"))
@@ -377,3 +378,60 @@ def test_a_store_that_fails_the_first_round_is_reported_at_once(world):
     with pytest.raises(OutputStoreError):
         run([Down()], w.fake.clock(), warnings.append)  # type: ignore[list-item]
     assert warnings == [] and w.fake.now == 0.0
+
+
+def _cancel(w: SimpleNamespace, task: str, when: float) -> None:
+    from supervisor.control.records import Cancel
+
+    w.control.put_cancel(Cancel(queue=Q, task_id=task, reason="wrong input", who="ann@box",
+                                when=when))
+
+
+def test_a_pending_task_cancelled_ends_a_wait_with_who_and_why_at_once(world):
+    """jobq-ctl cancel took the pending row (failed) and wrote the cancel: the wait says who
+    and why, and exits 3, on its next look -- not after RESULT_GRACE, not as failed."""
+    w = world
+    w.src.wall = lambda: 2.0e9
+    w.jobs["c2"] = "pending"
+    w.fake.at(2.0, lambda: (_cancel(w, "c2", 2.0e9 - 1), w.jobs.update(c2="failed")))
+    err = io.StringIO()
+    assert wait_pushed(["c2"], w.src, False, io.BytesIO(), err) == 3
+    assert err.getvalue() == ("c2 cancelled by ann@box at 2033-05-18T03:33:19Z: wrong input "
+                              "(before it started)\n")
+    assert w.fake.now < 2.0 + 3
+
+
+def test_logs_follow_of_a_task_cancelled_while_backing_off_ends_with_the_cancel(world):
+    w = world
+    w.src.wall = lambda: 2.0e9
+    w.jobs["c3"] = "pending"
+    complete_output(w, "c3", 1, b"try 1\n")
+    w.control.put_result(result("c3", 1, "failed", False, 1))
+    w.fake.at(3.0, lambda: (_cancel(w, "c3", 2.0e9 - 1), w.jobs.update(c3="failed")))
+    rc, out, err = captured(logs, ns("c3", follow=True), w)
+    assert (rc, out) == (3, b"try 1\n")
+    assert err.splitlines() == ["exit status 1", "cancelled by ann@box at "
+                                "2033-05-18T03:33:19Z: wrong input (before it started)"]
+    assert w.fake.now < 3.0 + 3
+    # and without -f: the same words, exit 0; a pending one never started says so too
+    w.jobs["c4"] = "failed"
+    _cancel(w, "c4", 2.0e9 - 1)
+    rc, out, err = captured(logs, ns("c4"), w)
+    assert (rc, out) == (0, b"")
+    assert err == ("jobq-ctl: task c4 has no output stored (cancelled by ann@box at "
+                   "2033-05-18T03:33:19Z: wrong input (before it started))\n")
+    rc, out, err = captured(logs, ns("c4", follow=True), w)
+    assert rc == 3 and "cancelled by ann@box" in err
+
+
+def test_exit_statuses_of_a_wait_by_outcome(world):
+    w = world
+    w.src.wall = lambda: 2.0e9
+    for task, outcome in (("s", "succeeded"), ("x", "cancelled")):
+        w.jobs[task] = "pending"
+        w.control.put_result(result(task, 1, outcome, True, 0, cancelled_by="ann@box"))
+    assert wait_pushed(["s"], w.src, False, io.BytesIO(), io.StringIO()) == 0
+    assert wait_pushed(["s", "x"], w.src, False, io.BytesIO(), io.StringIO()) == 3
+    w.jobs["f"] = "pending"
+    w.control.put_result(result("f", 1, "failed", True, 2))
+    assert wait_pushed(["s", "x", "f"], w.src, False, io.BytesIO(), io.StringIO()) == 1
