@@ -42,7 +42,7 @@ INHERITED_IGNORED = _signals("SIGHUP")
 CAUGHT_SIGNALS = frozenset({*STOP_SIGNALS, *STOP_ONCE_SIGNALS, DRAIN_SIGNAL, DUMP_SIGNAL,
                             *IGNORED_SIGNALS, signal.SIGCHLD})
 # Ignored by Python itself (SIG_IGN, which survives exec): a task gets them back at default.
-PYTHON_IGNORED = _signals("SIGPIPE", "SIGXFZ", "SIGXFSZ")
+PYTHON_IGNORED = _signals("SIGPIPE", "SIGXFSZ")
 
 
 def name(signum: int) -> str:
