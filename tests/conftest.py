@@ -169,6 +169,13 @@ class Env:
             args += ["-c", c]
         return self.ctl(*args, *extra).stdout.split()
 
+    def serve(self, queue: str = "default") -> None:
+        """Record ``queue`` as served by a worker, as a worker's start does, so that a push
+        to it gives no "no worker has ever served" warning (sqlite_queues.py)."""
+        from supervisor.backends.sqlite import SqliteBackend
+
+        SqliteBackend(str(self.db), queue, "test-worker", serve=True).close()
+
     def supervisor(self, *args: str, env: dict[str, str] | None = None,
                    name: str | None = None, **kw) -> Supervisor:
         sup = Supervisor(self.tmp, self.base_args() + list(args), env,

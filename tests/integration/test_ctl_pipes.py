@@ -68,6 +68,7 @@ def test_a_closed_stdout_ends_quietly_with_the_commands_status(env, queue_with_h
 
 @pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
 def test_push_many_into_head_pushes_all_and_exits_0(env, buffered):
+    env.serve()  # else push warns on stderr: no worker has served the queue yet
     many = env.tmp / "many.txt"
     many.write_text("".join(f"echo {i}\n" for i in range(MANY)))
     rc, err, first = _piped(env, PLAIN, "push", "--file", str(many), buffered=buffered)
@@ -80,6 +81,7 @@ def test_push_many_into_head_pushes_all_and_exits_0(env, buffered):
 
 @pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
 def test_push_into_a_reader_gone_first_exits_0(env, buffered):
+    env.serve()
     rc, err, _ = _piped(env, CLOSED_FIRST, "push", "-c", "true", "-c", "true",
                         buffered=buffered)
     assert (rc, err) == (0, ""), (rc, err)
@@ -90,6 +92,7 @@ def test_push_into_a_reader_gone_first_exits_0(env, buffered):
 def test_push_wait_goes_on_waiting_without_a_reader_of_the_ids(env, buffered):
     """``push --wait``: the ids' reader gone, the wait is what is left to do; it exits by
     the tasks' outcome (here: succeeded)."""
+    env.serve()  # the worker's own record may come after the push
     sup = env.supervisor("--idle-timeout", "30", "--poll-interval", "0.2")
     rc, err, _ = _piped(env, CLOSED_FIRST, "push", "-c", "true", "--wait", buffered=buffered)
     assert rc == 0, err
