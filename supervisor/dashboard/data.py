@@ -208,6 +208,7 @@ class DataSource:
             running = [(r, t) for r in workers if states[r.id] != "lost"
                        for t in r.tasks if t.id == task_id]
             found["attempts"] = results_json(results, now, states)
+            last = found["attempts"][-1] if results else None
             if running:
                 rec, info = running[0]
                 found.update(worker=rec.id, state=found["state"] or "running",
@@ -215,22 +216,27 @@ class DataSource:
                              cmd=found["cmd"] or info.cmd,
                              env=found["env"] or {k: MASK for k in info.env_names},
                              lease_expires=iso_or_none(info.lease_expires))
-            elif job == "?" and self._peeked(found, task_id):
-                pass  # waiting in the queue, whatever an earlier attempt's record says
+            elif (job == "?" and not (last and last["state"] == "running")
+                  and self._peeked(found, task_id, last)):
+                # waiting in the queue, whatever an earlier attempt's record says (a running
+                # attempt's is believed: Service Bus peeks the messages workers hold too)
+                pass
             elif results and found["state"] is None:
                 found["state"] = found["attempts"][-1]["state"]
                 found["reason"] = found["reason"] or results[-1].reason or None
             if results:
                 found["attempt"] = max(found["attempt"] or 0, results[-1].attempt)
         elif job == "?":
-            self._peeked(found, task_id)
+            self._peeked(found, task_id, None)
         if found["state"] is None and not found["attempts"]:
             return None
         return found
 
-    def _peeked(self, found: dict[str, Any], task_id: str) -> bool:
-        """Fill ``found`` as pending when ``task_id`` is among the first PEEKED messages of
-        the queue (Azure: no row to ask); whether it is."""
+    def _peeked(self, found: dict[str, Any], task_id: str, last: dict[str, Any] | None
+                ) -> bool:
+        """Fill ``found`` from the task's message when it is among the first PEEKED of the
+        queue (Azure: no row to ask): pending, or cancelled when ``last`` (its newest
+        attempt) is a cancel its worker has not taken off the queue yet; whether it is."""
         with self.using("queue"):
             peeked = self.backend().peek(PEEKED)
         task = next((t for t in peeked if isinstance(t, Task) and t.id == task_id), None)
@@ -238,6 +244,8 @@ class DataSource:
             return False
         found.update(state="pending", cmd=task.cmd, env={k: MASK for k in task.env},
                      worker=None, lease_expires=None, reason=None)
+        if last is not None and last["state"] == "cancelled" and not last["worker"]:
+            found.update(state="cancelled", reason=last["reason"])
         return True
 
     def missing_text(self) -> str:

@@ -53,14 +53,15 @@ def test_the_depth_chart_draws_what_storage_queue_counts_under_its_word(sq):  # 
 
 
 def test_a_pending_task_opens_from_a_peek_and_is_cancelled(sq, azurite_table):  # noqa: F811
-    (task_id,) = sq.push("echo never", extra=("--env", "API_TOKEN=hunter2-value",
-                                             "--env", "MODE=fast"))
+    ran = sq.tmp / "ran"
+    (task_id,) = sq.push(f"touch {ran}", extra=("--env", "API_TOKEN=hunter2-value",
+                                               "--env", "MODE=fast"))
     data = _data(sq, azurite_table)
     client = create_app(data, token=TOKEN).test_client()
     found = client.get(f"/api/task/{task_id}")
     assert found.status_code == 200, found.get_data(as_text=True)
     task = found.get_json()
-    assert (task["state"], task["cmd"], task["worker"]) == ("pending", "echo never", None)
+    assert (task["state"], task["cmd"], task["worker"]) == ("pending", f"touch {ran}", None)
     assert task["env"] == {"API_TOKEN": MASK, "MODE": MASK}
     missing = client.get("/api/task/no-such-task-26").get_json()["error"]
     assert "first 32 messages" in missing, "a 404 says how far a peek sees"
@@ -76,7 +77,18 @@ def test_a_pending_task_opens_from_a_peek_and_is_cancelled(sq, azurite_table):  
     finally:
         store.close()
     assert (cancel.task_id, cancel.who) == (task_id, "alice@dashboard")
+    # no worker claimed it (task_ends.SETTLE): shown cancelled while it waits to be taken off
+    task = wait_for(lambda: (t := client.get(f"/api/task/{task_id}").get_json())["state"]
+                    == "cancelled" and t, 30, what="the task shown cancelled")
+    assert task["cmd"] == f"touch {ran}" and task["reason"].startswith("cancelled by alice")
     data.close_thread()
+    # the worker that receives it fails it as cancelled, without running it
+    sup = sq.supervisor(*FAST, "--exit-when-empty", env={
+        "JOBQ_CONTROL_CONNECTION_STRING": table_connection_string(azurite_table)})
+    assert sup.wait(60) == 0, sup.log()[-3000:]
+    (record,) = sq.failed_records()
+    assert record["id"] == task_id and record["reason"].startswith("cancelled by alice@dashboard")
+    assert not ran.exists()
 
 
 def test_a_running_tasks_environment_names_show_masked(sq, azurite_table):  # noqa: F811
