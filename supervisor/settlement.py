@@ -394,10 +394,16 @@ class Settlement:
             self.metrics.task_dead_lettered()
         else:
             delay = retry_delay(self.s, attempt)
-            log.info("will retry in %.0fs (attempt %d of %d failed)", delay, attempt,
-                     max_attempts, extra={"task_id": task_id})
+            when = f"retried in {delay:.0f}s"
+            if self.backend.no_retry_delay:  # say what happens, not what was asked
+                delay, when = 0.0, f"back on the queue now ({self.backend.no_retry_delay})"
+                log.info("will retry: %s (attempt %d of %d failed)", when, attempt,
+                         max_attempts, extra={"task_id": task_id})
+            else:
+                log.info("will retry in %.0fs (attempt %d of %d failed)", delay, attempt,
+                         max_attempts, extra={"task_id": task_id})
             self.settle(keeper, Release(count_attempt=True, delay=delay), "retry",
-                        record(reason=f"{reason}; retried in {delay:.0f}s"))
+                        record(reason=f"{reason}; {when}"))
             self.awaiting_return[task_id] = (keeper, delay, "released")
             self.counts["retried"] += 1
         self.consecutive_failures += 1

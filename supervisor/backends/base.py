@@ -149,6 +149,10 @@ class Backend(Protocol):
     # them (SQLite); the Azure services delete a message once its task succeeded.  Default
     # False (then ``prune_succeeded`` is never called).
     keeps_succeeded: bool
+    # Why a released message is back on the queue at once whatever ``release``'s delay
+    # (Service Bus: an abandon cannot be delayed), said in the retry's log line and record;
+    # None (the default): the delay is applied.
+    no_retry_delay: str | None
 
     def receive(self, max_messages: int, lock_duration: float) -> Sequence[Lease]: ...
 
@@ -238,6 +242,7 @@ class BackendBase:
     unique_tasks: bool = False
     unique_by_control: bool = False
     keeps_succeeded: bool = False
+    no_retry_delay: str | None = None
 
     def changed(self) -> bool:
         """Without a probe the answer is always "maybe" (never asked: ``change_probe``)."""

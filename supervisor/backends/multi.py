@@ -60,6 +60,7 @@ class MultiQueueBackend(BackendBase):
         self.change_probe = all(b.change_probe for b in every)
         self.quick_settle = all(b.quick_settle for b in every)
         self.tells_age = all(b.tells_age for b in every)
+        self.no_retry_delay = first.no_retry_delay  # one kind of backend for every queue
 
     def receive(self, max_messages: int, lock_duration: float) -> list[Lease]:
         if self.round_robin:

@@ -363,10 +363,11 @@ class ControlAgent:
             if rt.exited_at is not None:
                 continue
             cmd = rt.task.cmd if rt.task is not None else ""
+            names = tuple(sorted(rt.task.env)) if rt.task is not None else ()
             infos.append(TaskInfo(id=rt.task_id, attempt=rt.attempt, pid=rt.proc.pid,
                                   started=wall - (mono - rt.started),
                                   lease_expires=wall + rt.keeper.expires - mono,
-                                  cmd=cmd[:CMD_CHARS]))
+                                  cmd=cmd[:CMD_CHARS], env_names=names))
         if state == "running" and self.paused:
             state = "paused"
         return WorkerRecord(id=self.worker_id, queue=self.queue, host=self.host,

@@ -44,7 +44,8 @@ class RecordError(ValueError):
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """One running task as its worker reports it (no environment: no secrets)."""
+    """One running task as its worker reports it: its environment's names, never a value
+    (the dashboard shows them masked, as it shows a pending task's from its body)."""
 
     id: str
     attempt: int
@@ -52,6 +53,7 @@ class TaskInfo:
     started: float  # epoch seconds
     lease_expires: Union[float, None]  # epoch seconds
     cmd: str  # the first CMD_CHARS characters
+    env_names: tuple[str, ...] = ()  # sorted; none from a worker older than issue 26
 
 
 @dataclass(frozen=True)
@@ -177,11 +179,16 @@ def to_doc(record: Record) -> dict[str, Any]:
     for f in fields(record):
         value = getattr(record, f.name)
         if f.name == "tasks":
-            value = [{t.name: getattr(task, t.name) for t in fields(task)} for task in value]
+            value = [_task_doc(task) for task in value]
         if f.name in ("sig", "ttl") and value is None:
             continue
         doc[f.name] = value
     return doc
+
+
+def _task_doc(task: TaskInfo) -> dict[str, Any]:
+    return {f.name: list(v) if isinstance(v := getattr(task, f.name), tuple) else v
+            for f in fields(task)}
 
 
 def dumps(doc: dict[str, Any]) -> str:
@@ -203,17 +210,19 @@ def stored_bytes(text: str) -> int:
 
 def fit_worker(record: WorkerRecord) -> WorkerRecord:
     """The record with commands cut to CMD_CHARS; if the document would exceed
-    WORKER_DOC_BYTES, commands cut to SHORT_CMD_CHARS, and if that is not enough either, as
-    many tasks as fit (the rest counted in ``tasks_omitted``)."""
+    WORKER_DOC_BYTES, commands cut to SHORT_CMD_CHARS and environment names left out, and
+    if that is not enough either, as many tasks as fit (the rest counted in
+    ``tasks_omitted``)."""
     for limit in (CMD_CHARS, SHORT_CMD_CHARS):
-        tasks = tuple(replace(t, cmd=t.cmd[:limit]) if len(t.cmd) > limit else t
+        tasks = tuple(t if len(t.cmd) <= limit and (limit == CMD_CHARS or not t.env_names)
+                      else replace(t, cmd=t.cmd[:limit],
+                                   env_names=t.env_names if limit == CMD_CHARS else ())
                       for t in record.tasks)
         size = stored_bytes(dumps(to_doc(replace(record, tasks=()))))
         keep = 0
         for task in tasks:
             # each task adds its own text and a comma (2 bytes as UTF-16)
-            size += stored_bytes(dumps({f.name: getattr(task, f.name)
-                                        for f in fields(task)})) + 2
+            size += stored_bytes(dumps(_task_doc(task))) + 2
             if size > WORKER_DOC_BYTES:
                 break
             keep += 1
@@ -300,6 +309,9 @@ def _check(kind: str, name: str, v: Any) -> Any:
         if not isinstance(v, list):
             raise RecordError(f"{kind}: tasks is not a list")
         return tuple(_task(kind, t) for t in v)
+    elif name == "env_names":
+        ok = isinstance(v, list) and all(isinstance(n, str) for n in v)
+        v = tuple(v) if ok else v
     else:  # pragma: no cover - every field is listed above
         raise RecordError(f"{kind}: no rule for {name!r}")
     if not ok:
@@ -311,7 +323,8 @@ def _task(kind: str, t: Any) -> TaskInfo:
     if not isinstance(t, dict):
         raise RecordError(f"{kind}: a task is not an object")
     try:
-        return TaskInfo(**{f.name: _check(kind, f.name, t[f.name]) for f in fields(TaskInfo)})
+        return TaskInfo(**{f.name: _check(kind, f.name, t[f.name]) for f in fields(TaskInfo)
+                           if f.name in t or f.default is MISSING})
     except KeyError as exc:
         raise RecordError(f"{kind}: a task lacks {exc}") from None
 

@@ -28,7 +28,7 @@ from werkzeug.exceptions import HTTPException
 from ..ctl import iso_or_none
 from ..ctl_fleet import duration_text
 from .auth import NAME, Auth
-from .charts import depth_chart, finished_chart
+from .charts import depth_chart, depth_series, finished_chart
 from .data import DataSource, Unavailable
 from .history import History, summed_per_minute
 from .queues import Queues
@@ -142,8 +142,9 @@ def create_app(data: DataSource | Sequence[DataSource],
             store_error=store_error,
             running=[(row["name"], r) for row in rows if row["status"]
                      for r in row["status"]["running"]],
-            depths=[(n, depth_chart(histories[n].samples(), now, histories[n].window))
-                    for n in queues.names if n in histories],
+            depths=[(n, depth_chart(samples, now, histories[n].window), depth_series(samples))
+                    for n in queues.names if n in histories
+                    for samples in [histories[n].samples()]],
             finished=finished_chart(summed_per_minute(shown), now, window))
 
     @app.get("/actions")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from markupsafe import Markup, escape
 
-from .history import Sample
+from .history import DEPTH_STATES, Sample
 
 W, H = 600, 150
 
@@ -27,10 +27,17 @@ def _x(when: float, now: float, window: float) -> float:
     return W * max(0.0, 1.0 - (now - when) / window)
 
 
+def depth_series(samples: list[Sample]) -> list[str]:
+    """The counts the samples hold, in the backend's words (the chart's lines and legend)."""
+    seen = {k for s in samples for k in s.depth}
+    return [k for k in DEPTH_STATES if k in seen]
+
+
 def depth_chart(samples: list[Sample], now: float, window: float) -> Markup:
-    """Pending and running over the window, as two polylines with the latest value as a dot
-    (a fresh dashboard's few samples sit in one pixel column)."""
-    top = max([1] + [max(s.pending, s.running) for s in samples])
+    """Each count the backend reports (depth_series) over the window, as a polyline with the
+    latest value as a dot (a fresh dashboard's few samples sit in one pixel column)."""
+    series = depth_series(samples)
+    top = max([1] + [v for s in samples for v in s.depth.values()])
 
     def line(values: list[tuple[float, int]], cls: str) -> str:
         xy = [(_x(t, now, window), H - (H - 4) * v / top) for t, v in values]
@@ -42,8 +49,8 @@ def depth_chart(samples: list[Sample], now: float, window: float) -> Markup:
                 f'<line class="dot {cls}" x1="{x:.1f}" y1="{y:.1f}" x2="{x:.1f}" '
                 f'y2="{y:.1f}"/>')
 
-    body = (line([(s.when, s.pending) for s in samples], "pending")
-            + line([(s.when, s.running) for s in samples], "running"))
+    body = "".join(line([(s.when, s.depth[k]) for s in samples if k in s.depth], k)
+                   for k in series)
     return _frame(body, "queue depth over the last hour", window, top,
                   None if samples else "no samples yet")
 

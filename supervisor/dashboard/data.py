@@ -34,6 +34,10 @@ from ..task import Task, TaskFormatError
 
 STORE_ERRORS = (BackendError, BackendConfigError, ControlStoreError, OutputStoreError)
 MASK = "********"
+# Messages a task lookup peeks at on Azure, where no row names a pending task: Storage
+# Queue's peek returns at most 32 (the service's limit); Service Bus peeks as many, so a
+# page says one number for both.
+PEEKED = 32
 
 
 class Unavailable(Exception):
@@ -204,20 +208,52 @@ class DataSource:
             running = [(r, t) for r in workers if states[r.id] != "lost"
                        for t in r.tasks if t.id == task_id]
             found["attempts"] = results_json(results, now, states)
+            last = found["attempts"][-1] if results else None
             if running:
                 rec, info = running[0]
                 found.update(worker=rec.id, state=found["state"] or "running",
                              attempt=found["attempt"] or info.attempt,
                              cmd=found["cmd"] or info.cmd,
+                             env=found["env"] or {k: MASK for k in info.env_names},
                              lease_expires=iso_or_none(info.lease_expires))
+            elif (job == "?" and not (last and last["state"] == "running")
+                  and self._peeked(found, task_id, last)):
+                # waiting in the queue, whatever an earlier attempt's record says (a running
+                # attempt's is believed: Service Bus peeks the messages workers hold too)
+                pass
             elif results and found["state"] is None:
                 found["state"] = found["attempts"][-1]["state"]
                 found["reason"] = found["reason"] or results[-1].reason or None
             if results:
                 found["attempt"] = max(found["attempt"] or 0, results[-1].attempt)
+        elif job == "?":
+            self._peeked(found, task_id, None)
         if found["state"] is None and not found["attempts"]:
             return None
         return found
+
+    def _peeked(self, found: dict[str, Any], task_id: str, last: dict[str, Any] | None
+                ) -> bool:
+        """Fill ``found`` from the task's message when it is among the first PEEKED of the
+        queue (Azure: no row to ask): pending, or cancelled when ``last`` (its newest
+        attempt) is a cancel its worker has not taken off the queue yet; whether it is."""
+        with self.using("queue"):
+            peeked = self.backend().peek(PEEKED)
+        task = next((t for t in peeked if isinstance(t, Task) and t.id == task_id), None)
+        if task is None:
+            return False
+        found.update(state="pending", cmd=task.cmd, env={k: MASK for k in task.env},
+                     worker=None, lease_expires=None, reason=None)
+        if last is not None and last["state"] == "cancelled" and not last["worker"]:
+            found.update(state="cancelled", reason=last["reason"])
+        return True
+
+    def missing_text(self) -> str:
+        """What a task lookup that found nothing could not see (a request thread)."""
+        if self.backend().name == "sqlite":
+            return ""
+        return (f" (a pending task is found among the first {PEEKED} messages of the "
+                "queue, as many as a peek sees)")
 
     # ------------------------------------------------------------------ writes
     def pause(self, paused: bool, by: str) -> None:

@@ -17,13 +17,16 @@ from .data import DataSource, Unavailable
 
 log = logging.getLogger("jobq.dashboard")
 WINDOW = 3600.0  # s of history kept and drawn
+# The counts the depth chart draws, in the backend's own words: SQLite and Service Bus say
+# ``pending`` (SQLite ``running`` too); Storage Queue says ``queued``, its one count of
+# waiting, running and backing-off messages together, and cannot count running apart.
+DEPTH_STATES = ("pending", "queued", "running")
 
 
 @dataclass(frozen=True)
 class Sample:
     when: float  # wall clock, epoch seconds
-    pending: int
-    running: int
+    depth: dict[str, int]  # the DEPTH_STATES the backend reports, by its word
     succeeded: int | None  # None: unknown (no backend count, no control store)
     failed: int | None
 
@@ -128,8 +131,8 @@ class Sampler:
         succeeded, failed = counts.get("succeeded"), counts.get("failed")
         if succeeded is None or failed is None:
             succeeded, failed = self._workers_finished(q)
-        q.history.add(Sample(when=self.clock(), pending=counts.get("pending", 0),
-                             running=counts.get("running", 0),
+        q.history.add(Sample(when=self.clock(),
+                             depth={k: counts[k] for k in DEPTH_STATES if k in counts},
                              succeeded=succeeded, failed=failed))
 
     def _workers_finished(self, q: _Queue) -> tuple[int | None, int | None]:

@@ -32,7 +32,8 @@ def found_or_404(data: DataSource, what: str, raw_id: str) -> dict[str, Any]:
     lookup = data.task if what == "task" else data.worker
     found = lookup(id_or_400(raw_id, what))
     if found is None:
-        abort(404, f"no {what} {raw_id!r} on queue {data.queue}")
+        more = data.missing_text() if what == "task" else ""
+        abort(404, f"no {what} {raw_id!r} on queue {data.queue}{more}")
     return found
 
 

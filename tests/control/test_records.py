@@ -32,9 +32,10 @@ KEY = SigningKey(kid=key_id(b"a" * 32), secret=b"a" * 32)
 OTHER = SigningKey(kid=key_id(b"b" * 32), secret=b"b" * 32)
 
 
-def _worker(n: int, cmd: str) -> WorkerRecord:
+def _worker(n: int, cmd: str, env_names: tuple[str, ...] = ()) -> WorkerRecord:
     tasks = tuple(TaskInfo(id=f"{i:08d}-aaaa-bbbb-cccc-dddddddddddd", attempt=2, pid=10_000 + i,
-                           started=NOW, lease_expires=None, cmd=cmd) for i in range(n))
+                           started=NOW, lease_expires=None, cmd=cmd, env_names=env_names)
+                  for i in range(n))
     return WorkerRecord(id="h:1", queue="q", host="h", pid=1, version="0.1.0", state="paused",
                         slots_used=n, slots_total=n, started=NOW, heartbeat=NOW, tasks=tasks)
 
@@ -55,7 +56,24 @@ def test_worker_record_schema_has_no_secrets() -> None:
     assert set(doc) == {"v", "kind", "id", "queue", "host", "pid", "version", "state",
                         "slots_used", "slots_total", "started", "heartbeat", "interval",
                         "tasks", "tasks_omitted", "succeeded", "failed"}
-    assert set(doc["tasks"][0]) == {"id", "attempt", "pid", "started", "lease_expires", "cmd"}
+    assert set(doc["tasks"][0]) == {"id", "attempt", "pid", "started", "lease_expires", "cmd",
+                                    "env_names"}
+
+
+def test_a_running_tasks_environment_names_travel_and_never_a_value() -> None:
+    """Issue 26: the dashboard shows a running task's environment names (values masked);
+    a task of a worker from before has none."""
+    record = _worker(1, "x", ("API_TOKEN", "MODE"))
+    text = encode(record)
+    assert decode(text) == record
+    assert json.loads(text)["tasks"][0]["env_names"] == ["API_TOKEN", "MODE"]
+    old = json.loads(text)
+    del old["tasks"][0]["env_names"]
+    back = decode(json.dumps(old))
+    assert isinstance(back, WorkerRecord) and back.tasks[0].env_names == ()
+    old["tasks"][0]["env_names"] = "API_TOKEN"
+    with pytest.raises(RecordError):
+        decode(json.dumps(old))
 
 
 @pytest.mark.parametrize("cmd", ["a" * 300, "é" * 300, "😀" * 300])
@@ -69,10 +87,12 @@ def test_thousand_tasks_always_fit(cmd: str) -> None:
 
 
 def test_commands_are_shortened_before_tasks_are_dropped() -> None:
-    back = decode(encode(_worker(2000, "é" * 300)))
+    back = decode(encode(_worker(2000, "é" * 300, tuple(f"NAME_{i}" for i in range(20)))))
     assert isinstance(back, WorkerRecord)
     assert len(back.tasks) == 2000 - back.tasks_omitted > 1500
     assert len(back.tasks[0].cmd) == SHORT_CMD_CHARS
+    assert back.tasks[0].env_names == (), "environment names go with the long commands"
+    assert decode(encode(_worker(2, "x", ("A",)))).tasks[0].env_names == ("A",)  # type: ignore
 
 
 @pytest.mark.parametrize("text, why", [

@@ -41,6 +41,12 @@ def _check(sq, task_id: str, dashboard, browser, control: dict[str, str]) -> Non
                   and "w-az" in _text(b, "running"), 40,
                   what="the Azure worker and its task on the overview")
     assert _text(browser, "count-pending").endswith("queued"), "Storage Queue counts"
+    # issue 26: the depth chart draws Storage Queue's own count under its word, not a flat
+    # 0 "pending"
+    _reload_until(browser, lambda b: b.find_elements("css selector", ".chart line.dot.queued"),
+                  30, what="the sampler's queued line")
+    assert browser.find_element("css selector", "#depth figcaption").text.split() == ["queued"]
+    assert not browser.find_elements("css selector", ".chart polyline.pending")
     shoot(browser, "overview-azure")
     browser.get(d.url + f"/tasks/{task_id}")
     browser.execute_script("window.__same_page = 1")

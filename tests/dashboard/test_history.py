@@ -38,11 +38,11 @@ class FakeData:
 def test_history_keeps_one_window_and_counts_finished_per_minute():
     h = History(window=120)
     for t, ok, bad in ((0, 0, 0), (30, 3, 1), (60, 5, 1), (90, 4, 2), (200, 10, 2)):
-        h.add(Sample(when=1000.0 + t, pending=1, running=0, succeeded=ok, failed=bad))
+        h.add(Sample(when=1000.0 + t, depth={"pending": 1}, succeeded=ok, failed=bad))
     assert [s.when for s in h.samples()] == [1090.0, 1200.0], "older than the window: gone"
     h2 = History(window=3600)
     for t, ok, bad in ((0, 0, 0), (30, 3, 1), (60, 5, 1), (90, 4, 2)):
-        h2.add(Sample(when=960.0 + t, pending=1, running=0, succeeded=ok, failed=bad))
+        h2.add(Sample(when=960.0 + t, depth={"pending": 1}, succeeded=ok, failed=bad))
     # minute 960: +3/+1; minute 1020: +2/+0 then a shrink (requeue) adds nothing, +0/+1
     assert h2.finished_per_minute() == [(960.0, 3, 1), (1020.0, 2, 1)]
 
@@ -65,8 +65,8 @@ def test_sampler_samples_on_its_clock_and_logs_an_outage_once(caplog):
                        Unavailable("queue", "down"), Unavailable("queue", "down"),
                        {"pending": 3, "running": 2}]
     h = _sampled(data, start=100.0, times=4)
-    assert [(x.when, x.pending, x.running, x.succeeded) for x in h.samples()] == [
-        (100.0, 4, 1, 2), (145.0, 3, 2, None)]
+    assert [(x.when, x.depth, x.succeeded) for x in h.samples()] == [
+        (100.0, {"pending": 4, "running": 1}, 2), (145.0, {"pending": 3, "running": 2}, None)]
     assert sum("dashboard sampler" in r.message for r in caplog.records) == 1
 
 
@@ -80,8 +80,8 @@ def test_sampler_thread_stops_on_its_event_and_closes_its_clients():
 
 
 def test_charts_are_svg_without_script_and_scale_to_the_data():
-    samples = [Sample(when=1000.0 + i * 15, pending=i, running=1, succeeded=None, failed=None)
-               for i in range(5)]
+    samples = [Sample(when=1000.0 + i * 15, depth={"pending": i, "running": 1},
+                      succeeded=None, failed=None) for i in range(5)]
     svg = str(depth_chart(samples, now=1060.0, window=3600))
     assert "<svg" in svg and "<script" not in svg
     assert svg.count("<polyline") == 2 and svg.count('class="dot ') == 2

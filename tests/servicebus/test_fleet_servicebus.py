@@ -106,3 +106,23 @@ def test_autoscaling_gauges_on_servicebus(sb_env):
     sup.signal(signal.SIGTERM)
     assert sup.wait(30) == 0
     assert "cannot sample the queue" not in sup.log()
+
+
+def test_a_retry_on_servicebus_says_it_is_back_on_the_queue_now(sb_env, azurite_table):  # noqa: F811
+    """Issue 26: --retry-delay is not applied on Service Bus (abandon is immediate), so the
+    log line and the attempt's result record say so instead of "will retry in 10s"."""
+    conn = table_connection_string(azurite_table)
+    ctl_env = {"JOBQ_CONTROL_CONNECTION_STRING": conn}
+    seen = sb_env.tmp / "seen"
+    (task_id,) = sb_env.push(f"if [ -e {seen} ]; then exit 0; fi; touch {seen}; exit 3")
+    sup = sb_env.supervisor("--worker-id", "w-retry", *FAST, "--retry-delay", "10",
+                            "--exit-when-empty", env=ctl_env)
+    assert sup.wait(60) == 0, sup.log()[-3000:]
+    now = "back on the queue now (Service Bus applies no retry delay)"
+    log = sup.log()
+    assert f"will retry: {now} (attempt 1 of 5 failed)" in log
+    assert "will retry in" not in log and "retried in" not in log
+    first, second = json.loads(sb_env.ctl("result", task_id, "--json", env=ctl_env).stdout)
+    assert (first["attempt"], first["state"], first["exit_status"]) == (1, "failed", 3)
+    assert first["reason"] == f"exit status 3; {now}"
+    assert (second["attempt"], second["state"]) == (2, "succeeded")
