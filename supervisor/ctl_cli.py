@@ -223,6 +223,18 @@ def _status_each(ns: Any, settings: Settings) -> int:
     return rc
 
 
+def refuse_failed_queue(settings: Settings) -> None:
+    """UsageError when ``--queue`` names a queue where failed tasks are recorded: a pushed task
+    would be read as a failure record, never run (main thread, before anything is opened)."""
+    from .backends.azure_common import failed_queue_of
+
+    base = failed_queue_of(settings.backend, settings.queue)
+    if base is not None:
+        raise UsageError(f"push: {settings.queue} is where the failed tasks of queue {base} "
+                         f"are recorded, not a task queue (push to {base}; jobq-ctl requeue "
+                         f"brings failed tasks back)")
+
+
 def _run(ns: Any, settings: Settings) -> int:
     """One command on one queue (main thread)."""
     from .backends import open_backend
@@ -241,6 +253,8 @@ def _run(ns: Any, settings: Settings) -> int:
     store: ControlStore | None = None
     sources: Sources | None = None  # logs, push --wait/--follow: output and results
     try:
+        if ns.command == "push":
+            refuse_failed_queue(settings)
         if needs_backend(ns.command, settings):
             backend = open_backend(settings, for_ctl=True,
                                    create=ns.command not in READ_ONLY_COMMANDS)

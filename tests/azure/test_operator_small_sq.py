@@ -1,0 +1,32 @@
+"""Issue 26 (5), small things an Azure operator hits, with the real jobq-ctl on Azurite."""
+
+from __future__ import annotations
+
+import pytest
+from azure.storage.queue import QueueServiceClient
+
+from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
+
+pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
+
+
+def _one_line_error(res) -> str:
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    assert res.stdout == ""
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jobq-ctl: error: "), res.stderr
+    return lines[0]
+
+
+def test_push_into_the_failed_queue_is_refused(sq):  # noqa: F811
+    failed = sq.queue + "-failed"
+    before = sq.count("-failed")
+    res = sq.ctl("--queue", failed, "push", "-c", "true", check=False)
+    line = _one_line_error(res)
+    assert f"{failed} is where the failed tasks of queue {sq.queue} are recorded" in line
+    assert sq.count("-failed") == before
+    service = QueueServiceClient.from_connection_string(sq.conn_str)
+    names = [q.name for q in service.list_queues()]
+    assert failed + "-failed" not in names  # nothing was opened, so nothing was created
+    # the failed queue can still be looked at
+    assert sq.ctl("--queue", failed, "size").returncode == 0
