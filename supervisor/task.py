@@ -95,8 +95,9 @@ class Task:
             if value is not None:
                 body[key] = value
         text = json.dumps(body)
-        if len(text.encode("utf-8")) > MAX_BODY_BYTES:
-            raise TaskFormatError(f"task body is {len(text)} bytes, more than {MAX_BODY_BYTES}")
+        size = len(text.encode("utf-8"))
+        if size > MAX_BODY_BYTES:
+            raise TaskFormatError(f"task body is {size} bytes, more than {MAX_BODY_BYTES}")
         return text
 
     @classmethod
@@ -220,8 +221,9 @@ def _validate(cmd: Any, env: Any, cwd: Any, max_attempts: Any, task_id: Any) -> 
     if not _os_encodable(cmd):
         raise TaskFormatError("command contains characters no OS string can hold "
                               "(lone UTF-16 surrogates)")
-    if len(cmd.encode("utf-8", "surrogatepass")) > MAX_COMMAND_BYTES:
-        raise TaskFormatError(f"command is longer than {MAX_COMMAND_BYTES} bytes")
+    size = len(cmd.encode("utf-8", "surrogatepass"))
+    if size > MAX_COMMAND_BYTES:
+        raise TaskFormatError(f"command is {size} bytes, more than {MAX_COMMAND_BYTES}")
     if not isinstance(task_id, str) or not task_id or len(task_id) > 128:
         raise TaskFormatError("id must be a non-empty string of at most 128 characters")
     if not isinstance(env, dict):

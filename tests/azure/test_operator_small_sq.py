@@ -30,3 +30,15 @@ def test_push_into_the_failed_queue_is_refused(sq):  # noqa: F811
     assert failed + "-failed" not in names  # nothing was opened, so nothing was created
     # the failed queue can still be looked at
     assert sq.ctl("--queue", failed, "size").returncode == 0
+
+
+def test_push_file_names_the_line_over_the_size_limit(sq):  # noqa: F811
+    from supervisor.task import MAX_COMMAND_BYTES
+
+    long = "echo " + "x" * MAX_COMMAND_BYTES
+    cmds = sq.tmp / "cmds.txt"
+    cmds.write_text(f"# header\ntrue\n\n{long}\ntrue\n")
+    line = _one_line_error(sq.ctl("push", "--file", str(cmds), check=False))
+    assert f"--file {cmds} line 4: command is {len(long)} bytes, more than " \
+           f"{MAX_COMMAND_BYTES}" in line
+    assert int(sq.ctl("size").stdout) == 0  # the whole file is refused
