@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .backends.base import Backend, BackendError
@@ -212,12 +213,13 @@ def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None,
                          f"{ns.cwd!r}")
     key = first_key(ns)
     named = len(commands) > 1 or bool(ns.file)
-    tasks = [_checked(where if named else "", lambda c=c: Task(
-        cmd=c, env=env, cwd=ns.cwd, max_attempts=ns.task_max_attempts)) for where, c in commands]
+    tasks = [_checked(where if named else "", partial(
+        Task, cmd=c, env=env, cwd=ns.cwd, max_attempts=ns.task_max_attempts))
+        for where, c in commands]
     now = time.time()
     tasks = push_schedule(ns, backend, tasks, now, store)  # names its option itself
     if key is not None:
-        tasks = [_checked("", lambda t=t: sign_task(t, key, now)) for t in tasks]
+        tasks = [_checked("", partial(sign_task, t, key, now)) for t in tasks]
     for (where, _), task in zip(commands, tasks):
         _checked(where if named else "", task.to_json)
     if store is not None and not backend.unique_tasks and any(t.unique_key for t in tasks):
