@@ -1,4 +1,6 @@
-"""Issue 26 (5), small things an Azure operator hits, with the real jobq-ctl on Azurite."""
+"""Issue 26 (5), small things an Azure operator hits, with the real jobq-ctl on Azurite
+(queues; the control store in Azurite's table service): a push into the failed queue, a
+``push --file`` line over the size limit, a cancel of an id no task can have."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import pytest
 from azure.storage.queue import QueueServiceClient
 
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
+from tests.control.conftest import table  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 
@@ -42,3 +45,23 @@ def test_push_file_names_the_line_over_the_size_limit(sq):  # noqa: F811
     assert f"--file {cmds} line 4: command is {len(long)} bytes, more than " \
            f"{MAX_COMMAND_BYTES}" in line
     assert int(sq.ctl("size").stdout) == 0  # the whole file is refused
+
+
+def test_cancel_of_an_id_no_task_can_have_is_refused(sq, table):  # noqa: F811
+    store, control_env = table
+    line = _one_line_error(sq.ctl("cancel", "nope", env=control_env, check=False))
+    assert "'nope' is not a task id" in line and "nothing cancelled" in line
+    assert store.cancels(sq.queue) == []
+    # one bad id among good ones: nothing is recorded
+    [good] = sq.ctl("push", "-c", "true").stdout.split()
+    _one_line_error(sq.ctl("cancel", good, "nope", env=control_env, check=False))
+    assert store.cancels(sq.queue) == []
+    # too long for any task, even with --any-id; other id-taking commands alike
+    for args in (("cancel", "x" * 129, "--any-id"), ("requeue", "x" * 129),
+                 ("result", "x" * 129), ("logs", "x" * 129)):
+        line = _one_line_error(sq.ctl(*args, env=control_env, check=False))
+        assert "is not a task id: a task id is at most 128 characters" in line, line
+    # what push prints is a task id; --any-id lets a hand-written body's id through
+    assert "cancel recorded" in sq.ctl("cancel", good, env=control_env).stdout
+    assert "cancel recorded" in sq.ctl("cancel", "job-17", "--any-id", env=control_env).stdout
+    assert {c.task_id for c in store.cancels(sq.queue)} == {good, "job-17"}
