@@ -11,19 +11,16 @@ from collections.abc import Sequence
 from .base import FailedRecord
 
 FAILED_SUFFIX = "-failed"  # Storage Queue: failed tasks of queue Q go to Q-failed
-# Service Bus: the dead-letter sub-queue's entity path, Q/$DeadLetterQueue (and the transfer
-# dead-letter queue's, Q/$Transfer/$DeadLetterQueue); Service Bus queue names hold no "$".
-SB_SUB_QUEUE_MARK = "/$"
 
 
 def failed_queue_of(backend: str, queue: str) -> str | None:
     """The queue whose failed tasks ``queue`` holds, when it is such a queue (so no task may be
-    pushed into it: a worker would read a failure record, not a task); else None."""
+    pushed into it: a worker would read a failure record, not a task); else None.  Service
+    Bus's dead-letter sub-queue (``Q/$DeadLetterQueue``) never gets here: settings.py refuses a
+    queue name with ``/`` or ``$``."""
     if backend == "storage-queue" and queue.endswith(FAILED_SUFFIX) \
             and len(queue) > len(FAILED_SUFFIX):
         return queue[:-len(FAILED_SUFFIX)]
-    if backend == "servicebus" and SB_SUB_QUEUE_MARK in queue:
-        return queue.split(SB_SUB_QUEUE_MARK, 1)[0]
     return None
 
 

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from azure.storage.queue import QueueServiceClient
 
@@ -65,3 +67,21 @@ def test_cancel_of_an_id_no_task_can_have_is_refused(sq, table):  # noqa: F811
     assert "cancel recorded" in sq.ctl("cancel", good, env=control_env).stdout
     assert "cancel recorded" in sq.ctl("cancel", "job-17", "--any-id", env=control_env).stdout
     assert {c.task_id for c in store.cancels(sq.queue)} == {good, "job-17"}
+
+
+@pytest.mark.parametrize("path", ["jobs/$DeadLetterQueue", "jobs/$Transfer/$DeadLetterQueue"])
+def test_push_into_a_service_bus_dead_letter_queue_is_refused(tmp_path, path):
+    """Refused before anything is opened (settings.py's queue-name rule, which predates
+    issue 26: this test pins it): the namespace below is never reached."""
+    import subprocess
+
+    from tests.conftest import command
+
+    res = subprocess.run(command("jobq-ctl") + ["--backend", "servicebus", "--queue", path,
+                                                "push", "-c", "true"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path, env={
+                             **os.environ, "JOBQ_CONNECTION_STRING":
+                             "Endpoint=sb://127.0.0.1:9/;SharedAccessKeyName=k;"
+                             "SharedAccessKey=c2VjcmV0c2VjcmV0"})
+    line = _one_line_error(res)
+    assert f"--queue: invalid queue name {path!r}" in line

@@ -161,8 +161,5 @@ def test_failed_queue_names():
     assert failed_queue_of("storage-queue", "jobs-failed") == "jobs"
     assert failed_queue_of("storage-queue", "jobs") is None
     assert failed_queue_of("storage-queue", "failed-jobs") is None
-    assert failed_queue_of("servicebus", "jobs/$deadletterqueue") == "jobs"
-    assert failed_queue_of("servicebus", "jobs/$DeadLetterQueue") == "jobs"
-    assert failed_queue_of("servicebus", "jobs/$Transfer/$DeadLetterQueue") == "jobs"
     assert failed_queue_of("servicebus", "jobs-failed") is None  # a plain Service Bus queue
     assert failed_queue_of("sqlite", "jobs-failed") is None  # failed tasks are rows there
