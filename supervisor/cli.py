@@ -34,6 +34,7 @@ from .settings import (
 from .usage import (
     UsageError,
     _duration,
+    _env_names,
     _exit_codes,
     _parse,
     _Parser,
@@ -184,6 +185,9 @@ def _add_security_options(p: Any) -> None:
                    help="refuse signed tasks issued longer ago than this")
     p.add_argument("--allowed-commands", metavar="REGEX",
                    help="refuse tasks whose command does not fully match REGEX")
+    p.add_argument("--pass-env", type=_env_names, metavar="NAME,NAME",
+                   help="inherited variables a task sees although their names look like "
+                        "secrets (README \"Security model\" lists the words), e.g. HF_TOKEN")
     p.add_argument("--task-user", metavar="NAME",
                    help="run tasks as this user (the supervisor must run as root)")
     p.add_argument("--task-group", metavar="NAME",

@@ -8,9 +8,11 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .backends.base import Backend, BackendError
 from .control.base import ControlStoreError
@@ -70,7 +72,8 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def _read_commands(path: str) -> list[str]:
+def _read_commands(path: str) -> list[tuple[int, str]]:
+    """The commands of ``--file`` with their line numbers (1-based)."""
     try:
         if path == "-":
             text = sys.stdin.read()
@@ -81,8 +84,8 @@ def _read_commands(path: str) -> list[str]:
         raise UsageError(f"--file: cannot read {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise UsageError(f"--file: {path} is not UTF-8 text") from None
-    return [line for line in text.splitlines() if line.strip() and not line.lstrip()
-            .startswith("#")]
+    return [(n, line) for n, line in enumerate(text.splitlines(), 1)
+            if line.strip() and not line.lstrip().startswith("#")]
 
 
 def first_key(ns: Any) -> SigningKey | None:
@@ -175,17 +178,30 @@ def push_schedule(ns: Any, backend: Backend, tasks: list[Task], now: float,
     return tasks
 
 
+T = TypeVar("T")
+
+
+def _checked(where: str, make: Callable[[], T]) -> T:
+    """``make()``, its TaskFormatError a UsageError naming ``where`` (a --file line): one bad
+    command refuses the whole push, nothing is pushed."""
+    try:
+        return make()
+    except TaskFormatError as exc:
+        raise UsageError(f"push: {where + ': ' if where else ''}{exc}") from None
+
+
 def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None,
              store: ControlStore | None = None) -> int:
     """``sources``: given for --wait/--follow (opened before anything is pushed); ``store``:
     where unique keys are claimed on a ``unique_by_control`` backend."""
-    commands = list(ns.commands)
+    # each command with where it came from, so that an error names it
+    commands = [(f"-c #{i}", c) for i, c in enumerate(ns.commands, 1)]
     if ns.file:
         from_file = _read_commands(ns.file)
         if not from_file:
             raise UsageError(f"--file: {ns.file} held no command (blank lines and # comments "
                              "are skipped)")
-        commands += from_file
+        commands += [(f"--file {ns.file} line {n}", c) for n, c in from_file]
     if not commands:
         raise UsageError("push: give -c CMD or --file F")
     if ns.task_max_attempts is not None and ns.task_max_attempts < 1:
@@ -196,17 +212,16 @@ def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None,
         raise UsageError(f"--cwd: must be an absolute directory on the worker's host, got "
                          f"{ns.cwd!r}")
     key = first_key(ns)
-    try:
-        tasks = [Task(cmd=c, env=env, cwd=ns.cwd, max_attempts=ns.task_max_attempts)
-                 for c in commands]
-        now = time.time()
-        tasks = push_schedule(ns, backend, tasks, now, store)
-        if key is not None:
-            tasks = [sign_task(t, key, now) for t in tasks]
-        for t in tasks:
-            t.to_json()
-    except TaskFormatError as exc:
-        raise UsageError(f"push: {exc}") from None
+    named = len(commands) > 1 or bool(ns.file)
+    tasks = [_checked(where if named else "", partial(
+        Task, cmd=c, env=env, cwd=ns.cwd, max_attempts=ns.task_max_attempts))
+        for where, c in commands]
+    now = time.time()
+    tasks = push_schedule(ns, backend, tasks, now, store)  # names its option itself
+    if key is not None:
+        tasks = [_checked("", partial(sign_task, t, key, now)) for t in tasks]
+    for (where, _), task in zip(commands, tasks):
+        _checked(where if named else "", task.to_json)
     if store is not None and not backend.unique_tasks and any(t.unique_key for t in tasks):
         from .control.unique import push_unique
 

@@ -149,6 +149,9 @@ def _add_fleet_commands(cmd: Any) -> None:
              signs=True)
     cn.add_argument("ids", nargs="+", metavar="ID", help="task ids (as push prints them)")
     cn.add_argument("--reason", default="", help="why (shown with the cancelled task)")
+    cn.add_argument("--any-id", action="store_true",
+                    help="Azure: cancel an id that is not shaped like one jobq-ctl or ai4s-jobq "
+                         "makes (32 hex digits, a GUID): a hand-written body's own id")
     how = cn.add_mutually_exclusive_group()
     how.add_argument("--grace", type=_duration, default=30.0, metavar="DURATION",
                      help="SIGTERM, then SIGKILL after this long (default 30s)")
@@ -231,6 +234,7 @@ def _run(ns: Any, settings: Settings) -> int:
     from .ctl import QUEUE_VIEWS, READ_ONLY_COMMANDS, run_command
     from .ctl_fleet import FLEET_COMMANDS, needs_backend, open_store
     from .ctl_follow import Sources
+    from .ctl_guards import refuse_before_opening
     from .outstore.base import OutputConfigError, OutputStoreError
 
     if ns.command == "dashboard":  # it opens its clients per thread (supervisor/dashboard/)
@@ -241,6 +245,7 @@ def _run(ns: Any, settings: Settings) -> int:
     store: ControlStore | None = None
     sources: Sources | None = None  # logs, push --wait/--follow: output and results
     try:
+        refuse_before_opening(ns, settings)
         if needs_backend(ns.command, settings):
             backend = open_backend(settings, for_ctl=True,
                                    create=ns.command not in READ_ONLY_COMMANDS)

@@ -78,7 +78,8 @@ class Launcher:
         self.starting: list[SpawnJob[TaskStart]] = []  # submitted to the spawner, not yet back
         self.next_keeper_start = math.inf  # the earliest start_by of a keeper not started
         # The inherited environment minus secrets, computed once: os.environ does not change.
-        self.base_env = task_environment(dict(os.environ), {"PYTHONUNBUFFERED": "1"})
+        self.base_env = task_environment(dict(os.environ), {"PYTHONUNBUFFERED": "1"},
+                                         settings.pass_env)
         backend = settlement.backend
         self.held = ReceiveAhead(lock=settings.lock, slots=settings.num_workers,
                                  can_hold=backend.receive_ahead,

@@ -20,15 +20,15 @@ import ctypes
 import errno
 import logging
 import os
-import re
 import signal
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import psutil
 
 from .output import TaskOutput
+from .secret_names import without_secrets
 from .shell import SpawnedShell, popen_shell, posix_spawn_shell
 
 log = logging.getLogger("jobq.process")
@@ -36,12 +36,6 @@ log = logging.getLogger("jobq.process")
 MARKER_VAR = "JOBQ_LIFELINE"
 PR_SET_CHILD_SUBREAPER = 36
 
-# Inherited variables a task must never see: the supervisor's own credentials.
-_SECRET_NAME = re.compile(
-    r"(CONNECTION_STRING|SECRET|PASSWORD|PASSWD|ACCOUNT_KEY|ACCESS_KEY|SAS_TOKEN|SIGNING_KEY"
-    r"|CREDENTIAL|_TOKEN$|_KEY$)",
-    re.IGNORECASE,
-)
 
 
 def set_child_subreaper() -> bool:
@@ -53,9 +47,11 @@ def set_child_subreaper() -> bool:
         return False
 
 
-def task_environment(base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
-    """Inherited environment minus secrets, plus ``extra`` (our variables, the message's env)."""
-    env = {k: v for k, v in base.items() if not _SECRET_NAME.search(k)}
+def task_environment(base: dict[str, str], extra: dict[str, str],
+                     pass_env: Collection[str] = ()) -> dict[str, str]:
+    """Inherited environment minus secrets (secret_names.py; the names in ``pass_env`` kept
+    anyway), plus ``extra`` (our variables, the message's env)."""
+    env = without_secrets(base, pass_env)
     env.update(extra)
     return env
 

@@ -100,6 +100,8 @@ class Settings:
     # exit statuses of a task that are final at once, never retried (settlement.py); bash's
     # own "cannot execute" and "command not found" by default
     no_retry_exit_codes: tuple[int, ...] = (126, 127)
+    # inherited variables a task sees although their names look like secrets (secret_names.py)
+    pass_env: tuple[str, ...] = ()
     retry_delay: float = 10.0
     retry_delay_max: float = 600.0
     task_time_limit: float | None = None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -33,6 +34,27 @@ DEFAULT_PRIORITY = 5
 MAX_PRIORITY = 9
 MAX_NOT_BEFORE = 95_617_584_000.0  # 5000-01-01 UTC, epoch seconds: later is a mistake
 MAX_UNIQUE_KEY = 128  # Service Bus message ids hold at most 128 characters
+
+
+MAX_ID = 128  # characters of a task id
+# The ids producers make: jobq-ctl a uuid4, ai4s-jobq a uuid4 or an md5 of the body, both as
+# 32 hex digits; a Storage Queue message id (which jobq-ctl requeue also takes) is a GUID.
+_MADE_ID = re.compile(r"[0-9a-f]{32}|[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}", re.IGNORECASE)
+
+
+def id_problem(task_id: str) -> str | None:
+    """Why ``task_id`` cannot be the id of any task (the body's rule, _validate), or None."""
+    if not task_id:
+        return "an empty task id"
+    if len(task_id) > MAX_ID:
+        return f"a task id is at most {MAX_ID} characters, this one {len(task_id)}"
+    return None
+
+
+def is_made_id(task_id: str) -> bool:
+    """Is ``task_id`` shaped like an id jobq-ctl or ai4s-jobq makes (32 hex digits, a GUID)?
+    Only a hand-written body has another id."""
+    return _MADE_ID.fullmatch(task_id) is not None
 
 
 class TaskFormatError(ValueError):
@@ -95,8 +117,9 @@ class Task:
             if value is not None:
                 body[key] = value
         text = json.dumps(body)
-        if len(text.encode("utf-8")) > MAX_BODY_BYTES:
-            raise TaskFormatError(f"task body is {len(text)} bytes, more than {MAX_BODY_BYTES}")
+        size = len(text.encode("utf-8"))
+        if size > MAX_BODY_BYTES:
+            raise TaskFormatError(f"task body is {size} bytes, more than {MAX_BODY_BYTES}")
         return text
 
     @classmethod
@@ -220,10 +243,11 @@ def _validate(cmd: Any, env: Any, cwd: Any, max_attempts: Any, task_id: Any) -> 
     if not _os_encodable(cmd):
         raise TaskFormatError("command contains characters no OS string can hold "
                               "(lone UTF-16 surrogates)")
-    if len(cmd.encode("utf-8", "surrogatepass")) > MAX_COMMAND_BYTES:
-        raise TaskFormatError(f"command is longer than {MAX_COMMAND_BYTES} bytes")
-    if not isinstance(task_id, str) or not task_id or len(task_id) > 128:
-        raise TaskFormatError("id must be a non-empty string of at most 128 characters")
+    size = len(cmd.encode("utf-8", "surrogatepass"))
+    if size > MAX_COMMAND_BYTES:
+        raise TaskFormatError(f"command is {size} bytes, more than {MAX_COMMAND_BYTES}")
+    if not isinstance(task_id, str) or id_problem(task_id):
+        raise TaskFormatError(f"id must be a non-empty string of at most {MAX_ID} characters")
     if not isinstance(env, dict):
         raise TaskFormatError("env is not an object")
     for key, value in env.items():

@@ -130,6 +130,16 @@ def _exit_codes(text: str) -> tuple[int, ...]:
             f"expected exit statuses separated by commas (e.g. 126,127), got {text!r}") from None
 
 
+def _env_names(text: str) -> tuple[str, ...]:
+    """``A,B`` -> ("A", "B"); empty -> () (--pass-env)."""
+    names = tuple(dict.fromkeys(part for part in text.replace(" ", "").split(",") if part))
+    bad = [n for n in names if "=" in n or "\x00" in n]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"expected variable names separated by commas (e.g. HF_TOKEN,DB_PASS), got {bad[0]!r}")
+    return names
+
+
 def _with_env_config(prog: str, argv: list[str]) -> list[str]:
     """JOBQ_CONFIG as if given as ``--config`` (configargparse reads no env var for it), so a
     missing file is the same one-line exit 2; a ``--config`` flag wins.  jobq-ctl's ``-c`` is

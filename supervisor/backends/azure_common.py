@@ -1,6 +1,6 @@
-"""What the two Azure backends share: secret scrubbing, short error details, and the rules of
-``jobq-ctl requeue`` (which records match, what a requeued body looks like).  Nothing here
-talks to the network.
+"""What the two Azure backends share: secret scrubbing, short error details, the rules of
+``jobq-ctl requeue`` (which records match, what a requeued body looks like) and which queue
+names are where failed tasks go.  Nothing here talks to the network.
 """
 
 from __future__ import annotations
@@ -9,6 +9,19 @@ import json
 from collections.abc import Sequence
 
 from .base import FailedRecord
+
+FAILED_SUFFIX = "-failed"  # Storage Queue: failed tasks of queue Q go to Q-failed
+
+
+def failed_queue_of(backend: str, queue: str) -> str | None:
+    """The queue whose failed tasks ``queue`` holds, when it is such a queue (so no task may be
+    pushed into it: a worker would read a failure record, not a task); else None.  Service
+    Bus's dead-letter sub-queue (``Q/$DeadLetterQueue``) never gets here: settings.py refuses a
+    queue name with ``/`` or ``$``."""
+    if backend == "storage-queue" and queue.endswith(FAILED_SUFFIX) \
+            and len(queue) > len(FAILED_SUFFIX):
+        return queue[:-len(FAILED_SUFFIX)]
+    return None
 
 
 class Scrubber:

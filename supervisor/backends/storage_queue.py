@@ -30,7 +30,7 @@ from azure.core.exceptions import ResourceExistsError
 from azure.storage.queue import QueueClient, QueueMessage
 
 from ..task import Task, parse_or_body
-from .azure_common import Scrubber, matches, reset_for_requeue
+from .azure_common import FAILED_SUFFIX, Scrubber, matches, reset_for_requeue
 from .base import (
     Backend,
     BackendBase,
@@ -54,7 +54,6 @@ __all__ = ["StorageQueueBackend", "StorageQueueLease"]
 LOG = logging.getLogger(__name__)
 T = TypeVar("T")
 
-FAILED_SUFFIX = "-failed"
 QUEUED_NOTE = ("Storage Queue cannot tell pending from running or backing-off messages: "
                "queued counts all of them")
 MAX_HIDDEN = 7 * 86400  # s: the service's longest visibility timeout

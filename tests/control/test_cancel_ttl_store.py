@@ -48,7 +48,7 @@ def test_ctl_cancel_records_the_ttl_it_is_given(azurite_table) -> None:
     try:
         for task_id, extra in (("a", ("--cancel-ttl", "90s")), ("b", ()),
                                ("c", ("--cancel-ttl", "7d"))):
-            res = azure_ctl(conn, queue, "cancel", task_id, *extra)
+            res = azure_ctl(conn, queue, "cancel", task_id, "--any-id", *extra)
             assert res.returncode == 0, res.stderr
         ttls = {c.task_id: c.ttl for c in store.cancels(queue)}
         assert ttls == {"a": 90.0, "b": None, "c": None}

@@ -62,8 +62,13 @@ def test_workers_cancel_pause_drain_on_table_storage(azure):
     lost = json.loads(ctl(conn, queue, "workers", "--json", "--all").stdout)
     assert {x["id"]: x["state"] for x in lost}["vm2:12:cd"] == "lost"
 
-    # no index of task ids on Azure: any id is recorded, for the workers to meet
-    res = ctl(conn, queue, "cancel", "any-id", "--reason", "oops", "--cancel-ttl", "2d")
+    # no index of task ids on Azure: an id no producer makes is refused (issue 26), unless
+    # --any-id (a hand-written body's id); it is recorded for the workers to meet
+    line = one_error_line(ctl(conn, queue, "cancel", "any-id"), 2)
+    assert "'any-id' is not a task id" in line and "--any-id" in line
+    assert store.get_cancel(queue, "any-id") is None
+    res = ctl(conn, queue, "cancel", "any-id", "--any-id", "--reason", "oops",
+              "--cancel-ttl", "2d")
     assert res.returncode == 0, res.stderr
     assert "cancel recorded" in res.stdout
     cancel = store.get_cancel(queue, "any-id")
@@ -85,7 +90,7 @@ def test_workers_cancel_pause_drain_on_table_storage(azure):
 def test_an_unreachable_table_service_is_exit_1_within_10_s(azure):
     _, queue, _ = azure
     dead = table_connection_string(free_port())  # nothing listens there
-    for args in (["workers"], ["pause"], ["cancel", "t"]):
+    for args in (["workers"], ["pause"], ["cancel", "a" * 32]):
         t0 = time.monotonic()
         res = ctl(dead, queue, *args, timeout=30)
         assert time.monotonic() - t0 < 10
@@ -95,6 +100,6 @@ def test_an_unreachable_table_service_is_exit_1_within_10_s(azure):
 
 def test_service_bus_without_a_control_store_is_exit_2_naming_the_option(azure):
     _, queue, _ = azure
-    for args in (["workers"], ["cancel", "t"], ["pause"], ["drain", "w"]):
+    for args in (["workers"], ["cancel", "f" * 32], ["pause"], ["drain", "w"]):
         line = one_error_line(ctl(None, queue, *args), 2)
         assert "--control-account-url" in line

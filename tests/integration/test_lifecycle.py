@@ -85,6 +85,21 @@ def test_task_environment(env, monkeypatch):
     assert text.strip().endswith("/tmp")
 
 
+def test_plain_secret_names_are_kept_from_the_task(env):
+    """Issue 26 (5): KEY, TOKEN, APIKEY, DB_PASS, GITHUB_PAT, AZURE_STORAGE_SAS passed the old
+    suffix filter; --pass-env lets a named one through."""
+    out = env.tmp / "env.txt"
+    env.push(f"env > {out}")
+    secrets = {name: f"SECRET{i}" for i, name in enumerate(
+        ("KEY", "TOKEN", "APIKEY", "DB_PASS", "GITHUB_PAT", "AZURE_STORAGE_SAS", "HF_TOKEN"))}
+    sup = env.supervisor("--exit-when-empty", "--pass-env", "HF_TOKEN", env={
+        **secrets, "KEYBOARD": "kb", "PASSAGE": "ps"})
+    assert sup.wait(30) == 0
+    lines = out.read_text().splitlines()
+    assert [line for line in lines if "SECRET" in line] == ["HF_TOKEN=SECRET6"]
+    assert "KEYBOARD=kb" in lines and "PASSAGE=ps" in lines
+
+
 def test_task_time_limit(env):
     [tid] = env.push("sleep 30", extra=("--max-attempts", "1"))
     sup = env.supervisor("--task-time-limit", "1", "--exit-when-empty", "--kill-timeout", "2")

@@ -152,3 +152,14 @@ def test_names_the_service_takes_pass(name) -> None:
     from supervisor.backends.storage_queue import _QUEUE_NAME, FAILED_SUFFIX
 
     assert _QUEUE_NAME.match(name) and len(name) + len(FAILED_SUFFIX) <= 63
+
+
+def test_failed_queue_names():
+    """Issue 26 (5): the queues a push must not go to (jobq-ctl refuses them)."""
+    from supervisor.backends.azure_common import failed_queue_of
+
+    assert failed_queue_of("storage-queue", "jobs-failed") == "jobs"
+    assert failed_queue_of("storage-queue", "jobs") is None
+    assert failed_queue_of("storage-queue", "failed-jobs") is None
+    assert failed_queue_of("servicebus", "jobs-failed") is None  # a plain Service Bus queue
+    assert failed_queue_of("sqlite", "jobs-failed") is None  # failed tasks are rows there

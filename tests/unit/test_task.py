@@ -254,3 +254,20 @@ def test_escaped_bytes_round_trip_to_the_os() -> None:
     parsed = Task.parse(task.to_json())
     assert os.fsencode(parsed.cmd) == b"echo caf\xe9"
     assert os.fsencode(parsed.env["A"]) == b"\xff" and os.fsencode(parsed.cwd) == b"/tmp/\x80"
+
+
+def test_task_id_shapes():
+    """Issue 26 (5): what jobq-ctl refuses as a task id (ctl_guards.py)."""
+    import hashlib
+    import uuid
+
+    from supervisor.task import MAX_ID, Task, id_problem, is_made_id
+
+    for made in (Task(cmd="true").id, uuid.uuid4().hex, hashlib.md5(b"x").hexdigest(),
+                 str(uuid.uuid4()), str(uuid.uuid4()).upper()):
+        assert is_made_id(made) and id_problem(made) is None
+    for other in ("nope", "job-17", "a" * 31, "a" * 33, "g" * 32, ""):
+        assert not is_made_id(other)
+    assert id_problem("job-17") is None  # a hand-written body may carry it
+    assert id_problem("") and id_problem("x" * (MAX_ID + 1))
+    assert id_problem("x" * MAX_ID) is None

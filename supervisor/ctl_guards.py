@@ -1,0 +1,45 @@
+"""What ``jobq-ctl`` refuses before it opens a queue or a store: a push into a queue of
+failed tasks, an id that cannot be a task's.  One line, exit status 2 (a UsageError); main
+thread."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .backends.azure_common import failed_queue_of
+from .settings import Settings
+from .task import id_problem, is_made_id
+from .usage import UsageError
+
+
+def refuse_before_opening(ns: Any, settings: Settings) -> None:
+    """UsageError for what ``ns`` asks that no queue could do."""
+    if ns.command == "push":
+        refuse_failed_queue(settings)
+    ids = list(getattr(ns, "ids", None) or ()) + ([ns.id] if getattr(ns, "id", None) else [])
+    if ns.command in ("cancel", "requeue", "logs", "result"):
+        refuse_bad_ids(ns.command, ids, settings.backend != "sqlite"
+                       and ns.command == "cancel" and not ns.any_id)
+
+
+def refuse_failed_queue(settings: Settings) -> None:
+    """``--queue`` names a queue where failed tasks are recorded: a pushed task would be read
+    as a failure record and never run."""
+    base = failed_queue_of(settings.backend, settings.queue)
+    if base is not None:
+        raise UsageError(f"push: {settings.queue} is where the failed tasks of queue {base} "
+                         f"are recorded, not a task queue (push to {base}; jobq-ctl requeue "
+                         f"brings failed tasks back)")
+
+
+def refuse_bad_ids(command: str, ids: list[str], made_only: bool) -> None:
+    """An id no task can have; with ``made_only`` (a cancel on Azure, which has no index of
+    task ids to look one up in and would record any string) also one no producer makes."""
+    for task_id in ids:
+        problem = id_problem(task_id)
+        if problem is not None:
+            raise UsageError(f"{command}: {task_id[:40]!r} is not a task id: {problem}")
+        if made_only and not is_made_id(task_id):
+            raise UsageError(f"{command}: {task_id[:40]!r} is not a task id (jobq-ctl and "
+                             f"ai4s-jobq make 32 hex digits, as push prints them); nothing "
+                             f"cancelled (--any-id: the id of a hand-written body)")
