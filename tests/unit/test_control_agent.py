@@ -116,6 +116,7 @@ def test_a_cancel_the_task_outran_is_settled_by_its_exit() -> None:
 # ------------------------------------------------------------------------------- agent
 class Task_:
     cmd = "echo " + "x" * 300
+    env = {"B_SECRET": "v", "A": "1"}
 
 
 COUNTS = {"succeeded": 7, "failed": 2, "dead_lettered": 1, "retried": 5}
@@ -155,6 +156,7 @@ def test_heartbeat_record_lists_tasks_with_wall_clock_times(store) -> None:
     assert info.started == pytest.approx(1e9)  # started 10 s ago by the monotonic clock
     assert info.lease_expires == pytest.approx(1e9 + 10 + rt.keeper.expires - clock.now)
     assert info.cmd == Task_.cmd[:200]
+    assert info.env_names == ("A", "B_SECRET")  # names only, never values
 
 
 def test_poll_applies_a_cancel_to_the_running_task_and_caches_the_rest(store) -> None:

@@ -149,6 +149,7 @@ def test_several_queues_have_a_series_each(tmp_path: Path) -> None:
     for b in (high, low):  # what MultiQueueBackend reads of each, besides the sampler's
         b.lost_lease_return_delay, b.receive_ahead = 0.0, False  # type: ignore[attr-defined]
         b.change_probe = b.quick_settle = False  # type: ignore[attr-defined]
+        b.no_retry_delay = None  # type: ignore[attr-defined]
     multi = MultiQueueBackend({"high": high, "low": low})  # type: ignore[dict-item]
     make(metrics, multi, [0.0]).sample()  # type: ignore[arg-type]
     metrics.write()

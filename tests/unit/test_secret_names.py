@@ -54,7 +54,7 @@ _plain = st.sampled_from(["DB", "AZURE", "MY", "APP", "X1", "GITHUB", "STORAGE"]
        st.lists(_plain, max_size=3), _separators, st.booleans())
 def test_a_secret_word_anywhere(before, word, after, sep, upper):
     name = sep.join([*before, word.upper() if upper else word, *after])
-    assert is_secret_name(name)
+    assert is_secret_name(name) or name.upper() == "PWD"  # the shell's cwd, kept by name
 
 
 @given(st.lists(_plain, min_size=1, max_size=4), _separators)
