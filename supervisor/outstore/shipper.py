@@ -17,7 +17,7 @@ again is preceded by ``base.DROPPED`` with the count, at the place of the gap
 (``DROPPED_FULL`` when the store said it had no room meanwhile: a full disk), and once the
 store holds that marker one log line names the attempt and the count.  Each attempt
 stores at most ``output_max`` bytes of what the task printed, then ``base.TRUNCATED`` once;
-the rest is counted and ignored.  Failures back off, logged once per outage (outage.py).  Old
+the rest is counted and ignored.  Failures back off, logged once per outage (../outage.py).  Old
 output is purged soon after the store opens, then every PURGE_EVERY.  At exit the rest gets
 STOP_BUDGET seconds; what is left then is counted in one line (and, when the store said it
 is full, marked where each attempt's stored output stops if it has room for the marker), and
@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Callable, Union
 from ..threads import start_thread
 from . import base
 from .base import AttemptKey, OutputConfigError, OutputStore, OutputStoreError, OutputStoreFull
-from .outage import BACKOFF_MAX, BACKOFF_MIN, Outage  # noqa: F401 - tests read them here
+from ..outage import BACKOFF_MAX, BACKOFF_MIN, Outage  # noqa: F401 - tests read them here
 
 if TYPE_CHECKING:
     from ..settings import Settings
