@@ -37,8 +37,8 @@ def conn(tmp_path) -> Iterator[str]:
 
 def delete_table(conn: str) -> None:
     with TableServiceClient.from_connection_string(conn) as service:
+        # (not checked gone with a listing: running workers may have made it again already)
         service.delete_table(DEFAULT_TABLE)
-        assert DEFAULT_TABLE not in [t.name for t in service.list_tables()]
 
 
 def result(task_id: str, when: float) -> ResultRecord:
