@@ -80,17 +80,26 @@ def test_two_workers_bring_the_deleted_table_back_and_a_cancel_works(env: Env, c
     sups = [env.supervisor("--worker-id", f"w{i}", "-n", "2", "--control-interval", "1",
                            "--heartbeat-interval", "1", env=ctl_env) for i in (1, 2)]
 
+    last = [""]
+
     def both_listed() -> bool:
-        out = env.ctl("workers", env=ctl_env).stdout
+        last[0] = out = env.ctl("workers", env=ctl_env, check=False).stdout
         return "w1" in out and "w2" in out
 
-    wait_for(both_listed, 30, what="both workers in `jobq-ctl workers`")
+    def listed_within(seconds: float, what: str) -> None:
+        try:
+            wait_for(both_listed, seconds, what=what)
+        except AssertionError as exc:
+            logs = "\n".join(s.log() for s in sups)
+            raise AssertionError(f"{exc}\nlast listing:\n{last[0]}\nlogs:\n{logs}") from None
+
+    listed_within(60, "both workers in `jobq-ctl workers`")  # start-up on a busy machine
     wait_for(lambda: all(env.job(t)["status"] == "running" for t in ids), 30,
              what="all four tasks running")
     for n, task_id in enumerate(ids[:2]):
         delete_table(conn)
         t_deleted = time.monotonic()
-        wait_for(both_listed, BACK_WITHIN, what=f"both workers listed after deletion {n + 1}")
+        listed_within(BACK_WITHIN, f"both workers listed after deletion {n + 1}")
         assert time.monotonic() - t_deleted < BACK_WITHIN
         env.ctl("cancel", task_id, "--reason", f"after deletion {n + 1}", env=ctl_env)
         wait_for(lambda t=task_id: env.job(t)["status"] == "failed", 30,
