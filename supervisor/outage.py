@@ -1,6 +1,6 @@
 """Back-off and the outage lines of one store, shared by every thread that talks to one: the
-control thread (control/agent.py), the output-store thread (outstore/shipper.py) and the
-main loop's receive (pacing.py).
+control thread (control/agent.py), the output-store thread (outstore/shipper.py), the main
+loop's receive (pacing.py) and the queue sampler (sampler.py).
 
 A failed call backs off from ``backoff_min`` doubling to ``backoff_max``.  The outage is
 logged when it starts and, with ``repeat``, again at most every ``log_every`` seconds while
@@ -42,8 +42,9 @@ class Outage:
         self._last_logged = -math.inf
         self._logged = False
 
-    def failed(self, call: str, exc: BaseException, exc_info: bool = False) -> float:
-        """A ``call`` (e.g. "write") raised ``exc``: the seconds to wait before the next."""
+    def failed(self, call: str, exc: object, exc_info: bool = False) -> float:
+        """A ``call`` (e.g. "write") raised ``exc`` (or failed so: its text): the seconds to
+        wait before the next."""
         self.failures += 1
         self.backoff = min(max(self.backoff_min, self.backoff * 2), self.backoff_max)
         now = self.clock()
