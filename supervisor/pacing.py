@@ -40,7 +40,7 @@ log = logging.getLogger("jobq.worker")  # the worker's lines, whoever writes the
 BACKEND_RETRY_MAX = 10.0
 GATHER_SHARE = 0.5  # of a receive's time: the longest a receive waits for slots to free
 GATHER_MAX = 0.05  # s: ... and never longer
-RECEIVE_FAILURE_LOG_EVERY = 60.0  # s between two "receive failed" lines of one outage
+RECEIVE_FAILURE_LOG_EVERY = 60.0  # s between two "queue unavailable" lines of one outage
 
 
 class ReceivePacing:
