@@ -5,7 +5,7 @@ Main thread only (the worker's ``_receive``).  Three rules:
 
 * A failed receive is retried with a back-off doubling from 1 s to ``BACKEND_RETRY_MAX``; an
   outage (a database gone read-only, a queue service down) is one log line a minute, not one
-  per retry, and one more line when receiving works again.
+  per retry, and one more line when a receive answers again (outage.py).
 * After a receive that left a slot empty (the queue ran dry), the next one waits while tasks
   are starting or settling -- short work this thread has to see through.  A receive on a
   long-polling backend (Service Bus) blocks this thread for its whole wait when the queue is
@@ -29,46 +29,49 @@ from __future__ import annotations
 
 import logging
 import math
+import time
+from typing import Callable
 
 from .backends.base import BackendError
+from .outage import Outage
 
 log = logging.getLogger("jobq.worker")  # the worker's lines, whoever writes them
 
 BACKEND_RETRY_MAX = 10.0
 GATHER_SHARE = 0.5  # of a receive's time: the longest a receive waits for slots to free
 GATHER_MAX = 0.05  # s: ... and never longer
-RECEIVE_FAILURE_LOG_EVERY = 60.0  # s between two "receive failed" lines of one outage
+RECEIVE_FAILURE_LOG_EVERY = 60.0  # s between two "queue unavailable" lines of one outage
 
 
 class ReceivePacing:
     """The back-off of failed receives and the hold after a dry one (main thread)."""
 
-    def __init__(self, poll_interval: float) -> None:
+    def __init__(self, poll_interval: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.poll_interval = poll_interval
-        self.backoff = 0.0  # s before the next receive after a failure; 0 when the last worked
-        self.failures = 0  # in a row
-        self._failure_logged = -math.inf
+        self.outage = Outage("queue", log, clock, backoff_max=BACKEND_RETRY_MAX,
+                             log_every=RECEIVE_FAILURE_LOG_EVERY, repeat=True)
         self._dry_until = -math.inf  # the hold after a dry receive ends by then
         self.receive_time: float | None = None  # moving average of receives that filled
         self.gather_until: float | None = None  # the receive waits for slots until then
 
-    def failed(self, now: float, exc: Exception) -> float:
-        """A receive raised ``exc`` at ``now``: the seconds to wait before the next one."""
-        self.backoff = min(max(1.0, self.backoff * 2), BACKEND_RETRY_MAX)
-        self.failures += 1
-        if now >= self._failure_logged + RECEIVE_FAILURE_LOG_EVERY:
-            self._failure_logged = now
-            log.warning("receive failed (%d time(s) in a row; retrying in %.0fs): %s",
-                        self.failures, self.backoff, exc,
-                        exc_info=not isinstance(exc, BackendError))
-        return self.backoff
+    @property
+    def backoff(self) -> float:
+        """s before the next receive after a failure; 0 when the last worked."""
+        return self.outage.backoff
+
+    @property
+    def failures(self) -> int:
+        """Failed receives in a row."""
+        return self.outage.failures
+
+    def failed(self, exc: Exception) -> float:
+        """A receive raised ``exc``: the seconds to wait before the next one."""
+        return self.outage.failed("receive", exc, exc_info=not isinstance(exc, BackendError))
 
     def worked(self) -> None:
-        """A receive returned (messages or none)."""
-        if self.failures:
-            log.info("receive works again after %d failure(s)", self.failures)
-            self.failures, self._failure_logged = 0, -math.inf
-        self.backoff = 0.0
+        """A receive returned (messages or none): the only proof that the queue answers."""
+        self.outage.succeeded()
 
     def ran_dry(self, now: float) -> None:
         """A receive that returned at ``now`` left a slot empty."""

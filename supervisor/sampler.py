@@ -9,15 +9,14 @@ least (each sample is billed: 2 calls on Storage Queue, 1 on Service Bus).  The 
 sets gauges (prometheus-client values are thread-safe); the main thread writes the file.
 
 A failing backend only delays this thread: it backs off (doubling, up to BACKOFF_MAX), logs
-at most once a minute and once when it recovers, and the gauges keep their last value, so a
-scaler does not scale in on a blip; ``jobq_queue_sampled_timestamp_seconds`` says how old
-they are.
+at most once a minute and once when a sample works again (outage.py), and the gauges keep
+their last value, so a scaler does not scale in on a blip;
+``jobq_queue_sampled_timestamp_seconds`` says how old they are.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from typing import TYPE_CHECKING, Callable, Union
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Callable, Union
 from .backends import AZURE, open_backend
 from .backends.base import Backend, BackendConfigError, BackendError
 from .backends.multi import MultiQueueBackend
+from .outage import Outage
 from .threads import start_thread
 
 if TYPE_CHECKING:
@@ -49,8 +49,9 @@ class QueueSampler:
         self.opener, self.metrics, self.interval = opener, metrics, interval
         self.clock, self.wall = clock, wall  # monotonic for the schedule, wall for the ages
         self.backend: Union[Backend, None] = None
-        self.failures = 0
-        self._last_logged = -math.inf
+        self.outage = Outage("queue (metrics sampler)", log, clock, backoff_min=2 * interval,
+                             backoff_max=BACKOFF_MAX, log_every=LOG_EVERY, repeat=True,
+                             effect="the queue gauges keep their last value")
         self._stop = threading.Event()
         self._thread: Union[threading.Thread, None] = None
 
@@ -106,16 +107,13 @@ class QueueSampler:
             return self._failed(f"{type(exc).__name__}: {exc}")
         for name, depth, can_age, age in samples:
             self.metrics.queue_sampled(depth, age, can_age, self.wall(), queue=name)
-        if self.failures:
-            log.info("queue sampling works again after %d failure(s)", self.failures)
-            self.failures = 0
+        self.outage.succeeded()
         return self.interval
 
+    @property
+    def failures(self) -> int:
+        """Failed samples in a row."""
+        return self.outage.failures
+
     def _failed(self, why: str) -> float:
-        self.failures += 1
-        now = self.clock()
-        if now - self._last_logged >= LOG_EVERY:
-            self._last_logged = now
-            log.warning("cannot sample the queue for the metrics file (gauges keep their last "
-                        "value; next warning in %.0fs at the earliest): %s", LOG_EVERY, why)
-        return min(BACKOFF_MAX, self.interval * 2 ** min(self.failures, 10))
+        return self.outage.failed("sample", why)

@@ -81,7 +81,7 @@ class Worker:
         self.lifecycle = Lifecycle(settings, self.notifier, self.watchdog, self.events, clock)
         self.idle_since = clock()
         self.next_receive = clock()
-        self.pacing = ReceivePacing(settings.poll_interval)  # back-off; the hold when dry
+        self.pacing = ReceivePacing(settings.poll_interval, self.clock)  # back-off; hold when dry
         self.last_empty_receive: float | None = None
         self.reaper = Reaper(self.watchdog, self._helper_pids, clock())
         self.metrics = Metrics(settings.metrics_file, backend=settings.backend,
@@ -362,7 +362,7 @@ class Worker:
         except Exception as exc:  # BackendError; or a client library's bug (the Storage
             # Queue SDK has raised RuntimeError from a race in its model cache): retried too
             self.metrics.backend_error("receive")
-            self.next_receive = self.clock() + self.pacing.failed(now, exc)
+            self.next_receive = self.clock() + self.pacing.failed(exc)
             return
         self.pacing.worked()
         self.metrics.receive_ok()

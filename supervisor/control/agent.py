@@ -14,7 +14,7 @@ claim time with a dict lookup: no store call on the main thread, ever.
 Result records of attempts (settlement.py) wait in an ``Outbox`` and are written in batches,
 one store call each.  A store that is slow, down or black-holed only delays this thread:
 each failure backs off (doubling, up to BACKOFF_MAX), is logged at most once a minute, and
-the recovery once.
+the recovery once, by the first store call that answers again (outage.py).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 
 from .. import __version__
 from ..events import ControlRequest, Event
+from ..outage import Outage
 from ..security import SigningKey
 from ..threads import start_thread
 from .base import ControlConfigError, ControlStore, ControlStoreError, OnceLog
@@ -93,6 +94,8 @@ class ControlAgent:
         self.store: Union[ControlStore, None] = None
         self._cursor: Union[str, None] = None
         self._next_refresh = -math.inf
+        self._next_poll = self._next_beat = -math.inf  # (set by _loop)
+        self._next_purge = math.inf
         self._seen_commands: set[str] = set()
         self._acted: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self.outbox = Outbox(clock)  # result records not written yet
@@ -102,10 +105,9 @@ class ControlAgent:
         self._stop = threading.Event()
         self.beat_now = False  # the state changed: upsert the record without waiting
         self._clean_exit = False
-        self._failures = 0
-        self._backoff = 0.0
-        self._last_logged = -math.inf
-        self._outage_logged = False
+        self.outage = Outage("control store", log, clock, backoff_max=BACKOFF_MAX,
+                             log_every=LOG_EVERY, repeat=True,
+                             effect="tasks, leases and settlements are not affected")
         self._once = OnceLog()
         self._thread: Union[threading.Thread, None] = None
 
@@ -177,48 +179,58 @@ class ControlAgent:
                 log.error("control store: %s; fleet control is off for this run", exc)
                 return False
             except ControlStoreError as exc:
-                self._failed("open", exc)
-                self._sleep(self._backoff)
+                self._sleep(self.outage.failed("open", exc))
                 continue
-            if self.store is None:
-                return False
-            self._recovered()
-            return True
+            # Not a recovery yet: opening may make no call (the Azure client is lazy); the
+            # loop's first call that answers ends the outage.
+            return self.store is not None
         return False
 
     def _loop(self) -> None:
         now = self.clock()
-        next_poll = next_beat = now
-        next_purge = now + PURGE_EVERY / 2
+        self._next_poll = self._next_beat = now
+        self._next_purge = now + PURGE_EVERY / 2
         while not self._stop.is_set():
-            try:
-                self._flush()
-                now = self.clock()
-                if now >= self.outbox.due():
-                    self._write_results()
-                if now >= next_poll:
-                    self._poll()
-                    next_poll = now + self.control_interval
-                if now >= next_beat or self.beat_now:
-                    self.beat_now = False
-                    self._heartbeat()
-                    next_beat = now + self.heartbeat_interval
-                if now >= next_purge:
-                    self._purge()
-                    next_purge = now + PURGE_EVERY
-                self._recovered()
-            except Exception as exc:  # ControlStoreError; or a bug: the thread must live on
-                if not isinstance(exc, ControlStoreError):
-                    log.exception("control thread: unexpected error")
-                self._failed("call", exc)
-                next_poll = max(next_poll, self.clock() + self._backoff)
-                next_beat = max(next_beat, next_poll)
-                self.outbox.retry_at = next_poll
-            self._report_drops()
-            # ... or until the next cancel expires: the launcher reads the cache as it is
-            due = min(next_poll, next_beat, next_purge, self.outbox.due())
-            self._sleep(max(0.0, min(due - self.clock(), self._expire() - self.wall())))
+            self._sleep(self._pass())
         self._finish()
+
+    def _pass(self) -> float:
+        """Do what is due; the seconds until the next pass at the latest (control thread)."""
+        try:
+            # Whether a store call answered in this pass: a pass woken by a finished task
+            # may have nothing due and make none, which proves nothing about the store -- it
+            # must neither declare an outage over nor reset its back-off.
+            called = self._flush()
+            now = self.clock()
+            if now >= self.outbox.due():
+                called = self._write_results() or called
+            if now >= self._next_poll:
+                self._poll()
+                self._next_poll = now + self.control_interval
+                called = True
+            # (a state change is beaten at once, but not in a back-off)
+            if now >= self._next_beat or (self.beat_now and now >= self.outage.retry_at):
+                self.beat_now = False
+                self._heartbeat()
+                self._next_beat = now + self.heartbeat_interval
+                called = True
+            if now >= self._next_purge:
+                self._purge()
+                self._next_purge = now + PURGE_EVERY
+                called = True
+            if called:
+                self.outage.succeeded()
+        except Exception as exc:  # ControlStoreError; or a bug: the thread must live on
+            if not isinstance(exc, ControlStoreError):
+                log.exception("control thread: unexpected error")
+            self._next_poll = max(self._next_poll,
+                                  self.clock() + self.outage.failed("call", exc))
+            self._next_beat = max(self._next_beat, self._next_poll)
+            self.outbox.retry_at = self._next_poll
+        self._report_drops()
+        # ... or until the next cancel expires: the launcher reads the cache as it is
+        due = min(self._next_poll, self._next_beat, self._next_purge, self.outbox.due())
+        return max(0.0, min(due - self.clock(), self._expire() - self.wall()))
 
     def _finish(self) -> None:
         """At exit: acknowledge what was acted on, write results, delete the record."""
@@ -241,48 +253,35 @@ class ControlAgent:
         except queue.Empty:
             pass
 
-    def _failed(self, what: str, exc: Exception) -> None:
-        self._failures += 1
-        self._backoff = min(max(1.0, self._backoff * 2), BACKOFF_MAX)
-        now = self.clock()
-        if now - self._last_logged >= LOG_EVERY:
-            self._last_logged = now
-            self._outage_logged = True
-            log.warning("control store unavailable (%s failed, %d failure(s) so far; retrying "
-                        "in %.0fs; tasks, leases and settlements are not affected): %s",
-                        what, self._failures, self._backoff, exc)
-
-    def _recovered(self) -> None:
-        # Only an outage that was logged gets its recovery line: a flapping store stays at
-        # one warning a minute, and no recovery line without one.
-        if self._failures and self._outage_logged:
-            log.info("control store reachable again after %d failed call(s)", self._failures)
-        self._failures = 0
-        self._backoff = 0.0
-        self._outage_logged = False
-
-    def _flush(self) -> None:
+    def _flush(self) -> bool:
+        """Acknowledge what the main loop acted on; whether a store call was made (control
+        thread)."""
         assert self.store is not None
+        called = False
         while True:
             try:
                 command = self._acted.get_nowait()
             except queue.Empty:
-                break
+                return called
             try:
                 self.store.ack_command(command)
             except ControlStoreError:
                 self._acted.put(command)  # next time
                 raise
+            called = True
             self.beat_now = True  # a drain or stop changed the worker's state
 
-    def _write_results(self) -> None:
-        """Every waiting result record in one store call (control thread)."""
+    def _write_results(self) -> bool:
+        """Every waiting result record in one store call; whether one was made (control
+        thread)."""
         assert self.store is not None
         batch = self.outbox.batch()
-        if batch:
-            self.store.put_results(list(batch.values()))
-            self.outbox.written(batch)
-            release_final(self.store, batch.values())
+        if not batch:
+            return False
+        self.store.put_results(list(batch.values()))
+        self.outbox.written(batch)
+        release_final(self.store, batch.values())
+        return True
 
     def _report_drops(self) -> None:
         dropped, now = self.outbox.dropped, self.clock()

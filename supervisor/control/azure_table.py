@@ -117,10 +117,11 @@ class AzureTableControlStore(AzureClaims):
                 f"{self.scrub(str(exc))}") from None
         self.endpoint = self.scrub(self._client.url.split("?", 1)[0])
         self.create = create
-        # The table is made by the first call that finds it missing, not here: a worker's
-        # first poll is then one round trip (not two) before its first receive, on every
-        # run but the first on a new account.
-        self._made = not create
+        # The table is made by a call that finds it missing, not here: a worker's first poll
+        # is then one round trip (not two) before its first receive, on every run but the
+        # first on a new account.  Every time it is found missing, not only the first: a
+        # table deleted under running workers (an in-memory Azurite restarted, an operator's
+        # delete) comes back with their next call.
 
     def __repr__(self) -> str:
         return f"AzureTableControlStore({self.endpoint!r}, table={self._client.table_name!r})"
@@ -138,17 +139,15 @@ class AzureTableControlStore(AzureClaims):
                            ControlConfigError, ControlStoreError)
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
-        try:
-            return fn()
-        except ResourceNotFoundError as exc:
-            # (an insert's error carries the code only in its text)
-            if self._made or "TableNotFound" not in (error_code(exc) or str(exc)):
-                raise self._error(what, exc) from None
-        except (AzureError, OSError, ValueError) as exc:
-            raise self._error(what, exc) from None
-        self._create()
-        self._made = True
-        return self._call(what, fn)
+        """``fn``'s answer; a missing table is made (``create``) and ``fn`` tried once more."""
+        for last in (False, True):
+            try:
+                return fn()
+            except (AzureError, OSError, ValueError) as exc:
+                if last or not self.create or not table_missing(exc):
+                    raise self._error(what, exc) from None
+            self._create()
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _put(self, part: str, row: str, record: Record, at: float) -> None:
         entity = _entity(part, row, record, at)
@@ -347,6 +346,16 @@ class AzureTableControlStore(AzureClaims):
 
     def close(self) -> None:
         self._client.close()
+
+
+def table_missing(exc: BaseException) -> bool:
+    """Whether ``exc`` says the table does not exist, in any of the forms the SDK reports
+    it: a ResourceNotFoundError with code TableNotFound (an insert's error carries the code
+    only in its text), or a batch's TableTransactionError "0:The table specified does not
+    exist" (code and status of the failed operation inside the batch)."""
+    text = str(exc)
+    return (error_code(exc) == "TableNotFound" or "TableNotFound" in text
+            or "The table specified does not exist" in text)
 
 
 def _entity(part: str, row: str, record: Record, at: float,

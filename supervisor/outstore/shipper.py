@@ -17,7 +17,7 @@ again is preceded by ``base.DROPPED`` with the count, at the place of the gap
 (``DROPPED_FULL`` when the store said it had no room meanwhile: a full disk), and once the
 store holds that marker one log line names the attempt and the count.  Each attempt
 stores at most ``output_max`` bytes of what the task printed, then ``base.TRUNCATED`` once;
-the rest is counted and ignored.  Failures back off, logged once per outage (outage.py).  Old
+the rest is counted and ignored.  Failures back off, logged once per outage (../outage.py).  Old
 output is purged soon after the store opens, then every PURGE_EVERY.  At exit the rest gets
 STOP_BUDGET seconds; what is left then is counted in one line (and, when the store said it
 is full, marked where each attempt's stored output stops if it has room for the marker), and
@@ -45,10 +45,12 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, Union
 
+from ..outage import Outage
 from ..threads import start_thread
 from . import base
 from .base import AttemptKey, OutputConfigError, OutputStore, OutputStoreError, OutputStoreFull
-from .outage import BACKOFF_MAX, BACKOFF_MIN, Outage  # noqa: F401 - tests read them here
+
+BACKOFF_MIN, BACKOFF_MAX = 1.0, 30.0
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -130,7 +132,11 @@ class OutputShipper:
         self._stop_by = math.inf
         self._next_flush = -math.inf
         self._next_purge = math.inf
-        self._outage = Outage(clock, buffer_limit)
+        self._outage = Outage(
+            "output store", log, clock, backoff_min=BACKOFF_MIN, backoff_max=BACKOFF_MAX,
+            effect=f"output is held up to {buffer_limit} bytes, then dropped with a marker; "
+                   "tasks and leases are not affected")
+        self._answered = 0  # store calls that answered: only they end an outage
         self._thread: Union[threading.Thread, None] = None
 
     @classmethod
@@ -287,6 +293,7 @@ class OutputShipper:
         due = now >= self._next_flush
         if due:
             self._next_flush = now + FLUSH_EVERY
+        answered = self._answered
         try:
             self._ship(due)
             if self.clock() >= self._next_purge:
@@ -297,7 +304,8 @@ class OutputShipper:
             self._outage.failed("write", exc)
             return max(0.0, self._outage.retry_at - self.clock())
         self._full = False
-        self._outage.recovered()
+        if self._answered > answered:  # a pass with nothing to write proves nothing
+            self._outage.succeeded()
         return max(0.0, min(self._next_flush, self._next_purge) - self.clock())
 
     def drain(self) -> None:
@@ -306,10 +314,12 @@ class OutputShipper:
         if self.store is None and self.held() and not self.disabled:
             self._open()  # stopped before its first tick opened it
         while self.store is not None and self.clock() < self._stop_by:
+            answered = self._answered
             try:
                 if not self._ship(True):
                     return
-                self._outage.recovered()
+                if self._answered > answered:
+                    self._outage.succeeded()
             except OutputStoreError as exc:
                 self._full = isinstance(exc, OutputStoreFull)
                 self._outage.failed("write", exc)
@@ -355,7 +365,7 @@ class OutputShipper:
         self.store = store
         self._next_purge = self.clock() + PURGE_FIRST
         log.debug("output store open: %r", store)
-        self._outage.recovered()
+        # Not a recovery yet: opening may make no call (an SDK client is built lazily).
         return True
 
     def _disable(self) -> None:
@@ -388,6 +398,7 @@ class OutputShipper:
                     if not a.opened:
                         self._reopen(store, a)
                     store.append(a.key, a.inflight)  # raises: a.inflight is retried as is
+                    self._answered += 1
                     with self._lock:
                         self._buffered -= len(a.inflight)
                         self.bytes_stored += len(a.inflight)
@@ -405,6 +416,7 @@ class OutputShipper:
                 if finished:
                     if a.seen:  # printed nothing: nothing stored (see the module's doc)
                         store.finish(a.key)
+                        self._answered += 1
                     with self._lock:
                         if a in self._closing:
                             self._closing.remove(a)
@@ -461,6 +473,7 @@ class OutputShipper:
     def _purge(self) -> None:
         assert self.store is not None
         deleted = self.store.purge(self.wall() - self.retention)
+        self._answered += 1
         if deleted:
             log.info("output store: purged the output of %d attempt(s) older than %gs",
                      deleted, self.retention)

@@ -15,13 +15,22 @@ import pytest
 from supervisor_fakes import FakeClock, FakeLease, make_dog, make_task, run_until
 from test_settlement import Harness, settled
 
-from supervisor.control import Cancel, Command, ControlStoreError, QueueFlag, new_seq
+from supervisor.control import (
+    Cancel,
+    Command,
+    ControlSnapshot,
+    ControlStoreError,
+    QueueFlag,
+    ResultRecord,
+    new_seq,
+)
 from supervisor.control.agent import BACKOFF_MAX, LOG_EVERY, ControlAgent
 from supervisor.control.signing import sign
 from supervisor.control.sqlite import SqliteControlStore
 from supervisor.events import ControlRequest
 from supervisor.security import SigningKey, key_id
 from supervisor.watchdog import Escalation
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -129,8 +138,8 @@ def agent_for(store: Any, clock: FakeClock, tasks: list | None = None, **kw: Any
     agent = ControlAgent(queue_name="q", worker_id="w1", opener=lambda: store, events=events,
                          wake_watchdog=lambda: wakes.append(1),
                          view=lambda: ("running", tuple(tasks or ()), 4, COUNTS), clock=clock,
-                         wall=lambda: 1e9 + clock.now - T0, control_interval=1.0,
-                         heartbeat_interval=5.0, **kw)
+                         **{"wall": lambda: 1e9 + clock.now - T0, "control_interval": 1.0,
+                            "heartbeat_interval": 5.0, **kw})
     agent.store = store
     return agent, events, wakes
 
@@ -237,12 +246,12 @@ def test_outage_backs_off_logs_once_a_minute_and_recovery_once(caplog) -> None:
             try:
                 agent._heartbeat()
             except ControlStoreError as exc:
-                agent._failed("call", exc)
-            backoffs.append(agent._backoff)
-            clock.now += agent._backoff
+                agent.outage.failed("call", exc)
+            backoffs.append(agent.outage.backoff)
+            clock.now += agent.outage.backoff
         store.down = False
         agent._heartbeat()
-        agent._recovered()
+        agent.outage.succeeded()
     assert backoffs[:7] == [1, 2, 4, 8, 16, 32, 60] and max(backoffs) == BACKOFF_MAX
     warned = [r for r in caplog.records if "unavailable" in r.getMessage()]
     elapsed = clock.now - T0
@@ -305,10 +314,57 @@ def test_a_flapping_store_still_logs_once_a_minute(caplog) -> None:
     agent, _, _ = agent_for(store, clock)
     with caplog.at_level(logging.INFO, "jobq.control"):
         for _ in range(30):  # down for one call, up for the next, every 2 s for a minute
-            agent._failed("call", ControlStoreError("reset"))
+            agent.outage.failed("call", ControlStoreError("reset"))
             clock.now += 1
-            agent._recovered()
+            agent.outage.succeeded()
             clock.now += 1
     messages = [r.getMessage() for r in caplog.records]
     assert sum("unavailable" in m for m in messages) == 1
     assert sum("again" in m for m in messages) == 1
+
+
+def test_a_wake_up_without_a_store_call_is_no_recovery_nor_a_reset_back_off(caplog) -> None:
+    """Issue 26: the control thread, woken by a finished task during an outage, made no
+    store call and declared the store "reachable again" (and reset its back-off); the line
+    at the real recovery never came.  The real thread, with a clock that only the test
+    moves: a pass is seen through the wall clock it reads at every pass's end."""
+    class Store(FailingStore):
+        def poll(self, *a: Any) -> ControlSnapshot:
+            self.__getattr__("poll")()
+            return ControlSnapshot(None, (), (), None)
+
+    clock = FakeClock(T0)
+    store = Store()
+    passes = [0]
+
+    def wall() -> float:
+        passes[0] += 1
+        return 1e9 + clock.now - T0
+
+    agent, _, _ = agent_for(store, clock, wall=wall)
+    record = ResultRecord(queue="q", task_id="t1", attempt=1, outcome="succeeded",
+                          reason="", tail="", exit_status=0, worker="w1", when=1e9)
+    with caplog.at_level(logging.INFO, "jobq.control"):
+        agent.start()
+        try:
+            wait_for(lambda: store.calls >= 1, 10, what="the first (failing) call")
+            seen = passes[0]
+            agent.result(record)  # a task ended: the thread wakes, with nothing due yet
+            wait_for(lambda: passes[0] > seen + 1, 10, what="a pass after the wake-up")
+            assert store.calls == 1  # in the back-off: no call made ...
+            assert not [r for r in caplog.records if "again" in r.getMessage()]  # ... so no
+            assert agent.outage.backoff == 1.0 and agent.outage.failures == 1  # recovery
+            clock.now += 1.0  # the back-off is over: the next call fails again, doubling it
+            wait_for(lambda: store.calls >= 2, 10, what="the call after the back-off")
+            wait_for(lambda: agent.outage.backoff == 2.0, 10, what="the doubled back-off")
+            store.down = False
+            clock.now += 2.0
+            wait_for(lambda: [r for r in caplog.records if "again" in r.getMessage()], 10,
+                     what="the recovery line")
+        finally:
+            agent.stop(clean=False)
+    assert [r.getMessage() for r in caplog.records if "again" in r.getMessage()] == [
+        "control store reachable again after 2 failed call(s)"]
+    assert [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()][0] \
+        .startswith("control store unavailable (call failed, 1 failure(s) so far; retrying "
+                    "in 1s; tasks, leases and settlements are not affected)")

@@ -105,13 +105,15 @@ def test_failures_back_off_log_once_a_minute_and_keep_the_gauges(
         delays.append(sampler.sample())
         now[0] += delays[-1]
     assert delays[:3] == [10.0, 20.0, 40.0] and delays[-1] == BACKOFF_MAX
-    warnings = [r for r in caplog.records if "cannot sample the queue" in r.getMessage()]
+    warnings = [r for r in caplog.records
+                if "queue (metrics sampler) unavailable" in r.getMessage()]
     assert 1 < len(warnings) <= sum(delays) / LOG_EVERY + 1
     metrics.write()
     assert read(tmp_path / "m.prom")["jobq_queue_depth"] == 7  # the last good value
     backend.fail = False
     assert sampler.sample() == 5.0
-    assert any("works again after 12" in r.getMessage() for r in caplog.records)
+    assert [r.getMessage() for r in caplog.records if "again" in r.getMessage()] == [
+        "queue (metrics sampler) reachable again after 12 failed call(s)"]
     metrics.write()
     assert read(tmp_path / "m.prom")["jobq_queue_depth"] == 99
 

@@ -463,3 +463,34 @@ def test_a_failed_reopen_is_retried_and_the_marker_written_once():
     sh.tick()
     assert stored(store) == b"earlier\n" + RERUN.format(attempt=1).encode() + b"again\n"
     assert store.finished == [K]
+
+
+def test_an_open_or_a_pass_without_a_store_call_is_no_recovery(caplog):
+    """Issue 26: only a store call that answered ends an outage.  Opening (an SDK client is
+    built lazily, no call) and a pass with nothing to write prove nothing: no "reachable
+    again" line and no reset of the back-off until a write goes through."""
+    caplog.set_level(logging.INFO, logger="jobq")
+    tries = []
+    store = FakeStore()
+
+    def opener():
+        tries.append(1)
+        if len(tries) < 3:
+            raise OutputStoreError("no route")
+        return store
+
+    sh, _s, clock = make(opener=opener)
+    assert sh.tick() == 1.0
+    clock.now += 1.0
+    assert sh.tick() == 2.0
+    clock.now += 2.0
+    sh.tick()  # opens: no call made, nothing to write
+    assert sh.store is store and store.calls == []
+    assert not [r for r in caplog.records if "reachable again" in r.message]
+    assert sh._outage.failures == 2 and sh._outage.backoff == 2.0
+    sh.feed(K, b"now\n")
+    clock.now += mod.FLUSH_EVERY
+    sh.tick()  # the first call that answered
+    assert stored(store) == b"now\n"
+    assert [r.message for r in caplog.records if "reachable again" in r.message] == [
+        "output store reachable again after 2 failed call(s)"]
