@@ -8,7 +8,7 @@ delay the kill.  A definitive LeaseLost sets ``lock_lost`` at once.
 The keeper never signals a process.
 
 What the keeper does at the end is one settlement step it is handed -- ``Complete``,
-``Release`` or ``DeadLetter``, each one broker call on the lease (``apply``), or None for
+``Release`` or ``DeadLetter`` (settle_steps.py), each one broker call on the lease, or None for
 "settle nothing".  The keeper decides when and whether to run it (not after a lost lease,
 retried after a BackendError while the lease lasts, renewing it meanwhile), never what it is:
 that is settlement.py's business.  A settlement that did not happen says why in
@@ -21,12 +21,12 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Union
+from typing import Callable
 
 from .backends.base import BackendError, Lease, LeaseLost
 from .settings import safety_margin
+from .settle_steps import SettleStep
 from .threads import Flag, start_fast
 
 log = logging.getLogger("jobq.lease")
@@ -46,43 +46,6 @@ RENEW_WHILE_SETTLING = 5.0
 MIN_RENEW_CALL = 0.5  # a renewal is not worth sending with less time than this for it
 # settle_result of a settlement that failed because the service could not be reached
 UNREACHABLE = "not settled: service unreachable"
-
-
-# -- settlement steps: what to do to a lease once its task is over (any thread builds one; the
-# keeper thread, or the main thread in ``settle_here``, applies it)
-@dataclass(frozen=True)
-class Complete:
-    """The task succeeded: remove the message for good."""
-
-    def apply(self, lease: Lease) -> None:
-        lease.complete()
-
-
-@dataclass(frozen=True)
-class Release:
-    """Put the message back, visible after ``delay`` seconds; ``count_attempt=False``
-    (preemption, a lease received ahead and never started) gives the attempt back."""
-
-    count_attempt: bool
-    delay: float = 0.0
-
-    def apply(self, lease: Lease) -> None:
-        lease.release(count_attempt=self.count_attempt, delay=self.delay)
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """Give up on the message: failed state / dead-letter queue, with the reason."""
-
-    reason: str
-    tail: str = ""
-    exit_status: int | None = None
-
-    def apply(self, lease: Lease) -> None:
-        lease.dead_letter(self.reason, self.tail, self.exit_status)
-
-
-SettleStep = Union[Complete, Release, DeadLetter]
 
 
 def lease_deadline(t_sent: float, granted: float) -> float:
@@ -248,6 +211,14 @@ class LeaseKeeper:
             return
         finally:
             self.call_started = None
+        self._granted(t_sent, granted)
+        if log.isEnabledFor(logging.DEBUG):
+            until = datetime.now(timezone.utc) + timedelta(seconds=granted)
+            log.debug("Lock renewed till %s", until.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                      extra={"task_id": self.task_id})
+
+    def _granted(self, t_sent: float, granted: float) -> None:
+        """A renewal sent at ``t_sent`` got ``granted`` seconds (keeper thread)."""
         self._renewed(t_sent, ok=True)
         self.renewals += 1
         self.granted = granted
@@ -255,10 +226,6 @@ class LeaseKeeper:
         self.expires = t_sent + granted
         # A broker may grant less than asked: renew well before this grant runs out.
         self.next_renew = next_renewal(t_sent, granted, self.renew_interval)
-        if log.isEnabledFor(logging.DEBUG):
-            until = datetime.now(timezone.utc) + timedelta(seconds=granted)
-            log.debug("Lock renewed till %s", until.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                      extra={"task_id": self.task_id})
 
     def _renewed(self, t_sent: float, ok: bool) -> None:
         if self._on_renewal is not None:
@@ -348,12 +315,7 @@ class LeaseKeeper:
             return ""
         finally:
             self.call_started = None
-        self._renewed(t_sent, ok=True)
-        self.renewals += 1
-        self.granted = granted
-        self.deadline = lease_deadline(t_sent, granted)
-        self.expires = t_sent + granted
-        self.next_renew = next_renewal(t_sent, granted, self.renew_interval)
+        self._granted(t_sent, granted)
         return "renewed"
 
     def _not_settled(self, error: Exception | None) -> None:

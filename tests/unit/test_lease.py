@@ -15,14 +15,12 @@ from supervisor.lease import (
     SETTLE_LAST_TRY,
     SETTLE_RETRY_MAX,
     UNREACHABLE,
-    Complete,
-    DeadLetter,
     LeaseKeeper,
-    Release,
     lease_deadline,
     next_renewal,
 )
 from supervisor.settings import safety_margin
+from supervisor.settle_steps import Complete, DeadLetter, Release
 
 pytestmark = pytest.mark.timeout(10)
 
