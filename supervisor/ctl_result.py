@@ -102,12 +102,17 @@ def _took(seconds: float | None) -> str:
     return f"{seconds:.1f}s" if seconds < 60 else duration_text(seconds)
 
 
-def _detail(r: ResultRecord) -> str:
+def _detail(r: ResultRecord, again: int | None = None) -> str:
+    """The DETAIL column; ``again``: the attempt that ran after this one, said for a
+    ``lock-lost`` attempt -- it may have run to its end (its settlement did not happen) and
+    the task ran a second time."""
     parts = ["final"] if r.final else []
     if r.cancelled_by and not r.reason.startswith("cancelled by"):  # said once
         parts.append(f"cancelled by {r.cancelled_by}")
     if r.reason:
         parts.append(r.reason)
+    if again is not None and r.outcome == "lock-lost":
+        parts.append(f"ran again as attempt {again}")
     return "; ".join(parts)
 
 
@@ -137,10 +142,11 @@ def cmd_result(ns: Any, backend: Backend | None, store: ControlStore) -> int:
     print(f"{'ATTEMPT':>7}  {'STATE':11}  {'STATUS':10}  {'WORKER':30}  {'STARTED':20}  "
           f"{'FINISHED':20}  {'TOOK':>7}  DETAIL")
     last = records[-1].attempt
+    later = {r.attempt: n.attempt for r, n in zip(records, records[1:])}
     for r in records:
         of = f"{r.attempt}/{r.max_attempts}" if r.max_attempts else str(r.attempt)
         state = shown_state(r, workers, now, r.attempt < last)
         took = _took(_duration(r, now, state))
         print(f"{of:>7}  {state:11}  {_status(r):10}  {r.worker:30}  {iso(r.started):20}  "
-              f"{iso(r.finished):20}  {took:>7}  {_detail(r)}".rstrip())
+              f"{iso(r.finished):20}  {took:>7}  {_detail(r, later.get(r.attempt))}".rstrip())
     return 0

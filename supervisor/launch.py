@@ -21,7 +21,7 @@ from .ahead import LOST, START, Held, ReceiveAhead
 from .backends.base import Lease
 from .backends.multi import queue_of
 from .events import WAKE, Event
-from .lease import LeaseKeeper, Release
+from .lease import LeaseKeeper
 from .lifeline import Lifeline
 from .logs import log_fast
 from .metrics import Metrics
@@ -30,6 +30,7 @@ from .outstore.base import AttemptKey
 from .process import task_environment
 from .security import TaskGuard
 from .settings import Settings
+from .settle_steps import Release
 from .settlement import Settlement, attempts_allowed, cancel_reason, spawn_not_retried
 from .spawner import Spawner, SpawnJob
 from .task import Task

@@ -8,9 +8,12 @@ delay the kill.  A definitive LeaseLost sets ``lock_lost`` at once.
 The keeper never signals a process.
 
 What the keeper does at the end is one settlement step it is handed -- ``Complete``,
-``Release`` or ``DeadLetter``, each one broker call on the lease (``apply``), or None for
+``Release`` or ``DeadLetter`` (settle_steps.py), each one broker call on the lease, or None for
 "settle nothing".  The keeper decides when and whether to run it (not after a lost lease,
-retried after a BackendError), never what it is: that is settlement.py's business.
+retried after a BackendError while the lease lasts, renewing it meanwhile), never what it is:
+that is settlement.py's business.  A settlement that did not happen says why in
+``unsettled_reason``: refused (a definitive LeaseLost) or the service unreachable until the
+lease ended -- the result record and the log repeat it.
 """
 
 from __future__ import annotations
@@ -18,12 +21,12 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Union
+from typing import Callable
 
 from .backends.base import BackendError, Lease, LeaseLost
 from .settings import safety_margin
+from .settle_steps import SettleStep
 from .threads import Flag, start_fast
 
 log = logging.getLogger("jobq.lease")
@@ -34,48 +37,30 @@ RETRY_AFTER_FAILURE = 2.0  # a failed renewal is retried this soon (or at renew_
 # never past the lease deadline): an outage of the queue service must not turn every finished
 # task into a call a second.
 SETTLE_RETRY_MAX = 30.0
-
-
-# -- settlement steps: what to do to a lease once its task is over (any thread builds one; the
-# keeper thread, or the main thread in ``settle_here``, applies it)
-@dataclass(frozen=True)
-class Complete:
-    """The task succeeded: remove the message for good."""
-
-    def apply(self, lease: Lease) -> None:
-        lease.complete()
-
-
-@dataclass(frozen=True)
-class Release:
-    """Put the message back, visible after ``delay`` seconds; ``count_attempt=False``
-    (preemption, a lease received ahead and never started) gives the attempt back."""
-
-    count_attempt: bool
-    delay: float = 0.0
-
-    def apply(self, lease: Lease) -> None:
-        lease.release(count_attempt=self.count_attempt, delay=self.delay)
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """Give up on the message: failed state / dead-letter queue, with the reason."""
-
-    reason: str
-    tail: str = ""
-    exit_status: int | None = None
-
-    def apply(self, lease: Lease) -> None:
-        lease.dead_letter(self.reason, self.tail, self.exit_status)
-
-
-SettleStep = Union[Complete, Release, DeadLetter]
+# The last settlement try is sent this long before the lease deadline (which keeps its safety
+# margin before the lock itself ends): a wait never crosses the deadline.
+SETTLE_LAST_TRY = 1.0
+# A renewal while a settlement waits gives up after this (or at the next settlement try): a
+# black-holed call must not eat the time left for the settlement's own last try.
+RENEW_WHILE_SETTLING = 5.0
+MIN_RENEW_CALL = 0.5  # a renewal is not worth sending with less time than this for it
+# settle_result of a settlement that failed because the service could not be reached
+UNREACHABLE = "not settled: service unreachable"
 
 
 def lease_deadline(t_sent: float, granted: float) -> float:
     """The kill deadline of a lock of ``granted`` seconds sent at ``t_sent`` (any thread)."""
     return t_sent + granted - safety_margin(granted)
+
+
+def settle_retry_at(now: float, wait: float, deadline: float) -> float | None:
+    """When to retry a settlement that failed at ``now`` (any thread): after ``wait``, but
+    never later than the last try, SETTLE_LAST_TRY before ``deadline``; None when the try
+    that failed was that last one (or came later)."""
+    last = deadline - SETTLE_LAST_TRY
+    if now >= last:
+        return None
+    return min(now + wait, last)
 
 
 def next_renewal(t_sent: float, granted: float, renew_interval: float) -> float:
@@ -118,6 +103,8 @@ class LeaseKeeper:
         self.finished_at: float | None = None  # clock() when the settlement call returned
         self.settle_result = ""  # what happened at the end, for logs and tests
         self.requested = ""  # the settlement asked for (its description)
+        self.unsettled_reason = ""  # why the settlement did not happen, for the result record
+        self._gone = ""  # what a renewal while settling said when the broker refused it
         self._on_lost = on_lost
         self._on_renewal = on_renewal
         self.call_started: float | None = None  # a renewal call is in flight since then
@@ -224,6 +211,14 @@ class LeaseKeeper:
             return
         finally:
             self.call_started = None
+        self._granted(t_sent, granted)
+        if log.isEnabledFor(logging.DEBUG):
+            until = datetime.now(timezone.utc) + timedelta(seconds=granted)
+            log.debug("Lock renewed till %s", until.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                      extra={"task_id": self.task_id})
+
+    def _granted(self, t_sent: float, granted: float) -> None:
+        """A renewal sent at ``t_sent`` got ``granted`` seconds (keeper thread)."""
         self._renewed(t_sent, ok=True)
         self.renewals += 1
         self.granted = granted
@@ -231,10 +226,6 @@ class LeaseKeeper:
         self.expires = t_sent + granted
         # A broker may grant less than asked: renew well before this grant runs out.
         self.next_renew = next_renewal(t_sent, granted, self.renew_interval)
-        if log.isEnabledFor(logging.DEBUG):
-            until = datetime.now(timezone.utc) + timedelta(seconds=granted)
-            log.debug("Lock renewed till %s", until.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                      extra={"task_id": self.task_id})
 
     def _renewed(self, t_sent: float, ok: bool) -> None:
         if self._on_renewal is not None:
@@ -251,25 +242,100 @@ class LeaseKeeper:
         return now <= self.next_renew + grace
 
     def settle(self) -> None:
-        """Apply the requested step unless the lease is lost (keeper thread)."""
+        """Apply the requested step unless the lease is lost (keeper thread).
+
+        A failed call is retried while the lease lasts: after 1 s, then twice as long each
+        time up to SETTLE_RETRY_MAX, but never past the last try, SETTLE_LAST_TRY before the
+        deadline (``settle_retry_at``).  While it waits, the lease is renewed when due, so a
+        service that answers again extends it and the settlement is tried at once."""
         step = self._step
         if step is None:
             return
         wait = 1.0
+        error: Exception | None = None
         while True:
             if self.lost():
-                self.settle_result = "not settled: lease lost"
-                log.warning("lease lost before it could be settled; the broker will hand the "
-                            "message out again", extra={"task_id": self.task_id})
+                self._not_settled(error)
                 return
-            exc = self._attempt(step)
-            if exc is None:
+            error = self._attempt(step)
+            if error is None:
                 return
-            log.warning("settlement failed, retrying in %.0fs: %s", wait, exc,
-                        exc_info=not isinstance(exc, BackendError),
+            retry_at = settle_retry_at(self.clock(), wait, self.deadline)
+            if retry_at is None:  # that was the last try before the deadline
+                self._not_settled(error)
+                return
+            log.warning("settlement failed, retrying in %.0fs: %s",
+                        max(0.0, retry_at - self.clock()), error,
+                        exc_info=not isinstance(error, BackendError),
                         extra={"task_id": self.task_id})
-            self._retry_sleep(min(wait, max(0.0, self.deadline - self.clock())))
+            if self._wait_renewing(retry_at) == "gone":
+                # The broker says the lease is gone -- perhaps because the call that failed
+                # was applied all the same: the backend tells that apart on one more try.
+                if self._attempt(step) is not None:
+                    self._lose(self._gone)
+                    self._not_settled(None)
+                return
             wait = min(wait * 2, SETTLE_RETRY_MAX)
+
+    def _wait_renewing(self, until: float) -> str:
+        """Wait for a settlement retry at ``until``, renewing the lease when a renewal is
+        due (keeper thread).  "renewed": the service answered, retry now; "gone": the broker
+        says the lease is gone; "" at ``until`` or the deadline."""
+        while not self.lost():
+            now = self.clock()
+            if now >= until:
+                return ""
+            budget = min(until - now, RENEW_WHILE_SETTLING)
+            due = now >= self.next_renew
+            if due and budget >= MIN_RENEW_CALL:
+                outcome = self._renew_once(budget)
+                if outcome:
+                    return outcome
+                continue
+            self._retry_sleep(max(0.0, (until if due else min(until, self.next_renew)) - now))
+        return ""
+
+    def _renew_once(self, timeout: float) -> str:
+        """One renewal while a settlement waits: "renewed", "gone" or "" (failed; keeper
+        thread).  Unlike ``step``, "gone" does not end the lease: the settlement decides."""
+        t_sent = self.clock()
+        self.call_started, self.call_timeout = t_sent, timeout
+        try:
+            granted = self.lease.renew(timeout)
+        except LeaseLost as exc:
+            self._gone = f"broker says the lease is gone: {exc}"
+            return "gone"
+        except Exception as exc:  # BackendError; anything else is a client library's bug
+            self._renewed(t_sent, ok=False)
+            self.failures += 1
+            self.next_renew = self.clock() + min(self.renew_interval, RETRY_AFTER_FAILURE)
+            log.debug("lease renewal while settling failed: %s", exc,
+                      exc_info=not isinstance(exc, BackendError),
+                      extra={"task_id": self.task_id})
+            return ""
+        finally:
+            self.call_started = None
+        self._granted(t_sent, granted)
+        return "renewed"
+
+    def _not_settled(self, error: Exception | None) -> None:
+        """The settlement did not happen and will not (keeper thread): say why, truthfully --
+        ``error`` is the last failed call's, None when it was never tried or refused."""
+        if self.settle_result.startswith("not settled"):
+            return  # _attempt said so already: the broker refused it (LeaseLost)
+        if error is not None:
+            self.settle_result = UNREACHABLE
+            self.unsettled_reason = ("could not settle: the service was unreachable until the "
+                                     f"lease ended ({error})")
+            log.warning("%s; the broker will hand the message out again",
+                        self.unsettled_reason, extra={"task_id": self.task_id})
+            return
+        self.settle_result = "not settled: lease lost"
+        self.unsettled_reason = (
+            f"not settled: the lease was lost ({self.lost_reason})" if self.lost_reason
+            else "not settled: the lease deadline passed before the settlement could be tried")
+        log.warning("%s; the broker will hand the message out again", self.unsettled_reason,
+                    extra={"task_id": self.task_id})
 
     def _attempt(self, step: SettleStep) -> Exception | None:
         """One settlement call: None when it is over (done, or refused: the lease is lost),
@@ -279,6 +345,7 @@ class LeaseKeeper:
         except LeaseLost as exc:
             self._lose(f"broker refused the settlement: {exc}")
             self.settle_result = "not settled: lease lost"
+            self.unsettled_reason = f"the broker refused the settlement: {exc}"
         except Exception as exc:  # BackendError; or a client library's bug, retried too:
             # a race in the Storage Queue SDK's model cache raised RuntimeError here once
             # and, uncaught, left the message unsettled until its lock ran out

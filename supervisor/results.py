@@ -8,9 +8,11 @@ record is handed to ``sink`` -- the control agent's ``result``, a queue append: 
 thread writes it, batched, so nothing here ever waits for a store.  Without a control store
 ``sink`` is None and no record is even built.
 
-A settlement the broker refuses after the end record was handed over did not happen: the
-message comes back.  ``settled`` then hands over the same record again as ``lock-lost``, not
-final (an upsert of the same key).  See docs/architecture.rst, "The fleet layer".
+A settlement that did not happen after the end record was handed over -- the broker refused
+it, or the service could not be reached until the lease ended -- leaves the message to come
+back.  ``settled`` then hands over the same record again as ``lock-lost``, not final (an
+upsert of the same key), its reason saying what was decided and why it was not settled.
+See docs/architecture.rst, "The fleet layer".
 """
 
 from __future__ import annotations
@@ -109,11 +111,13 @@ class ResultLog:
 
     def settled(self, keeper: LeaseKeeper, refused: bool) -> None:
         """``keeper`` is done; ``refused``: its settlement did not happen (the message comes
-        back), so the end record says lock-lost, not what was decided."""
+        back), so the end record says lock-lost, with what was decided and the keeper's
+        ``unsettled_reason``."""
         record = self._unsettled.pop(keeper, None)
         if record is None or not refused or self.sink is None:
             return
+        why = keeper.unsettled_reason or "the broker refused the settlement"
         self.sink(replace(record, outcome="lock-lost", final=False, when=self.wall(),
-                          reason=f"the broker refused the settlement ({record.outcome}): the "
-                                 f"lease was lost; the message comes back"
+                          reason=f"{record.outcome}, then {why}; the message comes back and "
+                                 f"the task runs again"
                                  + (f" [{record.reason}]" if record.reason else "")))

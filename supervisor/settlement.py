@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .backends.base import Backend, Lease
 from .backends.multi import queue_of
-from .lease import Complete, DeadLetter, LeaseKeeper, Release, SettleStep
+from .lease import LeaseKeeper
 from .logs import log_fast
 from .metrics import Metrics
 from .process import describe_exit
 from .results import ResultLog
 from .security import TaskGuard
 from .settings import Settings
+from .settle_steps import Complete, DeadLetter, Release, SettleStep
 from .task import Task
 from .watchdog import RunningTask
 

@@ -55,14 +55,15 @@ class StorageQueueLease:
     def __repr__(self) -> str:
         return f"StorageQueueLease(message_id={self.message_id!r}, attempt={self.attempt})"
 
-    def _call(self, what: str, fn: Callable[[QueueClient], T]) -> T:
+    def _call(self, what: str, fn: Callable[[QueueClient], T], finish: bool = True) -> T:
+        """One call on a lease client; a LeaseLost ends the lease unless not ``finish``."""
         what = f"{what} {self.message_id}"
         if self._settled:
             raise settled_error(what)
         client, ok = self._backend.lease_client(), False
         try:
             with mapped_errors(what, SDK_ERRORS, self._backend.translate_lease,
-                               on_lost=self._finish):
+                               on_lost=self._finish if finish else None):
                 result = fn(client)
             ok = True
             return result
@@ -90,9 +91,11 @@ class StorageQueueLease:
             "timeout": min(30, max(1, int(timeout))),  # server side: whole s, max 30
         }
         visibility = int(self.lock_duration)
+        # After a settlement call without an answer, a refused renewal may mean that call was
+        # applied: the lease stays open for the settlement's retry to tell (``_settle``).
         updated = self._call("renew", lambda c: c.update_message(
             self.message_id, pop_receipt=self._pop_receipt, visibility_timeout=visibility,
-            **per_call))
+            **per_call), finish=not self._unanswered)
         self._pop_receipt = updated.pop_receipt
         return float(visibility)
 

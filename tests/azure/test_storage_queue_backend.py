@@ -529,6 +529,26 @@ def test_a_delete_retried_after_a_lost_answer_is_done_not_a_lost_lease(make_back
     lease.complete()  # no LeaseLost
 
 
+def test_a_renewal_refused_after_a_delete_without_answer_leaves_the_retry_to_tell(
+        make_backend, proxy, raw):
+    # Issue 26: the keeper renews while a settlement waits.  After a delete that got no answer
+    # but was applied, the renewal finds the message gone -- that refusal must not end the
+    # lease, or the retry could not see that the delete was ours.
+    backend = make_backend(port=proxy.port, read_timeout=1.0, connect_timeout=1.0)
+    backend.push([Task(cmd="x")])
+    lease = receive_one(backend)
+    proxy.latency(0.8)
+    with pytest.raises(BackendError) as info:
+        lease.complete()
+    assert not isinstance(info.value, LeaseLost)
+    proxy.latency(0)
+    wait_for(lambda: raw.get_queue_properties().approximate_message_count == 0, 10,
+             what="the first delete applied")
+    with pytest.raises(LeaseLost):
+        lease.renew(5)
+    lease.complete()  # done, not "lease already settled or lost"
+
+
 def test_a_message_deleted_by_someone_else_is_a_lost_lease(backend, raw):
     backend.push([Task(cmd="x")])
     lease = receive_one(backend)

@@ -12,15 +12,15 @@ import pytest
 from supervisor.backends.base import BackendError, LeaseLost
 from supervisor.lease import (
     RETRY_AFTER_FAILURE,
+    SETTLE_LAST_TRY,
     SETTLE_RETRY_MAX,
-    Complete,
-    DeadLetter,
+    UNREACHABLE,
     LeaseKeeper,
-    Release,
     lease_deadline,
     next_renewal,
 )
 from supervisor.settings import safety_margin
+from supervisor.settle_steps import Complete, DeadLetter, Release
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -299,12 +299,89 @@ def test_settle_retries_backend_errors_until_success(keeper, lease, clock) -> No
 
 
 def test_settle_gives_up_when_the_deadline_passes_while_retrying(keeper, lease, clock) -> None:
+    lease.outcomes = [BackendError("down")] * 100  # the renewals fail too: an outage
     attempts = _settle_completed(keeper, lease, [BackendError("down")] * 100, duration=10.0)
-    # each call takes 10 s; the waits between them double from 1 s and never pass the
-    # deadline at T0+54: calls at T0, +11, +23, +37; then the wait ends at the deadline
-    assert attempts == [T0, T0 + 11, T0 + 23, T0 + 37]
-    assert clock.now == T0 + 54
-    assert keeper.settle_result.startswith("not settled")
+    # each call takes 10 s; the waits between them double from 1 s and never pass the last
+    # try, SETTLE_LAST_TRY before the deadline at T0+54: calls at T0, +11, +23, +37, +53
+    assert attempts == [T0, T0 + 11, T0 + 23, T0 + 37, T0 + 54 - SETTLE_LAST_TRY]
+    assert keeper.settle_result == UNREACHABLE
+    assert "unreachable" in keeper.unsettled_reason and "refused" not in keeper.unsettled_reason
+
+
+class OutageLease(FakeLease):
+    """Every call (renewal or settlement) fails with a BackendError before ``back_at``."""
+
+    def __init__(self, clock: FakeClock, back_at: float) -> None:
+        super().__init__(clock)
+        self.back_at = back_at
+
+    def renew(self, timeout: float) -> float:
+        if self.clock.now < self.back_at:
+            self.renews.append((self.clock.now, timeout))
+            raise BackendError("connection timed out")
+        return super().renew(timeout)
+
+    def _settle(self, what: str) -> None:
+        if self.clock.now < self.back_at:
+            self.settle_calls.append(self.clock.now)
+            raise BackendError("connection timed out")
+        super()._settle(what)
+
+
+def _outage_keeper(clock: FakeClock, lease: FakeLease, sleeps: list) -> LeaseKeeper:
+    def sleep(seconds: float) -> None:
+        sleeps.append((clock.now, seconds))
+        clock.advance(seconds)
+    return LeaseKeeper(lease, "task-1", t_sent=T0, granted=LOCK, renew_interval=INTERVAL,
+                       clock=clock, sleep=sleep)
+
+
+def test_settle_retry_schedule_never_sleeps_past_the_deadline(clock) -> None:
+    """Issue 26: an outage longer than the first back-off steps.  No wait crosses the
+    deadline (the old schedule slept 16 s into it and never tried again); the last try is
+    sent SETTLE_LAST_TRY before it; the outcome says unreachable, not refused."""
+    lease = OutageLease(clock, back_at=T0 + 3600)
+    sleeps: list[tuple[float, float]] = []
+    keeper = _outage_keeper(clock, lease, sleeps)
+    deadline = keeper.deadline
+    keeper.finish(Complete(), "completed")
+    keeper.settle()
+    assert sleeps and all(at + d <= deadline - SETTLE_LAST_TRY for at, d in sleeps)
+    assert lease.settle_calls[:6] == [T0, T0 + 1, T0 + 3, T0 + 7, T0 + 15, T0 + 31]
+    assert lease.settle_calls[-1] == deadline - SETTLE_LAST_TRY  # one last try just before
+    assert lease.renews, "the lease was not renewed while the settlement waited"
+    assert keeper.settle_result == UNREACHABLE and not keeper.lock_lost.is_set()
+    assert keeper.unsettled_reason.startswith(
+        "could not settle: the service was unreachable until the lease ended")
+
+
+def test_a_waiting_settlement_renews_and_goes_through_when_the_service_answers(clock) -> None:
+    """The service is back 4 s before the deadline: the next renewal succeeds, extends the
+    lease, and the settlement is tried at once -- it goes through (issue 26)."""
+    lease = OutageLease(clock, back_at=T0 + 50)
+    keeper = _outage_keeper(clock, lease, [])
+    keeper.finish(Complete(), "completed")
+    keeper.settle()
+    assert lease.settled == ["complete"]
+    assert keeper.settle_result == "completed"
+    assert T0 + 50 <= lease.settle_calls[-1] < T0 + 50 + RETRY_AFTER_FAILURE
+    assert keeper.renewals == 1 and keeper.deadline > T0 + 100
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_a_renewal_refused_while_settling_leaves_the_last_word_to_the_settlement(
+        keeper, lease, clock, applied) -> None:
+    """A refused renewal may mean that the failed settlement call was applied after all:
+    one more try lets the backend tell (done), or confirms the lease is gone (refused)."""
+    lease.outcomes = [LeaseLost("message not found")]
+    errors: list = [BackendError("timed out")] * 5
+    _settle_completed(keeper, lease, errors + ([None] if applied else [LeaseLost("gone")]))
+    if applied:
+        assert lease.settled == ["complete"] and keeper.settle_result == "completed"
+    else:
+        assert keeper.lock_lost.is_set()
+        assert keeper.settle_result == "not settled: lease lost"
+        assert "refused" in keeper.unsettled_reason
 
 
 def test_settle_retries_back_off_up_to_a_cap(lease, clock, on_lost) -> None:

@@ -16,13 +16,14 @@ from supervisor_fakes import FakeClock, FakeLease
 from test_control_agent import agent_for
 from test_settlement import T0, WALL0, FakeBackend, Harness, settled
 
-from supervisor.backends.base import LeaseLost
+from supervisor.backends.base import BackendError, LeaseLost
 from supervisor.control import Cancel, ControlStoreError, ResultRecord
 from supervisor.control.agent import LOG_EVERY
 from supervisor.control.outbox import Outbox
 from supervisor.lease import LeaseKeeper
 from supervisor.results import TAIL_CHARS, exit_parts
 from supervisor.task import Task
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -144,6 +145,27 @@ def test_a_refused_settlement_is_corrected_to_lock_lost_under_the_same_key() -> 
     assert (corrected.task_id, corrected.attempt) == (claimed.task_id, claimed.attempt)
     assert fields(corrected) == ("lock-lost", False, 0, None, 3)
     assert "refused" in corrected.reason and corrected.when == WALL0 + RUN + 1
+
+
+def test_a_settlement_the_outage_outlasted_says_unreachable_not_refused() -> None:
+    """Issue 26: nothing refused it -- the service could not be reached until the lease
+    ended.  The corrected record says that, and what was decided (succeeded, exit 0)."""
+    h = Recorded()
+    rt = h.finished(0)
+    rt.keeper.lease.refuse = BackendError("connection timed out")
+    h.clock.now += RUN
+    h.settlement.conclude(rt, h.clock.now, stopping=False)
+    wait_for(lambda: rt.keeper.lease.calls, 10, what="a first settlement try")
+    h.clock.now = rt.keeper.deadline + 1  # the outage outlasts the lease
+    rt.keeper._wake.put(None)  # the keeper's retry wait ends now, not in a second
+    settled(rt.keeper)
+    h.settlement.prune()
+    claimed, corrected = h.seen
+    assert fields(corrected) == ("lock-lost", False, 0, None, 3)
+    assert corrected.reason.startswith(
+        "succeeded, then could not settle: the service was unreachable until the lease ended")
+    assert "refused" not in corrected.reason
+    assert "the task runs again" in corrected.reason
 
 
 def test_an_accepted_settlement_is_not_corrected() -> None:

@@ -73,3 +73,29 @@ def test_jobq_ctl_result_shows_the_attempt_of_a_dead_worker_as_worker_lost(
         assert "running" in table[3] and "alive" in table[3], table
     finally:
         store.close()
+
+
+def test_jobq_ctl_result_says_a_task_that_ended_unsettled_ran_again(
+        tmp_path, monkeypatch, capsys) -> None:
+    """Issue 26: attempt 1 ran to its end (exit 0) but was not settled, and the task ran a
+    second time: the table says why, and that it ran again."""
+    store = SqliteControlStore(str(tmp_path / "q.db"))
+    why = ("succeeded, then could not settle: the service was unreachable until the lease "
+           "ended (timed out); the message comes back and the task runs again")
+    try:
+        store.put_worker(worker("w", NOW - 0.5))
+        store.put_results([
+            ResultRecord(queue=Q, task_id="t1", attempt=1, outcome="lock-lost", reason=why,
+                         tail="", exit_status=0, worker="w", when=NOW - 20,
+                         started=NOW - 30, finished=NOW - 26, max_attempts=3),
+            ResultRecord(queue=Q, task_id="t1", attempt=2, outcome="succeeded", reason="",
+                         tail="", exit_status=0, worker="w", when=NOW - 5, started=NOW - 9,
+                         finished=NOW - 5, max_attempts=3, final=True)])
+        monkeypatch.setattr(ctl_fleet, "clock", lambda: NOW)
+        assert cmd_result(SimpleNamespace(queue=Q, id="t1", json=False), None, store) == 0
+        first, second = capsys.readouterr().out.splitlines()[2:]
+        assert "lock-lost" in first and "exit 0" in first
+        assert first.endswith(f"{why}; ran again as attempt 2"), first
+        assert "ran again" not in second
+    finally:
+        store.close()
