@@ -282,9 +282,9 @@ def test_a_store_that_cannot_work_is_logged_once_and_output_is_not_held(caplog):
     assert [r.levelname for r in caplog.records if "not authorized" in r.message] == ["ERROR"]
 
 
-def test_an_open_failure_is_retried_with_back_off():
+def _opens_on_third_try(store):
+    """An opener that fails twice ("no route"), then opens ``store``; and its tries."""
     tries = []
-    store = FakeStore()
 
     def opener():
         tries.append(1)
@@ -292,6 +292,12 @@ def test_an_open_failure_is_retried_with_back_off():
             raise OutputStoreError("no route")
         return store
 
+    return opener, tries
+
+
+def test_an_open_failure_is_retried_with_back_off():
+    store = FakeStore()
+    opener, tries = _opens_on_third_try(store)
     sh, _s, clock = make(opener=opener)
     sh.feed(K, b"early\n")
     assert sh.tick() == 1.0
@@ -470,15 +476,8 @@ def test_an_open_or_a_pass_without_a_store_call_is_no_recovery(caplog):
     built lazily, no call) and a pass with nothing to write prove nothing: no "reachable
     again" line and no reset of the back-off until a write goes through."""
     caplog.set_level(logging.INFO, logger="jobq")
-    tries = []
     store = FakeStore()
-
-    def opener():
-        tries.append(1)
-        if len(tries) < 3:
-            raise OutputStoreError("no route")
-        return store
-
+    opener, tries = _opens_on_third_try(store)
     sh, _s, clock = make(opener=opener)
     assert sh.tick() == 1.0
     clock.now += 1.0
