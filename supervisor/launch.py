@@ -23,7 +23,7 @@ from .backends.multi import queue_of
 from .events import WAKE, Event
 from .lease import LeaseKeeper
 from .lifeline import Lifeline
-from .logs import log_fast
+from .logs import escape_controls, log_fast
 from .metrics import Metrics
 from .output import OutputPump, TaskOutput
 from .outstore.base import AttemptKey
@@ -331,5 +331,9 @@ def _task_id(lease: Lease) -> str:
 
 
 def _short(text: str, limit: int = 200) -> str:
-    text = text.replace("\n", "\\n")
+    """A command for the "started" line: control characters written as ``\\n``, ``\\x1b``
+    ..., as a task's output lines are (``escape_controls``), so that none can hide the task
+    id on a terminal."""
+    if not text.isprintable():
+        text = escape_controls(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -45,6 +45,17 @@ def test_text_log_escapes_control_characters_the_store_and_task_log_keep_them(en
     assert (task_logs / f"{tid}.1.log").read_bytes() == RAW.encode() + b"\n"
 
 
+def test_text_log_escapes_control_characters_of_the_command_it_starts(env):
+    [tid] = env.push("true # \x1b[2Jcleared\rover\n: next")
+    sup = env.supervisor("--exit-when-empty")
+    assert sup.wait(30) == 0
+    log = sup.log_path.read_bytes()
+    for raw in (b"\r", b"\x1b"):
+        assert raw not in log, f"{raw!r} of the command reached the log stream raw"
+    (line,) = [x for x in log.decode().splitlines() if f"[{tid}]" in x and "started" in x]
+    assert r"true # \x1b[2Jcleared\rover\n: next" in line, line
+
+
 def test_json_log_line_carries_the_text_as_printed(env):
     [tid] = env.push(PRINTS)
     sup = env.supervisor("--exit-when-empty", "--log-format", "json")
