@@ -91,6 +91,7 @@ class SqliteBackend(BackendBase):
         self.lost_lease_return_delay = stale_lock_age + reaper_interval if reaper_interval else 0.0
         self._next_reap = 0.0
         self._reap_backoff = 0.0
+        self._back_since_receive = False  # a pass handed leases back after the last receive
         self.dead_owners = DeadOwnerPass(queue, max_attempts)
         self._next_owner_pass = 0.0
         self.taken_back_at_open: list[TakenBack] = []
@@ -242,6 +243,7 @@ class SqliteBackend(BackendBase):
 
     def receive(self, max_messages: int, lock_duration: float) -> list[SqliteLease]:
         rows = self._receive_rows(max_messages, lock_duration)
+        self._back_since_receive = False
         # Found nothing: what a dead worker held may be waiting to come back (and a batch
         # run must not end "queue empty" before it did).
         if not rows and self.take_back_dead():
@@ -268,8 +270,11 @@ class SqliteBackend(BackendBase):
 
     def leases_coming_back(self) -> bool:
         """The last dead-owner pass saw a dead worker's lifeline still killing its tasks: those
-        leases come back within seconds (main thread)."""
-        return self.dead_owners.dying
+        leases come back within seconds; or the stale-lock reaper's last pass failed (a
+        locked database): the leases it hands back wait for its next pass, however long ago
+        they were lost; or a pass handed leases back after the last receive, which therefore
+        could not see them (main thread)."""
+        return self.dead_owners.dying or self._reap_backoff > 0 or self._back_since_receive
 
     def take_back_dead(self) -> list[TakenBack]:
         """The dead-owner pass (sqlite_owner.py); a failure is logged and takes nothing: the
@@ -284,13 +289,15 @@ class SqliteBackend(BackendBase):
             self._next_owner_pass = self.clock() + DEAD_OWNER_EVERY
             if self.take_back_dead():
                 self._data_version = -1  # the change probe says "receive": work came back
+                self._back_since_receive = True
         self.purger.maintenance()
         if not self.reaper_interval or self.clock() < self._next_reap:
             return
         now = self.clock()
         self._next_reap = now + self.reaper_interval
         try:
-            self.reap()
+            if self.reap():
+                self._back_since_receive = True
         except (BackendError, sqlite3.DatabaseError) as exc:
             # Back off 5, 10, 20 ... s up to the interval itself: a database that stays
             # unwritable (or busy) logs a line per round, not one every 5 s for ever.

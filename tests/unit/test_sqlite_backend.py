@@ -572,3 +572,39 @@ def test_a_blob_body_is_read_as_text(tmp_path) -> None:
         assert "not UTF-8" in (leases["bad"].format_error or "")
     finally:
         b.close()
+
+
+@pytest.mark.timeout(10)
+def test_leases_wait_for_a_reaper_pass_that_failed_on_a_locked_database(db, open_backend
+                                                                        ) -> None:
+    """A batch run must not end "queue empty" while the stale-lock reaper could not hand its
+    lost leases back (a locked database): they come back at its next pass, however long ago
+    they were lost (found by test_lock_loss_beside_a_flood_kills_before_expiry)."""
+    b = open_backend("B", busy_timeout=0.1, stale_lock_age=0.0, reaper_interval=1.0)
+    assert not b.leases_coming_back()
+    holder = sqlite3.connect(db, isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        b.maintenance()  # the reaper's pass fails: busy
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert b.leases_coming_back()
+    b._next_reap = 0.0  # its next pass is due
+    b.maintenance()
+    assert not b.leases_coming_back()
+
+
+def test_leases_the_reaper_handed_back_after_the_last_receive_are_coming_back(
+        open_backend, a, raw) -> None:
+    """The reaper released a lost lease after the last (empty) receive: a batch run must
+    receive once more before it may end "queue empty"."""
+    (task,) = push(a, "x")
+    a.receive(1, LOCK)
+    expire(raw, task.id)
+    b = open_backend("B", stale_lock_age=0.0, reaper_interval=1.0)
+    assert b.receive(1, LOCK) == [] and not b.leases_coming_back()
+    b.maintenance()  # the reaper hands x back
+    assert b.leases_coming_back()
+    assert len(b.receive(1, LOCK)) == 1
+    assert not b.leases_coming_back()
