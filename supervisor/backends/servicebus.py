@@ -48,7 +48,7 @@ from .servicebus_pool import ReceiverPool
 from .servicebus_util import SDK_ERRORS, LockCheck, failed_record, message_text, translate
 
 __all__ = ["ServiceBusBackend", "ServiceBusLease"]
-LOG = logging.getLogger(__name__)
+LOG = logging.getLogger("supervisor.backends.servicebus")  # pinned: log lines keep this name
 T = TypeVar("T")
 
 CALL_TIMEOUT = 10.0  # s: one SDK call of the main thread or an opener (no SDK retries)

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from .servicebus import ServiceBusBackend
     from .servicebus_pool import SharedReceiver
 
-LOG = logging.getLogger(__name__)
+LOG = logging.getLogger("supervisor.backends.servicebus_lease")  # pinned: log lines keep this name
 T = TypeVar("T")
 MIN_CALL = 0.5  # s: a settlement call gets at least this long
 

@@ -28,7 +28,7 @@ from .base import BackendConfigError, BackendError, FailedRecord, LeaseLost, Que
 from .common import parse_body
 
 __all__ = ["SDK_ERRORS", "translate"]
-LOG = logging.getLogger(__name__)
+LOG = logging.getLogger("supervisor.backends.servicebus_util")  # pinned: log lines keep this name
 
 # What an SDK call may raise: its own errors (AzureError), MessageAlreadySettled and "handler
 # shut down" (ValueError), socket errors it did not wrap, and plain timeouts.

@@ -51,7 +51,7 @@ from .storage_queue_util import (
 )
 
 __all__ = ["StorageQueueBackend", "StorageQueueLease"]
-LOG = logging.getLogger(__name__)
+LOG = logging.getLogger("supervisor.backends.storage_queue")  # pinned: log lines keep this name
 T = TypeVar("T")
 
 QUEUED_NOTE = ("Storage Queue cannot tell pending from running or backing-off messages: "

@@ -26,7 +26,7 @@ from .storage_queue_util import (
 if TYPE_CHECKING:
     from .storage_queue import StorageQueueBackend
 
-LOG = logging.getLogger(__name__)
+LOG = logging.getLogger("supervisor.backends.storage_queue_lease")  # pinned: log lines keep this name
 T = TypeVar("T")
 
 
