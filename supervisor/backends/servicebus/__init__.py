@@ -1,0 +1,1 @@
+"""The Azure Service Bus backend: backend, lease, receiver pool, error mapping."""

@@ -1,0 +1,1 @@
+"""The embedded SQLite backend: backend, lease, schema, owners, queues, retention, admin queries."""

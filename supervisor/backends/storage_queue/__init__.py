@@ -1,0 +1,1 @@
+"""The Azure Storage Queue backend: backend, lease, error mapping."""
