@@ -53,8 +53,8 @@ def _fill(db: Path) -> None:
             "locked_until=? WHERE id=?",
             [(f"w-{i % WORKERS:02d}", now, now + 3600, task_id) for i, task_id in enumerate(ids)])
     conn.close()
-    from supervisor.control import SqliteControlStore
-    from supervisor.control.records import TaskInfo, WorkerRecord
+    from supervisor.fleet.control import SqliteControlStore
+    from supervisor.fleet.control.records import TaskInfo, WorkerRecord
 
     store = SqliteControlStore(str(db))
     try:
@@ -160,13 +160,13 @@ def azure_calls(tmp: Path) -> dict[str, Any]:
 
 def _count(tmp: Path, ports: dict[str, int], transport: Any) -> dict[str, Any]:
     from supervisor.backends import open_backend
-    from supervisor.cli import parse_worker_settings
-    from supervisor.control.open import open_control_store
     from supervisor.dashboard.app import create_app
     from supervisor.dashboard.data import DataSource
     from supervisor.dashboard.history import History, Sampler
-    from supervisor.outstore.base import AttemptKey
-    from supervisor.outstore.open import open_output_store
+    from supervisor.fleet.control.open import open_control_store
+    from supervisor.fleet.output.base import AttemptKey
+    from supervisor.fleet.output.open import open_output_store
+    from supervisor.worker.main import parse_worker_settings
 
     base = f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
     os.environ["JOBQ_CONNECTION_STRING"] = (
@@ -184,7 +184,7 @@ def _count(tmp: Path, ports: dict[str, int], transport: Any) -> dict[str, Any]:
     output.append(key, b"first line\n")
     store = open_control_store(settings, create=True)
     assert store is not None
-    from supervisor.control.records import ResultRecord
+    from supervisor.fleet.control.records import ResultRecord
 
     store.put_result(ResultRecord(queue="bench", task_id=task_id, attempt=1, outcome="running",
                                   reason="", tail="", exit_status=None, worker="w",

@@ -189,8 +189,8 @@ def ai4s_drain(tmp: Path, exe: Path, conn_str: str, queue: str, n: int) -> float
 # --------------------------------------------------------------------------- Azurite
 def sq_drain(tmp: Path, conn_str: str, queue: str, n: int, slots: int,
              lost: Counter[str]) -> float:
-    from supervisor.backends.storage_queue import StorageQueueBackend
-    from supervisor.task import Task
+    from supervisor.backends.storage_queue.backend import StorageQueueBackend
+    from supervisor.core.task import Task
 
     backend = StorageQueueBackend(queue, connection_string=conn_str, worker_id="bench")
     try:
@@ -299,8 +299,8 @@ def raw_servicebus_rate(conn_str: str, queue: str, n: int, threads: int = 4) -> 
 
 def sb_drain(tmp: Path, conn_str: str, queue: str, n: int, slots: int,
              lost: Counter[str]) -> float:
-    from supervisor.backends.servicebus import ServiceBusBackend
-    from supervisor.task import Task
+    from supervisor.backends.servicebus.backend import ServiceBusBackend
+    from supervisor.core.task import Task
 
     backend = ServiceBusBackend(queue, connection_string=conn_str, worker_id="bench")
     try:

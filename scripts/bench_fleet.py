@@ -77,8 +77,8 @@ def _wait(procs: list[subprocess.Popen[bytes]], tmp: Path, timeout: float) -> No
 
 
 def _push(az: CountedAzurite, cmd: str, n: int) -> None:
-    from supervisor.backends.storage_queue import StorageQueueBackend
-    from supervisor.task import Task
+    from supervisor.backends.storage_queue.backend import StorageQueueBackend
+    from supervisor.core.task import Task
 
     backend = StorageQueueBackend(QUEUE, connection_string=az.conn_str, worker_id="bench")
     backend.push([Task(cmd=cmd) for _ in range(n)])

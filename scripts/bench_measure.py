@@ -34,8 +34,8 @@ from benchlib import (
 sys.path.insert(0, str(REPO))
 
 from supervisor.backends.base import Backend, BackendError  # noqa: E402
-from supervisor.backends.sqlite import SqliteBackend  # noqa: E402
-from supervisor.task import Task  # noqa: E402
+from supervisor.backends.sqlite.backend import SqliteBackend  # noqa: E402
+from supervisor.core.task import Task  # noqa: E402
 
 TERM_RECORDER = r'''
 import os, signal, sys, time
@@ -57,8 +57,8 @@ while True:
 # clock in every process, so the bench can compare the times with its own.
 COUNTING_WORKER = r'''
 import sys, time
-from supervisor.cli import worker_main
-from supervisor.control.sqlite import SqliteControlStore
+from supervisor.worker.main import worker_main
+from supervisor.fleet.control.sqlite import SqliteControlStore
 out = open(sys.argv.pop(1), "a", buffering=1)
 def counted(name, method):
     def call(*args, **kwargs):
@@ -190,7 +190,7 @@ def push_with_retry(backend: Backend, tasks: list[Task], tries: int = 5) -> None
 
 
 def azurite_throughput(tmp: Path, conn_str: str, queue: str, n: int) -> float:
-    from supervisor.backends.storage_queue import StorageQueueBackend
+    from supervisor.backends.storage_queue.backend import StorageQueueBackend
 
     backend = StorageQueueBackend(queue, connection_string=conn_str, worker_id="bench")
     push_with_retry(backend, [Task(cmd="true") for _ in range(n)])
@@ -352,7 +352,7 @@ def azurite_lock_loss(tmp: Path, conn_str: str, port: int, queue: str) -> float:
     """Margin between the task group's death and the message becoming visible again."""
     from azure.storage.queue import QueueClient
 
-    from supervisor.backends.storage_queue import StorageQueueBackend
+    from supervisor.backends.storage_queue.backend import StorageQueueBackend
     from tests.faults.proxy import FaultProxy
 
     backend = StorageQueueBackend(queue, connection_string=conn_str, worker_id="bench")

@@ -168,8 +168,8 @@ def blob_store_rate(python: str, workdir: Path, megabytes: int) -> dict[str, flo
     every 0.25 s), and ``cat`` of the same output into a file (the caller's thread)."""
     from azure.storage.blob import ContainerClient
 
-    from supervisor.backends.storage_queue import StorageQueueBackend
-    from supervisor.task import Task
+    from supervisor.backends.storage_queue.backend import StorageQueueBackend
+    from supervisor.core.task import Task
 
     bin_dir = Path(python).parent
     lines = megabytes * 1_000_000 // (WIDTH + 1)

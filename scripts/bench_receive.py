@@ -10,8 +10,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from supervisor.backends.sqlite import SqliteBackend  # noqa: E402
-from supervisor.task import Task  # noqa: E402
+from supervisor.backends.sqlite.backend import SqliteBackend  # noqa: E402
+from supervisor.core.task import Task  # noqa: E402
 
 _BATCH = 10_000  # tasks per push transaction while filling
 

@@ -39,7 +39,7 @@ def command(name: str) -> list[str]:
     if script.exists():
         return [str(script)]
     func = {"jobq-supervisor": "worker_entry", "jobq-ctl": "ctl_main"}[name]
-    return [sys.executable, "-c", f"import sys; from supervisor.cli import {func}; "
+    return [sys.executable, "-c", f"import sys; from supervisor.worker.main import {func}; "
             f"sys.exit({func}())"]
 
 
@@ -172,7 +172,7 @@ class Env:
     def serve(self, queue: str = "default") -> None:
         """Record ``queue`` as served by a worker, as a worker's start does, so that a push
         to it gives no "no worker has ever served" warning (sqlite_queues.py)."""
-        from supervisor.backends.sqlite import SqliteBackend
+        from supervisor.backends.sqlite.backend import SqliteBackend
 
         SqliteBackend(str(self.db), queue, "test-worker", serve=True).close()
 

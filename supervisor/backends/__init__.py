@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from .base import Backend, BackendConfigError
 
 if TYPE_CHECKING:
-    from ..settings import Settings
+    from ..core.settings import Settings
 
 
 AZURE = ("storage-queue", "servicebus")
@@ -40,7 +40,7 @@ def open_backend(settings: Settings, for_ctl: bool = False, create: bool = True,
             raise
         return MultiQueueBackend(opened, settings.queue_order)
     if settings.backend == "sqlite":
-        from .sqlite import CTL_BUSY_TIMEOUT, MAIN_BUSY_TIMEOUT, SqliteBackend
+        from .sqlite.backend import CTL_BUSY_TIMEOUT, MAIN_BUSY_TIMEOUT, SqliteBackend
 
         return SqliteBackend(
             settings.sqlite_path,
@@ -62,7 +62,7 @@ def open_backend(settings: Settings, for_ctl: bool = False, create: bool = True,
                                      f"{only_for}")
     conn, worker = settings.connection_string, settings.worker_id
     if settings.backend == "storage-queue":
-        from .storage_queue import StorageQueueBackend
+        from .storage_queue.backend import StorageQueueBackend
 
         # The main thread receives: a hung call must not hold up signal handling long.
         return StorageQueueBackend(settings.queue, connection_string=conn, worker_id=worker,
@@ -70,7 +70,7 @@ def open_backend(settings: Settings, for_ctl: bool = False, create: bool = True,
                                    read_timeout=5.0, create=create,
                                    create_failed=for_ctl)  # a worker: at its first record
     if settings.backend == "servicebus":
-        from .servicebus import SHORT_RECEIVE_WAIT, ServiceBusBackend
+        from .servicebus.backend import SHORT_RECEIVE_WAIT, ServiceBusBackend
 
         wait = min(1.0, settings.poll_interval)
         if settings.exit_when_empty:

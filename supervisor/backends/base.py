@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..task import Task
+from ..core.task import Task
 
 
 class BackendError(Exception):

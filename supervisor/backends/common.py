@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Callable
 
-from ..task import Task, TaskFormatError
+from ..core.task import Task, TaskFormatError
 from .base import LeaseLost
 
 

@@ -1,4 +1,4 @@
-"""Shared vocabulary: settings, tasks, option parsing, signing, back-off, threads, the Azure account.
+"""Shared vocabulary: settings, tasks, option parsing, signing, back-off, threads, Azure.
 
 Imports nothing else of the package and starts no thread (docs/architecture.rst).
 """

@@ -11,7 +11,7 @@ from typing import Any, Callable, TypeVar, Union
 
 from azure.core.exceptions import ClientAuthenticationError, ResourceExistsError
 
-from .backends.storage_queue_util import error_code
+from ..backends.storage_queue.errors import error_code
 
 # What a data-only role gets for a create: an administrator may well have made it already.
 NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",

@@ -103,7 +103,7 @@ def _duration(text: str) -> float:
 
 
 def _size(text: str) -> int:
-    from .limits import parse_size
+    from ..worker.limits import parse_size
 
     try:
         return parse_size(text)

@@ -21,15 +21,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .backends.base import Backend, QueueStatus
-from .control.base import CANCEL_TTL, ControlStore, ControlStoreError, worker_state
-from .control.open import open_control_store
-from .control.records import Cancel, Command, QueueFlag, WorkerRecord, cancel_reason, new_seq
-from .control.signing import sign
-from .ctl import READ_ONLY_COMMANDS, first_key, iso, iso_or_none, taken_back
-from .security import SigningKey
-from .task_ends import NEVER_RAN
-from .usage import UsageError
+from ..backends.base import Backend, QueueStatus
+from ..core.options import UsageError
+from ..fleet.control.base import CANCEL_TTL, ControlStore, ControlStoreError, worker_state
+from ..fleet.control.open import open_control_store
+from ..fleet.control.records import Cancel, Command, QueueFlag, WorkerRecord, cancel_reason, new_seq
+from ..fleet.control.signing import sign
+from ..ops.task_ends import NEVER_RAN
+from ..worker.task_guard import SigningKey
+from .queue_commands import READ_ONLY_COMMANDS, first_key, iso, iso_or_none, taken_back
 
 log = logging.getLogger("jobq.ctl")
 clock: Callable[[], float] = time.time  # wall clock of the records (tests replace it)
@@ -174,7 +174,7 @@ def cmd_cancel(ns: Any, backend: Backend | None, store: ControlStore) -> int:
     states: dict[str, str] | None = None
     back = taken_back(backend, ids) if backend is not None else {}
     if backend is not None and backend.name == "sqlite":
-        from .backends.sqlite_fleet import task_states
+        from ..backends.sqlite.admin import task_states
 
         states = task_states(backend, ids)  # type: ignore[arg-type]
         unknown = [i for i in ids if i not in states]
@@ -226,7 +226,7 @@ def cancel_tasks(backend: Backend | None, store: ControlStore, queue: str, ids: 
         store.put_cancel(sign(cancel, key) if key is not None else cancel)
     taken: set[str] = set()
     if states is not None and live:
-        from .backends.sqlite_fleet import cancel_pending
+        from ..backends.sqlite.admin import cancel_pending
 
         # worded as a worker words a cancel it finds at claim time (task_ends.py)
         text = cancel_reason(Cancel(queue=queue, task_id="", reason=reason, who=by,
@@ -365,7 +365,7 @@ def cmd_status(ns: Any, backend: Backend | None, store: ControlStore | None) -> 
 
 
 def _result(ns: Any, backend: Backend | None, store: ControlStore) -> int:
-    from .ctl_result import cmd_result  # it imports this module
+    from .result_command import cmd_result  # it imports this module
 
     return cmd_result(ns, backend, store)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .backends.azure_common import failed_queue_of
-from .settings import Settings
-from .task import id_problem, is_made_id
-from .usage import UsageError
+from ..backends.azure_common import failed_queue_of
+from ..core.options import UsageError
+from ..core.settings import Settings
+from ..core.task import id_problem, is_made_id
 
 
 def refuse_before_opening(ns: Any, settings: Settings) -> None:

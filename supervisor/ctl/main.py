@@ -14,11 +14,11 @@ import logging
 import sys
 from typing import Any
 
-from . import __version__
-from .cli import _add_backend_options, _fail_usage, worker_parser
-from .control.base import CANCEL_TTL
-from .settings import EXIT_UNEXPECTED, Settings
-from .usage import UsageError, _duration, _parse, _Parser, jobq_parser
+from .. import __version__
+from ..core.options import UsageError, _duration, _parse, _Parser, jobq_parser
+from ..core.settings import EXIT_UNEXPECTED, Settings
+from ..fleet.control.base import CANCEL_TTL
+from ..worker.main import _add_backend_options, _fail_usage, worker_parser
 
 
 def ctl_parser() -> _Parser:
@@ -228,17 +228,17 @@ def _status_each(ns: Any, settings: Settings) -> int:
 
 def _run(ns: Any, settings: Settings) -> int:
     """One command on one queue (main thread)."""
-    from .backends import open_backend
-    from .backends.base import Backend, BackendConfigError, BackendError, QueueNotFound
-    from .control.base import ControlConfigError, ControlStore, ControlStoreError
-    from .ctl import QUEUE_VIEWS, READ_ONLY_COMMANDS, run_command
-    from .ctl_fleet import FLEET_COMMANDS, needs_backend, open_store
-    from .ctl_follow import Sources
-    from .ctl_guards import refuse_before_opening
-    from .outstore.base import OutputConfigError, OutputStoreError
+    from ..backends import open_backend
+    from ..backends.base import Backend, BackendConfigError, BackendError, QueueNotFound
+    from ..fleet.control.base import ControlConfigError, ControlStore, ControlStoreError
+    from ..fleet.output.base import OutputConfigError, OutputStoreError
+    from ..ops.follow import Sources
+    from .fleet_commands import FLEET_COMMANDS, needs_backend, open_store
+    from .guards import refuse_before_opening
+    from .queue_commands import QUEUE_VIEWS, READ_ONLY_COMMANDS, run_command
 
     if ns.command == "dashboard":  # it opens its clients per thread (supervisor/dashboard/)
-        from .dashboard.serve import run as run_dashboard
+        from ..dashboard.serve import run as run_dashboard
 
         return run_dashboard(ns, settings)
     backend: Backend | None = None
@@ -255,11 +255,11 @@ def _run(ns: Any, settings: Settings) -> int:
             store = open_store(ns.command, settings)
         elif (ns.command == "push" and (ns.unique or ns.unique_key is not None)
               and backend is not None and backend.unique_by_control):
-            from .control.open import open_control_store
+            from ..fleet.control.open import open_control_store
 
             store = open_control_store(settings)  # None: push_schedule says why (exit 2)
         if ns.command == "logs" or (ns.command == "push" and (ns.wait or ns.follow)):
-            from .ctl_output import cmd_logs, open_sources
+            from .output_commands import cmd_logs, open_sources
 
             sources = open_sources(ns, settings, backend)
             if ns.command == "logs":

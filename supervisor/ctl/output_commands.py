@@ -18,8 +18,11 @@ import sys
 from collections.abc import Sequence
 from typing import IO, Any, Union
 
-from .control.records import ResultRecord
-from .ctl_follow import (
+from ..core.options import UsageError
+from ..fleet.control.records import ResultRecord
+from ..fleet.output.base import AttemptKey, OutputStore
+from ..fleet.output.open import open_output_store
+from ..ops.follow import (
     CHECK_EVERY,
     EXIT_CANCELLED,
     EXIT_FAILED,
@@ -31,10 +34,7 @@ from .ctl_follow import (
     exit_status,
     run,
 )
-from .ctl_stdout import flush_or_drop, quiet_stdout
-from .outstore.base import AttemptKey, OutputStore
-from .outstore.open import open_output_store
-from .usage import UsageError
+from .stdout import flush_or_drop, quiet_stdout
 
 EXIT_INTERRUPTED = 130
 PROBE = 1 << 20  # tail: the end of an attempt is found to within this many bytes ...
@@ -49,12 +49,12 @@ def open_sources(ns: Any, settings: Any, backend: Any) -> Sources:
     """The stores ``logs`` or ``push --wait/--follow`` read; before a push, so that a
     configuration that cannot work is exit 2 with nothing pushed.  ``push --wait`` on SQLite
     works without a control store (``--control off``): the job rows' status ends the wait."""
-    from .ctl_fleet import open_store
+    from .fleet_commands import open_store
 
     name = "logs" if ns.command == "logs" else "push --follow" if ns.follow else "push --wait"
     jobs = None
     if backend is not None and backend.name == "sqlite":
-        from .backends.sqlite_fleet import task_states
+        from ..backends.sqlite.admin import task_states
 
         jobs = lambda ids: task_states(backend, ids)  # noqa: E731
     needs_output = ns.command == "logs" or ns.follow

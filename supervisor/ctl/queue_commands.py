@@ -14,17 +14,17 @@ from datetime import datetime, timezone
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .backends.base import Backend, BackendError
-from .control.base import ControlStoreError
-from .ctl_stdout import print_or_drop
-from .security import SecurityConfigError, SigningKey, load_key, sign_task, split_paths
-from .settings import format_duration, parse_duration
-from .task import DEFAULT_PRIORITY, MAX_NOT_BEFORE, MAX_PRIORITY, Task, TaskFormatError
-from .usage import UsageError
+from ..backends.base import Backend, BackendError
+from ..core.options import UsageError
+from ..core.settings import format_duration, parse_duration
+from ..core.task import DEFAULT_PRIORITY, MAX_NOT_BEFORE, MAX_PRIORITY, Task, TaskFormatError
+from ..fleet.control.base import ControlStoreError
+from ..worker.task_guard import SecurityConfigError, SigningKey, load_key, sign_task, split_paths
+from .stdout import print_or_drop
 
 if TYPE_CHECKING:
-    from .control.base import ControlStore
-    from .ctl_follow import Sources
+    from ..fleet.control.base import ControlStore
+    from ..ops.follow import Sources
 
 # set by the worker for every task (launch.py); a task's env cannot override them
 WORKER_SET = ("JOBQ_TASK_ID", "JOBQ_QUEUE_NAME", "JOBQ_ATTEMPT")
@@ -223,7 +223,7 @@ def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None,
     for (where, _), task in zip(commands, tasks):
         _checked(where if named else "", task.to_json)
     if store is not None and not backend.unique_tasks and any(t.unique_key for t in tasks):
-        from .control.unique import push_unique
+        from ..fleet.control.unique import push_unique
 
         ids = push_unique(store, backend.push, ns.queue, tasks, now)
     else:
@@ -235,7 +235,7 @@ def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None,
         print_or_drop(task_id)  # every task is pushed: a reader gone changes nothing
     warn_unserved(ns, backend)
     if sources is not None:
-        from .ctl_output import after_push
+        from .output_commands import after_push
 
         return after_push(ids, ns, sources)
     return 0
@@ -292,7 +292,7 @@ def cmd_failed(ns: Any, backend: Backend, store: ControlStore | None = None) -> 
     (when there is one), who cancelled and the worker and output of the attempt that ended
     each task -- the rows the dashboard's /api/failed shows (task_ends.failed_listing);
     ``--json`` adds each task's ``body`` (the dashboard does not show it: it masks env)."""
-    from .task_ends import failed_listing
+    from ..ops.task_ends import failed_listing
 
     records = backend.failed()
     rows, warning = failed_listing(records, store, ns.queue)
@@ -316,7 +316,7 @@ def cmd_failed(ns: Any, backend: Backend, store: ControlStore | None = None) -> 
 def all_failed_ids(backend: Backend, include_cancelled: bool) -> list[str]:
     """The ids ``requeue --all-failed`` brings back: every failed task, and the cancelled
     ones only with ``include_cancelled`` (an operator's cancel is not undone by a sweep)."""
-    from .task_ends import is_cancelled
+    from ..ops.task_ends import is_cancelled
 
     return [r.id for r in backend.failed() if include_cancelled or not is_cancelled(r.reason)]
 
@@ -361,7 +361,7 @@ def taken_back(backend: Backend, ids: list[str]) -> dict[str, Any]:
     the other backends, whose leases come back by their lock alone."""
     if backend.name != "sqlite" or not ids:
         return {}
-    from .backends.sqlite_fleet import take_back
+    from ..backends.sqlite.admin import take_back
 
     return take_back(backend, ids)  # type: ignore[arg-type]
 
@@ -407,7 +407,7 @@ def run_command(ns: Any, backend: Backend | None, store: ControlStore | None = N
     """Run the parsed sub-command ``ns.command``; its exit status.  ``backend`` is None for
     the fleet commands that need none (ctl_fleet.needs_backend), ``store`` for the queue
     commands and when no control store is configured; ``sources`` for push --wait."""
-    from . import ctl_fleet
+    from . import fleet_commands as ctl_fleet
 
     if ns.command in ctl_fleet.HANDLERS:
         return ctl_fleet.HANDLERS[ns.command](ns, backend, store)

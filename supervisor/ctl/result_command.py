@@ -21,13 +21,13 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import ctl_fleet
-from .backends.base import Backend
-from .control.base import HEARTBEAT_INTERVAL, LOST_AFTER, ControlStore, worker_states
-from .control.records import ResultRecord
-from .ctl import iso, iso_or_none
-from .ctl_fleet import EXIT_NOT_FOUND, duration_text
-from .task_ends import read_pending_cancel
+from ..backends.base import Backend
+from ..fleet.control.base import HEARTBEAT_INTERVAL, LOST_AFTER, ControlStore, worker_states
+from ..fleet.control.records import ResultRecord
+from ..ops.task_ends import read_pending_cancel
+from . import fleet_commands as ctl_fleet
+from .fleet_commands import EXIT_NOT_FOUND, duration_text
+from .queue_commands import iso, iso_or_none
 
 # A running record this young whose worker has no record may belong to a worker whose first
 # heartbeat is not written yet (it and the first result go out on the control thread).
@@ -121,7 +121,7 @@ def _job(backend: Backend | None, task_id: str) -> Callable[[], str | None]:
         return lambda: "?"
 
     def status() -> str | None:
-        from .backends.sqlite_fleet import task_states
+        from ..backends.sqlite.admin import task_states
 
         return task_states(backend, [task_id]).get(task_id)  # type: ignore[arg-type]
     return status

@@ -25,8 +25,8 @@ from flask import (
 )
 from werkzeug.exceptions import HTTPException
 
-from ..ctl import iso_or_none
-from ..ctl_fleet import duration_text
+from ..ctl.fleet_commands import duration_text
+from ..ctl.queue_commands import iso_or_none
 from .auth import NAME, Auth
 from .charts import depth_chart, depth_series, finished_chart
 from .data import DataSource, Unavailable

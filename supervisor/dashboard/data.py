@@ -15,10 +15,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..backends.base import Backend, BackendConfigError, BackendError
-from ..control.base import ControlStore, ControlStoreError, worker_states
-from ..control.records import AuditRecord, new_seq
-from ..ctl import iso_or_none
-from ..ctl_fleet import (
+from ..core.task import Task, TaskFormatError
+from ..ctl.fleet_commands import (
     clock,
     live_worker_ids,
     put_commands,
@@ -27,10 +25,12 @@ from ..ctl_fleet import (
     worker_view,
     workers_json,
 )
-from ..ctl_result import results_json, task_results
-from ..outstore.base import OutputStore, OutputStoreError
-from ..security import SigningKey
-from ..task import Task, TaskFormatError
+from ..ctl.queue_commands import iso_or_none
+from ..ctl.result_command import results_json, task_results
+from ..fleet.control.base import ControlStore, ControlStoreError, worker_states
+from ..fleet.control.records import AuditRecord, new_seq
+from ..fleet.output.base import OutputStore, OutputStoreError
+from ..worker.task_guard import SigningKey
 
 STORE_ERRORS = (BackendError, BackendConfigError, ControlStoreError, OutputStoreError)
 MASK = "********"

@@ -14,7 +14,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from ..usage import UsageError
+from ..core.options import UsageError
 
 EXTRA = "pip install 'jobq-supervisor[dashboard]'"
 DEFAULT_BIND = "127.0.0.1:8080"
@@ -48,8 +48,8 @@ def _url(host: str, port: int) -> str:
 def _source(settings: Any, key: Any, writes: bool) -> Any:
     """One queue's DataSource (main thread); its clients open lazily, per thread."""
     from ..backends import open_backend
-    from ..control.open import open_control_store
-    from ..outstore.open import open_output_store
+    from ..fleet.control.open import open_control_store
+    from ..fleet.output.open import open_output_store
     from .data import DataSource
 
     return DataSource(settings.queue,
@@ -67,7 +67,7 @@ def run(ns: Any, settings: Any) -> int:
         print(f"jobq-ctl: error: dashboard: Flask and waitress are not installed: {EXTRA}",
               file=sys.stderr)
         return 2
-    from ..ctl import first_key
+    from ..ctl.queue_commands import first_key
     from .app import create_app
     from .auth import read_token
     from .history import History, Sampler

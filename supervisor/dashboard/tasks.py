@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..control.base import CANCEL_TTL
-from ..ctl import all_failed_ids, forget_cancels, iso_times, requeue_ids
-from ..ctl_fleet import cancel_tasks
-from ..ctl_output import output_end
-from ..outstore.base import AttemptKey
-from ..task_ends import failed_listing
+from ..ctl.fleet_commands import cancel_tasks
+from ..ctl.output_commands import output_end
+from ..ctl.queue_commands import all_failed_ids, forget_cancels, iso_times, requeue_ids
+from ..fleet.control.base import CANCEL_TTL
+from ..fleet.output.base import AttemptKey
+from ..ops.task_ends import failed_listing
 from .data import DataSource
 
 CAP = 256 << 10  # bytes of output one API call returns at most (and the page keeps)
@@ -81,7 +81,7 @@ def cancel(data: DataSource, task_id: str, by: str) -> str | None:
     backend = data.backend()
     states = None
     if backend.name == "sqlite":
-        from ..backends.sqlite_fleet import task_states
+        from ..backends.sqlite.admin import task_states
 
         with data.using("queue"):
             states = task_states(backend, [task_id])  # type: ignore[arg-type]

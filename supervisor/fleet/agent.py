@@ -31,18 +31,18 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Union
 
 from .. import __version__
-from ..events import ControlRequest, Event
-from ..outage import Outage
-from ..security import SigningKey
-from ..threads import start_thread
-from .base import ControlConfigError, ControlStore, ControlStoreError, OnceLog
+from ..core.backoff import Outage
+from ..core.threads import start_thread
+from ..worker.events import ControlRequest, Event
+from ..worker.task_guard import SigningKey
+from .control.base import ControlConfigError, ControlStore, ControlStoreError, OnceLog
+from .control.records import CMD_CHARS, Cancel, Command, ResultRecord, TaskInfo, WorkerRecord
+from .control.signing import Gate
+from .control.unique import release_final
 from .outbox import Outbox
-from .records import CMD_CHARS, Cancel, Command, ResultRecord, TaskInfo, WorkerRecord
-from .signing import Gate
-from .unique import release_final
 
 if TYPE_CHECKING:
-    from ..settings import Settings
+    from ..core.settings import Settings
 
 log = logging.getLogger("jobq.control")
 # (state, tasks, slots total, outcome counts): what the worker record shows (ControlAgent)
@@ -120,7 +120,7 @@ class ControlAgent:
         exists is found out on the control thread, which opens it."""
         if settings.control == "off":
             return None
-        from .open import open_control_store
+        from .control.open import open_control_store
 
         return cls(queue_name=settings.queue, worker_id=settings.worker_id,
                    opener=lambda: open_control_store(settings, create=True), events=events,

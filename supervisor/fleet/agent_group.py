@@ -22,13 +22,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Union, cast
 
 from ..backends.multi import MultiQueueBackend, queue_of
-from ..events import ControlRequest, Event
+from ..worker.events import ControlRequest, Event
 from .agent import ControlAgent, View
-from .records import Command, ResultRecord
+from .control.records import Command, ResultRecord
 
 if TYPE_CHECKING:
-    from ..security import SigningKey
-    from ..settings import Settings
+    from ..core.settings import Settings
+    from ..worker.task_guard import SigningKey
 
 ZERO: dict[str, int] = {}
 

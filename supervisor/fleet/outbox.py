@@ -14,7 +14,7 @@ import math
 import threading
 from typing import Callable
 
-from .records import ResultRecord
+from .control.records import ResultRecord
 
 # ~300 bytes a record, ~4 KB with an output tail (failed and cancelled attempts only)
 RESULTS_KEPT = 5000

@@ -45,15 +45,21 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, Union
 
-from ..outage import Outage
-from ..threads import start_thread
-from . import base
-from .base import AttemptKey, OutputConfigError, OutputStore, OutputStoreError, OutputStoreFull
+from ..core.backoff import Outage
+from ..core.threads import start_thread
+from .output import base
+from .output.base import (
+    AttemptKey,
+    OutputConfigError,
+    OutputStore,
+    OutputStoreError,
+    OutputStoreFull,
+)
 
 BACKOFF_MIN, BACKOFF_MAX = 1.0, 30.0
 
 if TYPE_CHECKING:
-    from ..settings import Settings
+    from ..core.settings import Settings
 
 log = logging.getLogger("jobq.output")
 
@@ -147,7 +153,7 @@ class OutputShipper:
         on the thread, where a connection string the SDK rejects disables it."""
         if settings.task_output in ("local", "off"):
             return None
-        from .open import describe_output_store, open_output_store
+        from .output.open import describe_output_store, open_output_store
 
         try:
             where = describe_output_store(settings)

@@ -1,1 +1,4 @@
-"""What an operator sees and does, as data: used by jobq-ctl and the dashboard (docs/architecture.rst)."""
+"""What an operator sees and does, as data, for jobq-ctl and the dashboard.
+
+See docs/architecture.rst.
+"""

@@ -41,10 +41,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Union
 
-from .backends.base import BackendError
-from .control.base import ControlStore, ControlStoreError
-from .control.records import ResultRecord
-from .outstore.base import AttemptKey, OutputStore, OutputStoreError
+from ..backends.base import BackendError
+from ..fleet.control.base import ControlStore, ControlStoreError
+from ..fleet.control.records import ResultRecord
+from ..fleet.output.base import AttemptKey, OutputStore, OutputStoreError
 from .task_ends import read_pending_cancel
 
 POLL_MIN = 0.5  # s between reads while output flows

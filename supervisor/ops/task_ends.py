@@ -26,9 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Union
 
-from .backends.base import FailedRecord
-from .control.base import ControlStore, ControlStoreError
-from .control.records import Cancel, ResultRecord, cancel_reason
+from ..backends.base import FailedRecord
+from ..fleet.control.base import ControlStore, ControlStoreError
+from ..fleet.control.records import Cancel, ResultRecord, cancel_reason
 
 # s after its cancel when a task with no result record is taken as cancelled before it ran,
 # where the queue cannot tell (Azure): a worker's claim-time record is written within ~1 s.

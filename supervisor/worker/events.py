@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:
-    from .control.records import Command
+    from ..fleet.control.records import Command
     from .launch import TaskStart
     from .preemption import PreemptEvent
     from .spawner import SpawnJob

@@ -24,10 +24,10 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
-from .backends.base import BackendError, Lease, LeaseLost
-from .settings import safety_margin
+from ..backends.base import BackendError, Lease, LeaseLost
+from ..core.settings import safety_margin
+from ..core.threads import Flag, start_fast
 from .settle_steps import SettleStep
-from .threads import Flag, start_fast
 
 log = logging.getLogger("jobq.lease")
 

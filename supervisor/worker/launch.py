@@ -17,23 +17,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .ahead import LOST, START, Held, ReceiveAhead
-from .backends.base import Lease
-from .backends.multi import queue_of
+from ..backends.base import Lease
+from ..backends.multi import queue_of
+from ..core.settings import Settings
+from ..core.task import Task
+from ..fleet.output.base import AttemptKey
 from .events import WAKE, Event
-from .lease import LeaseKeeper
+from .keeper import LeaseKeeper
 from .lifeline import Lifeline
 from .logs import escape_controls, log_fast
 from .metrics import Metrics
-from .output import OutputPump, TaskOutput
-from .outstore.base import AttemptKey
+from .output_pump import OutputPump, TaskOutput
 from .process import task_environment
-from .security import TaskGuard
-from .settings import Settings
+from .receive_ahead import LOST, START, Held, ReceiveAhead
 from .settle_steps import Release
 from .settlement import Settlement, attempts_allowed, cancel_reason, spawn_not_retried
 from .spawner import Spawner, SpawnJob
-from .task import Task
+from .task_guard import TaskGuard
 from .watchdog import RunningTask, Watchdog
 
 log = logging.getLogger("jobq.worker")

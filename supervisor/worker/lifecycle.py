@@ -16,8 +16,11 @@ import signal
 import time
 from typing import Callable
 
+from ..core.settings import EXIT_FAILURES, EXIT_OK, Settings
+from ..core.signals import DRAIN_SIGNAL, STOP_ONCE_SIGNALS, STOP_SIGNALS, on_other_signal
+from ..core.signals import name as signal_name
 from .events import Event, ScheduledEventChanged
-from .lease import LeaseKeeper
+from .keeper import LeaseKeeper
 from .notify import Notifier
 from .preemption import (
     PreemptEvent,
@@ -26,9 +29,6 @@ from .preemption import (
     local_vm_names,
     scheduled_events_enabled,
 )
-from .settings import EXIT_FAILURES, EXIT_OK, Settings
-from .signals import DRAIN_SIGNAL, STOP_ONCE_SIGNALS, STOP_SIGNALS, on_other_signal
-from .signals import name as signal_name
 from .watchdog import RunningTask, Watchdog
 
 log = logging.getLogger("jobq.worker")

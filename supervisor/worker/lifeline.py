@@ -1,7 +1,7 @@
 """The lifeline: one helper process per supervisor that kills its tasks when the supervisor
 dies, and when a task's lease deadline passes while the supervisor is frozen.
 
-The supervisor starts ``python -m supervisor.lifeline [--signal S] [--kill-timeout K]
+The supervisor starts ``python -m supervisor.worker.lifeline [--signal S] [--kill-timeout K]
 [--log-format F] TOKEN`` in a session of its own with a pipe on its stdin and the supervisor's
 stderr (its log stream: what it writes there is a log line in the supervisor's ``--log-format``),
 and writes one line per event, batched:
@@ -46,10 +46,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
-from .signals import CAUGHT_SIGNALS
+from ..core.signals import CAUGHT_SIGNALS
 
 if TYPE_CHECKING:
-    from .lease import LeaseKeeper
+    from .keeper import LeaseKeeper
 
 MARKER_VAR = b"JOBQ_LIFELINE"
 FEED_EVERY = 0.2  # the supervisor sends changed deadlines this often
@@ -68,7 +68,7 @@ class Lifeline:
                  kill_timeout: float = 0.0, log_format: str = "text") -> None:
         self.token = token
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "supervisor.lifeline", "--signal", lock_lost_behavior,
+            [sys.executable, "-m", "supervisor.worker.lifeline", "--signal", lock_lost_behavior,
              "--kill-timeout", repr(float(kill_timeout)), "--log-format", log_format, token],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
             close_fds=True)
@@ -76,7 +76,7 @@ class Lifeline:
         self.feed = DeadlineFeed(b"\0" + MARKER_VAR + b"=" + token.encode("ascii") + b":")
         self._lock = threading.Lock()  # one writer at a time keeps the lines in order
         self._stop = threading.Event()
-        from .threads import start_thread  # not at the top: the helper imports this module
+        from ..core.threads import start_thread  # not at the top: the helper imports this module
         self._thread = start_thread(self._run, "lifeline")
 
     def register(self, pgid: int, marker: str = "", keeper: LeaseKeeper | None = None) -> None:

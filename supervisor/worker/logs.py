@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, TextIO
 
-from .threads import start_thread
+from ..core.threads import start_thread
 
 MAX_BATCH = 256  # lines per write: a burst is written in pieces, never held back
 GATHER = 0.02  # seconds the writer lets records gather after a write that emptied its queue

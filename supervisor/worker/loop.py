@@ -22,29 +22,29 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Callable, Union
 
-from .backends.base import Backend, BackendConfigError, BackendError
+from ..backends.base import Backend, BackendConfigError, BackendError
+from ..core.settings import EXIT_TASKS_FAILED, Settings
 from .events import ControlRequest, Event, ScheduledEventChanged
+from .keeper import LeaseKeeper
 from .launch import Launcher, TaskStart
-from .lease import LeaseKeeper
 from .lifecycle import Lifecycle, State
 from .lifeline import Lifeline
 from .metrics import Metrics
 from .notify import Notifier
-from .output import OutputPump
+from .output_pump import OutputPump
 from .pacing import ReceivePacing
 from .preemption import SignalQueue
 from .process import set_child_subreaper
 from .reaping import Reaper, ready_to_settle
 from .reporting import Reporter
-from .security import TaskGuard
-from .settings import EXIT_TASKS_FAILED, Settings
 from .settlement import Settlement
 from .spawner import SpawnJob
+from .task_guard import TaskGuard
 from .watchdog import RunningTask, Watchdog
 
 if TYPE_CHECKING:
-    from .control.agent import ControlAgent
-    from .control.group import AgentGroup
+    from ..fleet.agent import ControlAgent
+    from ..fleet.agent_group import AgentGroup
 
 log = logging.getLogger("jobq.worker")
 
@@ -97,7 +97,7 @@ class Worker:
         self.paused = False  # the queue's pause flag, as the control thread last saw it
         self.agent: Union[ControlAgent, AgentGroup, None] = None
         if settings.control != "off":  # its modules (~10 ms to import) only when it may be on
-            from .control.group import AgentGroup
+            from ..fleet.agent_group import AgentGroup
 
             self.agent = AgentGroup.for_worker(settings, self.events, self.watchdog.wake,
                                                self._control_view, self.guard.keys, backend)

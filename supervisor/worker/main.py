@@ -14,8 +14,19 @@ import queue
 import sys
 from typing import Any, NoReturn
 
-from . import __version__
-from .settings import (
+from .. import __version__
+from ..core.options import (
+    UsageError,
+    _duration,
+    _env_names,
+    _exit_codes,
+    _parse,
+    _Parser,
+    _positive_int,
+    _size,
+    jobq_parser,
+)
+from ..core.settings import (
     BACKENDS,
     CONTROL_MODES,
     EXIT_OK,
@@ -30,17 +41,6 @@ from .settings import (
     TASK_LIMITS,
     TASK_OUTPUT_MODES,
     Settings,
-)
-from .usage import (
-    UsageError,
-    _duration,
-    _env_names,
-    _exit_codes,
-    _parse,
-    _Parser,
-    _positive_int,
-    _size,
-    jobq_parser,
 )
 
 __all__ = ["UsageError", "ctl_main", "parse_worker_settings", "worker_main", "worker_parser"]
@@ -243,9 +243,9 @@ def worker_entry() -> NoReturn:
 
 def worker_main(argv: list[str] | None = None) -> int:
     """The worker, in-process (main thread); ``worker_entry`` is the command."""
-    from .backends.base import BackendConfigError
+    from ..backends.base import BackendConfigError
     from .logs import setup_logging
-    from .worker import Worker
+    from .loop import Worker
 
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -253,7 +253,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         return _fail_usage("jobq-supervisor", str(exc))  # the log format is not known yet
     setup_logging(settings.log_level, settings.log_format)
-    from .security import SecurityConfigError, TaskGuard
+    from .task_guard import SecurityConfigError, TaskGuard
 
     try:
         guard = TaskGuard.from_settings(settings)
@@ -318,7 +318,7 @@ def worker_main(argv: list[str] | None = None) -> int:
 # --------------------------------------------------------------------------- jobq-ctl
 # The jobq-ctl command line lives in ctl_cli.py (it imports this module's option groups).
 def ctl_parser() -> _Parser:
-    from .ctl_cli import ctl_parser as build
+    from ..ctl.main import ctl_parser as build
 
     return build()
 
@@ -326,7 +326,7 @@ def ctl_parser() -> _Parser:
 def ctl_main(argv: list[str] | None = None) -> int:
     """Entry point of ``jobq-ctl`` (main thread); see ctl_cli.py.  A reader of its stdout
     that went away (``| head``) ends it quietly (ctl_stdout.py)."""
-    from .ctl_cli import ctl_main as main
-    from .ctl_stdout import run_quietly
+    from ..ctl.main import ctl_main as main
+    from ..ctl.stdout import run_quietly
 
     return run_quietly(main, argv)

@@ -22,13 +22,13 @@ import selectors
 import threading
 from typing import IO, TYPE_CHECKING, Callable
 
+from ..core.threads import Flag, start_thread
 from .logs import OutputAccount, output_sink
-from .threads import Flag, start_thread
 
 if TYPE_CHECKING:
-    from .outstore.base import AttemptKey
-    from .outstore.shipper import OutputShipper
-    from .settings import Settings
+    from ..core.settings import Settings
+    from ..fleet.output.base import AttemptKey
+    from ..fleet.shipper import OutputShipper
 
 OUTPUT_TAIL_BYTES = 20 * 1024
 MAX_LINE = 64 * 1024  # a line longer than this is logged in pieces
@@ -159,7 +159,7 @@ class OutputPump:
     def for_worker(cls, settings: Settings) -> OutputPump:
         """The pump, with the output-store thread unless output is not stored (main
         thread)."""
-        from .outstore.shipper import OutputShipper
+        from ..fleet.shipper import OutputShipper
 
         shipper = OutputShipper.for_worker(settings)
         mode = "store" if shipper is not None else (

@@ -32,8 +32,8 @@ import math
 import time
 from typing import Callable
 
-from .backends.base import BackendError
-from .outage import Outage
+from ..backends.base import BackendError
+from ..core.backoff import Outage
 
 log = logging.getLogger("jobq.worker")  # the worker's lines, whoever writes them
 

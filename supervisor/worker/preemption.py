@@ -25,10 +25,12 @@ from datetime import timezone
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..core.settings import (
+    SCHEDULED_EVENTS_URL as SCHEDULED_EVENTS_URL,  # the one copy; re-exported
+)
+from ..core.signals import CAUGHT_SIGNALS, INHERITED_IGNORED
+from ..core.threads import start_thread
 from .events import Event
-from .settings import SCHEDULED_EVENTS_URL as SCHEDULED_EVENTS_URL  # the one copy; re-exported
-from .signals import CAUGHT_SIGNALS, INHERITED_IGNORED
-from .threads import start_thread
 
 if TYPE_CHECKING:  # imported where used: a worker off Azure never loads http/email/ssl
     import urllib.request

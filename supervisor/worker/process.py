@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from .output import TaskOutput
-from .secret_names import without_secrets
+from ..core.secret_names import without_secrets
+from .output_pump import TaskOutput
 from .shell import SpawnedShell, popen_shell, posix_spawn_shell
 
 log = logging.getLogger("jobq.process")

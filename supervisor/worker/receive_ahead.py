@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
-from .backends.base import Lease
-from .lease import lease_deadline
+from ..backends.base import Lease
+from .keeper import lease_deadline
 
 SHORT_TASK = 0.5  # s: receive ahead only while tasks run this short on average
 HOLD_MAX = 2.0  # s: the longest a lease waits for a slot (less for a lock under 16 s)

@@ -10,11 +10,11 @@ import logging
 import time
 from typing import Callable
 
-from .lease import LeaseKeeper
+from ..core.settings import Settings
+from .keeper import LeaseKeeper
 from .metrics import Metrics
 from .notify import Notifier
 from .sampler import QueueSampler
-from .settings import Settings
 from .watchdog import RunningTask
 
 log = logging.getLogger("jobq.worker")

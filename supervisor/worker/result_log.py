@@ -21,10 +21,10 @@ import time
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Union
 
-from .lease import LeaseKeeper
+from .keeper import LeaseKeeper
 
 if TYPE_CHECKING:  # imported at the first record: a worker without a control store needs none
-    from .control.records import ResultRecord
+    from ..fleet.control.records import ResultRecord
 
 TAIL_CHARS = 4000  # output kept with a failed or cancelled attempt (others: none, for cost)
 
@@ -66,7 +66,7 @@ class ResultLog:
     def started(self, task_id: str, attempt: int, max_attempts: int, at: float) -> None:
         """An attempt's shell started at ``at`` (monotonic)."""
         if self.sink is not None:
-            from .control.records import ResultRecord
+            from ..fleet.control.records import ResultRecord
 
             self.sink(ResultRecord(queue=self._queues.get(task_id, self.queue),
                                    task_id=task_id, attempt=attempt, outcome="running",
@@ -82,7 +82,7 @@ class ResultLog:
         if it never ran.  Handed over by ``hand_over`` once the settlement is under way."""
         if self.sink is None:
             return None
-        from .control.records import ResultRecord
+        from ..fleet.control.records import ResultRecord
 
         status, sig = exit_parts(rc)
         now = self.wall()

@@ -21,15 +21,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, Union
 
-from .backends import AZURE, open_backend
-from .backends.base import Backend, BackendConfigError, BackendError
-from .backends.multi import MultiQueueBackend
-from .outage import Outage
-from .threads import start_thread
+from ..backends import AZURE, open_backend
+from ..backends.base import Backend, BackendConfigError, BackendError
+from ..backends.multi import MultiQueueBackend
+from ..core.backoff import Outage
+from ..core.threads import start_thread
 
 if TYPE_CHECKING:
+    from ..core.settings import Settings
     from .metrics import Metrics
-    from .settings import Settings
 
 log = logging.getLogger("jobq.metrics")
 

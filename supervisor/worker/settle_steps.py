@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from .backends.base import Lease
+from ..backends.base import Lease
 
 
 @dataclass(frozen=True)

@@ -19,21 +19,21 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from .backends.base import Backend, Lease
-from .backends.multi import queue_of
-from .lease import LeaseKeeper
+from ..backends.base import Backend, Lease
+from ..backends.multi import queue_of
+from ..core.settings import Settings
+from ..core.task import Task
+from .keeper import LeaseKeeper
 from .logs import log_fast
 from .metrics import Metrics
 from .process import describe_exit
-from .results import ResultLog
-from .security import TaskGuard
-from .settings import Settings
+from .result_log import ResultLog
 from .settle_steps import Complete, DeadLetter, Release, SettleStep
-from .task import Task
+from .task_guard import TaskGuard
 from .watchdog import RunningTask
 
 if TYPE_CHECKING:  # built only with a control store: not imported without one
-    from .control.records import ResultRecord
+    from ..fleet.control.records import ResultRecord
 
 log = logging.getLogger("jobq.worker")
 
@@ -72,7 +72,7 @@ def cancel_reason(cancel: Any) -> str:
     ``control.records.cancel_reason``, which jobq-ctl uses too.  Imported here, not at the top:
     a cancel comes only from a control store, and a worker with ``--control off`` loads none
     of control/ (docs/architecture.rst, "Modules")."""
-    from .control.records import cancel_reason as words
+    from ..fleet.control.records import cancel_reason as words
 
     return words(cancel)
 

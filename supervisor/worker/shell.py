@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Sequence
 from typing import IO
 
-from .signals import CAUGHT_SIGNALS, PYTHON_IGNORED
+from ..core.signals import CAUGHT_SIGNALS, PYTHON_IGNORED
 
 
 class SpawnedShell:

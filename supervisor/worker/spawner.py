@@ -23,8 +23,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, TypeVar
 
+from ..core.threads import Flag, start_thread
 from .process import TaskProcess
-from .threads import Flag, start_thread
 
 log = logging.getLogger("jobq.spawner")
 

@@ -13,13 +13,13 @@ import queue
 import signal
 import time
 
-from .backends import open_backend
-from .backends.base import Backend, BackendError
+from ..backends import open_backend
+from ..backends.base import Backend, BackendError
+from ..core.settings import EXIT_OK, Settings
+from ..core.signals import DRAIN_SIGNAL, STOP_ONCE_SIGNALS, STOP_SIGNALS, on_other_signal
+from ..core.signals import name as signal_name
 from .preemption import SignalQueue
 from .reporting import ZERO_COUNTS, log_summary
-from .settings import EXIT_OK, Settings
-from .signals import DRAIN_SIGNAL, STOP_ONCE_SIGNALS, STOP_SIGNALS, on_other_signal
-from .signals import name as signal_name
 
 ENDING_SIGNALS = (*STOP_SIGNALS, *STOP_ONCE_SIGNALS, DRAIN_SIGNAL)  # before a task ran: a stop
 
@@ -44,8 +44,8 @@ def check_task_output(settings: Settings) -> str | None:
     resolved by ``OutputShipper.for_worker`` the same way."""
     if settings.task_output != "store":
         return None
-    from .outstore.base import OutputConfigError
-    from .outstore.open import open_output_store
+    from ..fleet.output.base import OutputConfigError
+    from ..fleet.output.open import open_output_store
 
     try:
         store = open_output_store(settings, create=False)

@@ -39,9 +39,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..core.settings import Settings
+from ..core.task import DEFAULT_PRIORITY, Task
 from .limits import TaskLimits, TaskUserIds
-from .settings import Settings
-from .task import DEFAULT_PRIORITY, Task
 
 log = logging.getLogger("jobq.security")
 

@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .lease import LeaseKeeper
+from ..core.threads import Flag, start_thread
+from .keeper import LeaseKeeper
 from .process import Signaller, TaskProcess
-from .threads import Flag, start_thread
 
 log = logging.getLogger("jobq.watchdog")
 

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from supervisor.control import Cancel
-from supervisor.control.azure_table import AzureTableControlStore
+from supervisor.fleet.control import Cancel
+from supervisor.fleet.control.azure_table import AzureTableControlStore
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import wait_for
 from tests.control.conftest import table_connection_string

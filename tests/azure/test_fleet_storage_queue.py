@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from supervisor.control import Cancel
+from supervisor.fleet.control import Cancel
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import marked_processes, term_stamp, wait_for
 from tests.control.conftest import table  # noqa: F401 (fixture)

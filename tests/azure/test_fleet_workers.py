@@ -16,9 +16,9 @@ from typing import Any, Callable
 import psutil
 import pytest
 
-from supervisor.control.azure_table import AzureTableControlStore
-from supervisor.control.base import ControlStore
-from supervisor.control.sqlite import SqliteControlStore
+from supervisor.fleet.control.azure_table import AzureTableControlStore
+from supervisor.fleet.control.base import ControlStore
+from supervisor.fleet.control.sqlite import SqliteControlStore
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import Env, Supervisor, wait_for
 

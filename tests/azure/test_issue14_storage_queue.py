@@ -12,7 +12,7 @@ import subprocess
 import pytest
 from azure.storage.queue import QueueClient, QueueServiceClient
 
-from supervisor.backends.storage_queue_util import make_record
+from supervisor.backends.storage_queue.errors import make_record
 from tests.azure.test_storage_queue_backend import connection_string
 from tests.conftest import command, wait_for
 

@@ -38,7 +38,7 @@ def test_push_into_the_failed_queue_is_refused(sq):  # noqa: F811
 
 
 def test_push_file_names_the_line_over_the_size_limit(sq):  # noqa: F811
-    from supervisor.task import MAX_COMMAND_BYTES
+    from supervisor.core.task import MAX_COMMAND_BYTES
 
     long = "echo " + "x" * MAX_COMMAND_BYTES
     cmds = sq.tmp / "cmds.txt"

@@ -19,9 +19,9 @@ import pytest
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient
 
-from supervisor.control.azure_table import DEFAULT_TABLE
-from supervisor.outstore.azure_blob import BlobOutputStore
-from supervisor.outstore.base import DROPPED, AttemptKey
+from supervisor.fleet.control.azure_table import DEFAULT_TABLE
+from supervisor.fleet.output.azure_blob import BlobOutputStore
+from supervisor.fleet.output.base import DROPPED, AttemptKey
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import wait_for
 from tests.control.conftest import table_connection_string

@@ -125,8 +125,8 @@ def test_a_unique_key_holds_until_its_task_ends(sq: SqEnv, table) -> None:  # no
 
 def test_a_claim_of_an_ended_task_is_taken_over(sq: SqEnv, table) -> None:  # noqa: F811
     """A claim the worker could not release: the final result record tells it ended."""
-    from supervisor.control import ResultRecord
-    from supervisor.control.base import UniqueClaim
+    from supervisor.fleet.control import ResultRecord
+    from supervisor.fleet.control.base import UniqueClaim
 
     store, env = table
     assert store.create_claim(UniqueClaim(sq.queue, "k", "gone", time.time()))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from azure.storage.queue import QueueClient, QueueServiceClient
 
-from supervisor.task import Task
+from supervisor.core.task import Task
 from tests.azure.test_storage_queue_backend import connection_string
 from tests.azure.test_storage_queue_worker import SqEnv
 

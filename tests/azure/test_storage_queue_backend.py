@@ -23,8 +23,8 @@ from azure.storage.queue import (
 )
 
 from supervisor.backends.base import BackendConfigError, BackendError, LeaseLost
-from supervisor.backends.storage_queue import StorageQueueBackend
-from supervisor.task import Task
+from supervisor.backends.storage_queue.backend import StorageQueueBackend
+from supervisor.core.task import Task
 from tests.azurite import ACCOUNT, ACCOUNT_KEY
 from tests.conftest import wait_for
 from tests.faults.proxy import FaultProxy

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from supervisor.task_ends import SETTLE
+from supervisor.ops.task_ends import SETTLE
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import command, wait_for
 from tests.control.conftest import table  # noqa: F401 (fixture)

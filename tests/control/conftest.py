@@ -18,9 +18,9 @@ from typing import Any, Callable
 
 import pytest
 
-from supervisor.backends.sqlite import SqliteBackend
-from supervisor.control.base import ControlStore
-from supervisor.control.sqlite import SqliteControlStore
+from supervisor.backends.sqlite.backend import SqliteBackend
+from supervisor.fleet.control.base import ControlStore
+from supervisor.fleet.control.sqlite import SqliteControlStore
 from tests.azurite import (  # noqa: F401 (re-exported)
     ACCOUNT,
     ACCOUNT_KEY,
@@ -37,7 +37,7 @@ QUEUE = "jobs"
 def table(azurite_table) -> Iterator[tuple[Any, dict[str, str]]]:
     """A Table control store on Azurite, and the environment that points a worker or
     jobq-ctl at it."""
-    from supervisor.control.azure_table import AzureTableControlStore
+    from supervisor.fleet.control.azure_table import AzureTableControlStore
 
     conn = table_connection_string(azurite_table)
     store = AzureTableControlStore(connection_string=conn)
@@ -86,7 +86,7 @@ def _sqlite_kit(tmp_path: Path) -> Iterator[Kit]:
 def _azure_kit(port: int) -> Iterator[Kit]:
     from azure.data.tables import TableClient, UpdateMode
 
-    from supervisor.control.azure_table import AzureTableControlStore
+    from supervisor.fleet.control.azure_table import AzureTableControlStore
 
     table = "t" + uuid.uuid4().hex[:20]
     conn = table_connection_string(port)

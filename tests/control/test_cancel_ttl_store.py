@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
-from supervisor.control import Cancel
-from supervisor.control.base import DAY
-from supervisor.control.records import CANCEL_TTL
+from supervisor.fleet.control import Cancel
+from supervisor.fleet.control.base import DAY
+from supervisor.fleet.control.records import CANCEL_TTL
 from tests.control.test_ctl_fleet_azure import ctl as azure_ctl
 
 from .conftest import QUEUE, Kit, table_connection_string
@@ -40,7 +40,7 @@ def test_purge_deletes_each_cancel_at_its_own_ttl(kit: Kit) -> None:
 
 @pytest.mark.azure
 def test_ctl_cancel_records_the_ttl_it_is_given(azurite_table) -> None:
-    from supervisor.control.azure_table import AzureTableControlStore
+    from supervisor.fleet.control.azure_table import AzureTableControlStore
 
     conn = table_connection_string(azurite_table)
     queue = "q" + uuid.uuid4().hex[:12]

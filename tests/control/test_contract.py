@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.control import (
+from supervisor.fleet.control import (
     Cancel,
     Command,
     PurgeCounts,
@@ -19,10 +19,10 @@ from supervisor.control import (
     new_seq,
     worker_state,
 )
-from supervisor.control.base import DAY, WORKER_PURGE_AGE, queue_partition, worker_partition
-from supervisor.control.records import CMD_CHARS, AuditRecord
-from supervisor.control.signing import Gate, sign, verify
-from supervisor.security import SigningKey, key_id
+from supervisor.fleet.control.base import DAY, WORKER_PURGE_AGE, queue_partition, worker_partition
+from supervisor.fleet.control.records import CMD_CHARS, AuditRecord
+from supervisor.fleet.control.signing import Gate, sign, verify
+from supervisor.worker.task_guard import SigningKey, key_id
 
 from .conftest import QUEUE, Kit, doc_text
 
@@ -382,7 +382,7 @@ def test_audit_records_newest_first_and_purged_after_90_days(kit: Kit) -> None:
 
 # ----------------------------------------------------------------------------- unique keys
 def test_a_unique_key_is_claimed_once(kit: Kit) -> None:
-    from supervisor.control.base import UniqueClaim
+    from supervisor.fleet.control.base import UniqueClaim
 
     s = kit.store
     key = "nightly/report #1:a"  # characters a key part must escape
@@ -401,7 +401,7 @@ def test_a_unique_key_is_claimed_once(kit: Kit) -> None:
 
 
 def test_replacing_a_claim_is_conditional_on_its_etag(kit: Kit) -> None:
-    from supervisor.control.base import UniqueClaim
+    from supervisor.fleet.control.base import UniqueClaim
 
     s = kit.store
     assert s.create_claim(UniqueClaim(QUEUE, "k", "t1", NOW))
@@ -418,7 +418,7 @@ def test_replacing_a_claim_is_conditional_on_its_etag(kit: Kit) -> None:
 
 
 def test_a_claim_is_released_only_by_its_task_and_purged_after_7_days(kit: Kit) -> None:
-    from supervisor.control.base import UniqueClaim
+    from supervisor.fleet.control.base import UniqueClaim
 
     s = kit.store
     assert s.create_claim(UniqueClaim(QUEUE, "k", "t1", NOW))

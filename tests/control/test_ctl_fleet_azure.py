@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
-from supervisor.control.azure_table import AzureTableControlStore
-from supervisor.control.records import TaskInfo, WorkerRecord
+from supervisor.fleet.control.azure_table import AzureTableControlStore
+from supervisor.fleet.control.records import TaskInfo, WorkerRecord
 from tests.conftest import command
 from tests.control.conftest import free_port, table_connection_string
 from tests.integration.helpers import one_error_line

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from supervisor.backends.sqlite import SqliteBackend
-from supervisor.control import Cancel, ControlStoreError, SqliteControlStore
-from supervisor.control.base import UniqueClaim
-from supervisor.task import Task
+from supervisor.backends.sqlite.backend import SqliteBackend
+from supervisor.core.task import Task
+from supervisor.fleet.control import Cancel, ControlStoreError, SqliteControlStore
+from supervisor.fleet.control.base import UniqueClaim
 
 from .conftest import QUEUE, free_port, table_connection_string
 
@@ -55,7 +55,7 @@ def black_hole() -> Iterator[int]:
 
 @pytest.mark.azure
 def test_azure_store_down_raises_quickly() -> None:
-    from supervisor.control.azure_table import AzureTableControlStore
+    from supervisor.fleet.control.azure_table import AzureTableControlStore
 
     conn = table_connection_string(free_port())  # nothing listens there
     start = time.monotonic()
@@ -74,7 +74,7 @@ def test_azure_store_makes_its_table_at_the_first_call_that_misses_it(azurite_ta
     """Not at start: a worker's first poll is one round trip before its first receive."""
     from azure.data.tables import TableServiceClient
 
-    from supervisor.control.azure_table import AzureTableControlStore
+    from supervisor.fleet.control.azure_table import AzureTableControlStore
 
     conn = table_connection_string(azurite_table)
     table = "t" + uuid.uuid4().hex[:20]
@@ -103,7 +103,7 @@ def test_azure_store_makes_its_table_at_the_first_call_that_misses_it(azurite_ta
 
 @pytest.mark.azure
 def test_azure_store_hung_raises_after_read_timeout(black_hole: int) -> None:
-    from supervisor.control.azure_table import AzureTableControlStore
+    from supervisor.fleet.control.azure_table import AzureTableControlStore
 
     store = AzureTableControlStore(connection_string=table_connection_string(black_hole),
                                    create=False, read_timeout=1.0)
@@ -117,7 +117,7 @@ def test_azure_store_hung_raises_after_read_timeout(black_hole: int) -> None:
 
 @pytest.mark.azure
 def test_azure_secrets_are_not_in_errors() -> None:
-    from supervisor.control.azure_table import AzureTableControlStore
+    from supervisor.fleet.control.azure_table import AzureTableControlStore
 
     conn = table_connection_string(free_port())
     with pytest.raises(ControlStoreError) as info:
@@ -163,7 +163,7 @@ def test_sqlite_store_opening_a_rollback_mode_file_waits_for_its_writer(tmp_path
 
 
 def test_sqlite_missing_directory_is_a_config_error(tmp_path) -> None:
-    from supervisor.control import ControlConfigError
+    from supervisor.fleet.control import ControlConfigError
 
     with pytest.raises(ControlConfigError, match="does not exist"):
         SqliteControlStore(str(tmp_path / "nope" / "queue.db"))

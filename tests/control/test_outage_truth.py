@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from supervisor.control.azure_table import AzureTableControlStore
+from supervisor.fleet.control.azure_table import AzureTableControlStore
 from tests.conftest import Env, wait_for
 from tests.control.conftest import table_connection_string
 from tests.faults.proxy import FaultProxy

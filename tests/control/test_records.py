@@ -6,16 +6,16 @@ import json
 
 import pytest
 
-from supervisor.control import Cancel, Command, QueueFlag, TaskInfo, WorkerRecord, new_seq
-from supervisor.control.base import (
+from supervisor.fleet.control import Cancel, Command, QueueFlag, TaskInfo, WorkerRecord, new_seq
+from supervisor.fleet.control.base import (
     OnceLog,
     after_prefix,
     cancel_key,
     command_prefix,
     key_part,
 )
-from supervisor.control.open import table_endpoint
-from supervisor.control.records import (
+from supervisor.fleet.control.open import table_endpoint
+from supervisor.fleet.control.records import (
     SHORT_CMD_CHARS,
     WORKER_DOC_BYTES,
     RecordError,
@@ -24,8 +24,8 @@ from supervisor.control.records import (
     encode,
     stored_bytes,
 )
-from supervisor.control.signing import sign, verify
-from supervisor.security import SigningKey, key_id
+from supervisor.fleet.control.signing import sign, verify
+from supervisor.worker.task_guard import SigningKey, key_id
 
 NOW = 1_700_000_000.0
 KEY = SigningKey(kid=key_id(b"a" * 32), secret=b"a" * 32)

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import pytest
 from azure.data.tables import TableServiceClient
 
-from supervisor.control import ResultRecord, WorkerRecord
-from supervisor.control.azure_table import DEFAULT_TABLE, AzureTableControlStore
-from supervisor.control.base import UniqueClaim
+from supervisor.fleet.control import ResultRecord, WorkerRecord
+from supervisor.fleet.control.azure_table import DEFAULT_TABLE, AzureTableControlStore
+from supervisor.fleet.control.base import UniqueClaim
 from tests.azurite import azurite_service, service_binary, table_connection_string
 from tests.conftest import Env, wait_for
 

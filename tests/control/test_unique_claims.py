@@ -7,11 +7,11 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from supervisor.control.base import DAY, ControlStoreError, UniqueClaim
-from supervisor.control.records import ResultRecord
-from supervisor.control.sqlite import SqliteControlStore
-from supervisor.control.unique import CLAIM_MAX_AGE, claim, push_unique, release_final
-from supervisor.task import Task
+from supervisor.core.task import Task
+from supervisor.fleet.control.base import DAY, ControlStoreError, UniqueClaim
+from supervisor.fleet.control.records import ResultRecord
+from supervisor.fleet.control.sqlite import SqliteControlStore
+from supervisor.fleet.control.unique import CLAIM_MAX_AGE, claim, push_unique, release_final
 
 Q = "jobs"
 NOW = 1_700_000_000.0

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from supervisor.control.azure_table import AzureTableControlStore
+from supervisor.fleet.control.azure_table import AzureTableControlStore
 from tests.conftest import wait_for
 from tests.control.conftest import table_connection_string
 from tests.faults.proxy import FaultProxy

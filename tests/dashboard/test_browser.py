@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from supervisor.control import SqliteControlStore
+from supervisor.fleet.control import SqliteControlStore
 from tests.conftest import wait_for
 from tests.dashboard.conftest import TOKEN, shoot
 

@@ -15,11 +15,11 @@ import urllib.request
 import pytest
 
 from supervisor.backends.base import BackendError
-from supervisor.control import SqliteControlStore
-from supervisor.control.base import ControlStoreError
-from supervisor.control.records import WorkerRecord
 from supervisor.dashboard.app import create_app
 from supervisor.dashboard.data import DataSource
+from supervisor.fleet.control import SqliteControlStore
+from supervisor.fleet.control.base import ControlStoreError
+from supervisor.fleet.control.records import WorkerRecord
 from tests.dashboard.conftest import TOKEN, Unreachable
 
 pytestmark = pytest.mark.timeout(90)
@@ -36,7 +36,7 @@ def get(url: str, data: bytes | None = None) -> tuple[int, str]:
 
 
 def _ctl(env, *args: str, extra_code: str = "") -> subprocess.CompletedProcess:
-    code = (f"import sys; {extra_code}from supervisor.cli import ctl_main; "
+    code = (f"import sys; {extra_code}from supervisor.worker.main import ctl_main; "
             f"sys.exit(ctl_main(sys.argv[1:]))")
     return subprocess.run([sys.executable, "-c", code, "--sqlite-path", str(env.db), *args],
                           capture_output=True, text=True, timeout=60, cwd=env.tmp)
@@ -120,7 +120,7 @@ def test_a_broken_database_is_a_503_page_and_the_dashboard_keeps_serving(env, da
 
 def test_a_control_store_that_errors_is_503_for_its_pages_only(env):
     env.push("true")
-    from supervisor.backends.sqlite import SqliteBackend
+    from supervisor.backends.sqlite.backend import SqliteBackend
 
     data = DataSource(Q, lambda: SqliteBackend(str(env.db), Q, "dash"), lambda: Unreachable(
         "sqlite", ControlStoreError, "control store: connection refused (test)"))
@@ -147,7 +147,7 @@ def test_a_backend_that_errors_is_503(env):
 
 def test_a_failed_call_closes_the_threads_clients_and_the_next_request_reopens(env):
     env.push("true")
-    from supervisor.backends.sqlite import SqliteBackend
+    from supervisor.backends.sqlite.backend import SqliteBackend
 
     opened: list[SqliteBackend] = []
     fail = [True]
@@ -184,7 +184,7 @@ def _csrf(client, page: str = "/") -> str:
 
 def test_actions_need_a_login_and_the_csrf_token(env):
     env.push("true")
-    from supervisor.backends.sqlite import SqliteBackend
+    from supervisor.backends.sqlite.backend import SqliteBackend
 
     data = DataSource(Q, lambda: SqliteBackend(str(env.db), Q, "dash"),
                       lambda: SqliteControlStore(str(env.db)))

@@ -10,11 +10,11 @@ import re
 
 import pytest
 
-from supervisor.backends.sqlite import SqliteBackend
-from supervisor.control import SqliteControlStore
+from supervisor.backends.sqlite.backend import SqliteBackend
 from supervisor.dashboard.app import create_app
 from supervisor.dashboard.data import DataSource
 from supervisor.dashboard.history import History
+from supervisor.fleet.control import SqliteControlStore
 from tests.dashboard.conftest import TOKEN
 from tests.dashboard.test_http import get
 

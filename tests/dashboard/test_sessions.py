@@ -14,10 +14,10 @@ import urllib.request
 
 import pytest
 
-from supervisor.backends.sqlite import SqliteBackend
-from supervisor.control import SqliteControlStore
+from supervisor.backends.sqlite.backend import SqliteBackend
 from supervisor.dashboard.app import create_app
 from supervisor.dashboard.data import DataSource
+from supervisor.fleet.control import SqliteControlStore
 from tests.conftest import wait_for
 from tests.dashboard.conftest import TOKEN, login
 

@@ -10,11 +10,11 @@ import re
 
 import pytest
 
-from supervisor.backends.storage_queue import StorageQueueBackend
-from supervisor.control.azure_table import AzureTableControlStore
+from supervisor.backends.storage_queue.backend import StorageQueueBackend
 from supervisor.dashboard.app import create_app
 from supervisor.dashboard.data import MASK, DataSource
 from supervisor.dashboard.history import History, Sampler
+from supervisor.fleet.control.azure_table import AzureTableControlStore
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import wait_for
 from tests.control.conftest import table_connection_string

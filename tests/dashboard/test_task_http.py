@@ -10,14 +10,14 @@ import time
 
 import pytest
 
-from supervisor.backends.sqlite import SqliteBackend
-from supervisor.control import SqliteControlStore
-from supervisor.control.records import ResultRecord, WorkerRecord
+from supervisor.backends.sqlite.backend import SqliteBackend
 from supervisor.dashboard.app import create_app
 from supervisor.dashboard.data import DataSource
 from supervisor.dashboard.tasks import CAP
-from supervisor.outstore.base import AttemptKey, OutputStoreError
-from supervisor.outstore.files import FileOutputStore, output_dir
+from supervisor.fleet.control import SqliteControlStore
+from supervisor.fleet.control.records import ResultRecord, WorkerRecord
+from supervisor.fleet.output.base import AttemptKey, OutputStoreError
+from supervisor.fleet.output.files import FileOutputStore, output_dir
 from tests.dashboard.conftest import TOKEN, Unreachable
 from tests.dashboard.test_http import _csrf, _login, get
 

@@ -102,7 +102,7 @@ def cancel_dies_at_grace(sup: Any, store: Any, queue: str, task_id: str,
                          procs: list[psutil.Process], grace: float = 2.0) -> None:
     """Cancel a running task that ignores SIGTERM: its tree must die about ``grace`` after
     the worker's SIGTERM (the same check on every backend)."""
-    from supervisor.control import Cancel
+    from supervisor.fleet.control import Cancel
 
     store.put_cancel(Cancel(queue=queue, task_id=task_id, reason="grace", who="ops",
                             when=time.time(), grace=grace))

@@ -83,8 +83,8 @@ def test_task_log_dir_unwritable_still_runs_task(env):
 
 
 def test_task_log_dir_id_cannot_escape_the_directory(env):
-    from supervisor.backends.sqlite import SqliteBackend
-    from supervisor.task import Task
+    from supervisor.backends.sqlite.backend import SqliteBackend
+    from supervisor.core.task import Task
 
     logs = env.tmp / "tasklogs"
     logs.mkdir()

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.backends.sqlite import SqliteBackend
-from supervisor.control.base import worker_partition
-from supervisor.control.records import TaskInfo, WorkerRecord
-from supervisor.control.signing import verify
-from supervisor.control.sqlite import SqliteControlStore
-from supervisor.security import load_key
-from supervisor.task import Task
+from supervisor.backends.sqlite.backend import SqliteBackend
+from supervisor.core.task import Task
+from supervisor.fleet.control.base import worker_partition
+from supervisor.fleet.control.records import TaskInfo, WorkerRecord
+from supervisor.fleet.control.signing import verify
+from supervisor.fleet.control.sqlite import SqliteControlStore
+from supervisor.worker.task_guard import load_key
 from tests.conftest import command
 from tests.integration.helpers import one_error_line
 

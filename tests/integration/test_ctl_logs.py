@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.backends.sqlite import SqliteBackend
-from supervisor.control.records import ResultRecord
-from supervisor.control.sqlite import SqliteControlStore
-from supervisor.outstore.base import AttemptKey
-from supervisor.outstore.files import FileOutputStore, output_dir
-from supervisor.task import Task
+from supervisor.backends.sqlite.backend import SqliteBackend
+from supervisor.core.task import Task
+from supervisor.fleet.control.records import ResultRecord
+from supervisor.fleet.control.sqlite import SqliteControlStore
+from supervisor.fleet.output.base import AttemptKey
+from supervisor.fleet.output.files import FileOutputStore, output_dir
 from tests.conftest import command, wait_for
 from tests.integration.captured import Captured
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.outstore.base import UNSTORED_AT_EXIT
+from supervisor.fleet.output.base import UNSTORED_AT_EXIT
 from tests.conftest import wait_for
 from tests.integration.helpers import one_error_line
 from tests.integration.small_disk import SmallDisk, small_disk

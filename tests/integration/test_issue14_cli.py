@@ -39,8 +39,8 @@ def test_jobq_config_values_apply_to_the_worker(tmp_path):
 def test_a_message_env_cannot_override_the_task_id(tmp_path):
     """A message written by someone else (not jobq-ctl, which refuses it) with its own
     JOBQ_TASK_ID: the task sees its real id."""
-    from supervisor.backends.sqlite import SqliteBackend
-    from supervisor.task import Task
+    from supervisor.backends.sqlite.backend import SqliteBackend
+    from supervisor.core.task import Task
 
     backend = SqliteBackend(str(tmp_path / "jobq.db"), "default", "test")
     try:

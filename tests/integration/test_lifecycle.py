@@ -156,7 +156,7 @@ def test_num_workers_runs_tasks_at_once_and_idles_without_cpu(env):
 
 
 def test_poison_body_is_failed_and_worker_continues(env):
-    from supervisor.backends.sqlite import SqliteBackend
+    from supervisor.backends.sqlite.backend import SqliteBackend
 
     backend = SqliteBackend(str(env.db), "default", "test")
     backend.push_raw("{not json", "poison-1")

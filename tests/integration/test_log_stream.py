@@ -69,7 +69,7 @@ def test_json_log_line_carries_the_text_as_printed(env):
 
 def _lifeline_of(sup) -> psutil.Process:
     found = wait_for(lambda: [p for p in psutil.Process(sup.pid).children()
-                              if "supervisor.lifeline" in " ".join(p.cmdline())], 30,
+                              if "supervisor.worker.lifeline" in " ".join(p.cmdline())], 30,
                      what="the lifeline helper")
     return found[0]
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.outstore.base import DROPPED, TRUNCATED, AttemptKey, OutputStore
-from supervisor.outstore.files import FileOutputStore, output_dir
+from supervisor.fleet.output.base import DROPPED, TRUNCATED, AttemptKey, OutputStore
+from supervisor.fleet.output.files import FileOutputStore, output_dir
 from tests.conftest import Env, wait_for
 from tests.integration.helpers import read_output
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.outstore.base import RERUN, AttemptKey
-from supervisor.outstore.files import FileOutputStore, output_dir
+from supervisor.fleet.output.base import RERUN, AttemptKey
+from supervisor.fleet.output.files import FileOutputStore, output_dir
 from tests.conftest import Env, command, wait_for
 from tests.integration.captured import Captured
 

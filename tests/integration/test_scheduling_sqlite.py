@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.backends.sqlite import SqliteBackend
-from supervisor.task import Task
+from supervisor.backends.sqlite.backend import SqliteBackend
+from supervisor.core.task import Task
 from tests.conftest import Env, command, wait_for
 from tests.integration.helpers import one_usage_line
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.security import load_key, sign_task
-from supervisor.task import Task
+from supervisor.core.task import Task
+from supervisor.worker.task_guard import load_key, sign_task
 from tests.conftest import command, marked_processes, wait_for
 from tests.integration.helpers import death_time
 
@@ -331,11 +331,11 @@ def test_task_user_needs_a_root_supervisor(task_user):
     python3 on this tree and the venv's site-packages instead, when that imports."""
     site = Path(psutil.__file__).parents[1]
     env = dict(os.environ, PYTHONPATH=f"{Path(__file__).parents[2]}:{site}")
-    argv = [SYSTEM_PYTHON, "-c", "import sys; from supervisor.cli import worker_main; "
+    argv = [SYSTEM_PYTHON, "-c", "import sys; from supervisor.worker.main import worker_main; "
             "sys.exit(worker_main())", "--task-user", "nobody"]
     as_user = dict(user=task_user.pw_uid, group=task_user.pw_gid, extra_groups=[], cwd="/",
                    env=env, capture_output=True, text=True, timeout=20)
-    probe = subprocess.run(argv[:2] + ["import supervisor.cli, psutil"], **as_user)
+    probe = subprocess.run(argv[:2] + ["import supervisor.worker.main, psutil"], **as_user)
     if probe.returncode != 0:
         pytest.skip(f"the task user cannot import this tree: {probe.stderr.strip()[-200:]}")
     res = subprocess.run(argv, **as_user)

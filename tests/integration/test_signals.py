@@ -118,7 +118,7 @@ def test_lifeline_helper_ignores_the_workers_signals(env):
     """A signal meant for the worker that reaches its lifeline helper (``pkill -HUP -f jobq``)
     must not take the helper down while the worker runs: the task keeps its protection."""
     sup, procs = _running(env)
-    lifeline = [p for p in procs if "supervisor.lifeline" in " ".join(p.cmdline())]
+    lifeline = [p for p in procs if "supervisor.worker.lifeline" in " ".join(p.cmdline())]
     assert len(lifeline) == 1, procs
 
     def ignored() -> set[int]:  # from the helper's main(), not during its start
@@ -161,13 +161,13 @@ def test_worker_keeps_ignoring_sigpipe_when_its_log_reader_goes(env):
 # covered (the test injects only the timing; the rest is the real command).
 SIGNAL_WHILE_BUILDING = r'''
 import os, sys
-from supervisor import worker
+from supervisor.worker import loop as worker
 build, signum = worker.Worker.__init__, int(sys.argv[1])
 def init(self, *args, **kw):
     os.kill(os.getpid(), signum)
     build(self, *args, **kw)
 worker.Worker.__init__ = init
-from supervisor.cli import worker_entry
+from supervisor.worker.main import worker_entry
 sys.argv = ["jobq-supervisor", *sys.argv[2:]]
 worker_entry()
 '''

@@ -17,7 +17,7 @@ import time
 
 import psutil
 
-from supervisor.lifeline import Lifeline
+from supervisor.worker.lifeline import Lifeline
 from tests.conftest import SESSION_TAG, command, wait_for
 
 FOREIGN = ("azure", "flask", "werkzeug", "jinja2", "waitress", "uamqp")
@@ -69,8 +69,8 @@ def test_a_worker_with_the_control_plane_off_imports_none_of_its_modules(env, tm
         env.push("echo hello", "exit 3")
         code, names, err = imported_modules([*base, "--control", control], tmp_path)
         assert code == 4, err  # ran both, one failed: every code path of a task was taken
-        assert {"supervisor.settlement", "supervisor.results"} <= names  # they used to
-        control_modules = sorted(n for n in names if n.startswith("supervisor.control."))
+        assert {"supervisor.worker.settlement", "supervisor.worker.result_log"} <= names
+        control_modules = sorted(n for n in names if n.startswith("supervisor.fleet.control."))
         assert bool(control_modules) == uses_it, (control, control_modules)
 
 

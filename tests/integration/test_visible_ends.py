@@ -19,11 +19,11 @@ from typing import Any
 import psutil
 import pytest
 
-from supervisor.backends.sqlite import SqliteBackend
-from supervisor.control import SqliteControlStore
+from supervisor.backends.sqlite.backend import SqliteBackend
 from supervisor.dashboard.app import create_app
 from supervisor.dashboard.data import DataSource
-from supervisor.outstore.files import FileOutputStore, output_dir
+from supervisor.fleet.control import SqliteControlStore
+from supervisor.fleet.output.files import FileOutputStore, output_dir
 from tests.conftest import command, marked_processes, wait_for
 from tests.integration.captured import Captured
 from tests.integration.test_results import FAST, results

@@ -26,7 +26,7 @@ def blob_store(azurite_blob) -> Iterator[Any]:
     """A factory of BlobOutputStore instances on one fresh container (deleted after)."""
     from azure.storage.blob import ContainerClient
 
-    from supervisor.outstore.azure_blob import BlobOutputStore
+    from supervisor.fleet.output.azure_blob import BlobOutputStore
 
     conn = blob_connection_string(azurite_blob)
     container = "t" + uuid.uuid4().hex[:20]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from azure.core.exceptions import ServiceRequestError, ServiceResponseError
 
-from supervisor.outstore.base import AttemptKey, OutputConfigError, OutputStoreError
+from supervisor.fleet.output.base import AttemptKey, OutputConfigError, OutputStoreError
 from tests.azurite import free_port
 from tests.outstore.conftest import ACCOUNT, ACCOUNT_KEY, blob_connection_string
 from tests.outstore.test_contract import _all, wait_until

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from supervisor.outstore.base import AttemptKey, Chunk, OutputStore
-from supervisor.outstore.files import FileOutputStore, part
+from supervisor.fleet.output.base import AttemptKey, Chunk, OutputStore
+from supervisor.fleet.output.files import FileOutputStore, part
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,11 +7,11 @@ import logging
 
 import pytest
 
-from supervisor.outstore.azure_blob import BlobOutputStore
-from supervisor.outstore.base import OutputConfigError
-from supervisor.outstore.files import FileOutputStore
-from supervisor.outstore.open import blob_connection_string, blob_endpoint, open_output_store
-from supervisor.settings import Settings
+from supervisor.core.settings import Settings
+from supervisor.fleet.output.azure_blob import BlobOutputStore
+from supervisor.fleet.output.base import OutputConfigError
+from supervisor.fleet.output.files import FileOutputStore
+from supervisor.fleet.output.open import blob_connection_string, blob_endpoint, open_output_store
 
 KEY = "a2V5"  # base64 of "key"
 EMULATOR = "http://127.0.0.1:10001/devstoreaccount1"

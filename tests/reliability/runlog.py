@@ -116,12 +116,12 @@ class Lifeline:
 
 
 def lifeline_of(sup: Supervisor, timeout: float = 30.0) -> Lifeline:
-    """The supervisor's lifeline helper (its child running ``-m supervisor.lifeline TOKEN``)."""
+    """The supervisor's lifeline (its child running ``-m supervisor.worker.lifeline``)."""
 
     def find() -> psutil.Process | None:
         try:
             for child in psutil.Process(sup.pid).children():
-                if "supervisor.lifeline" in " ".join(child.cmdline()):
+                if "supervisor.worker.lifeline" in " ".join(child.cmdline()):
                     return child
         except psutil.Error:
             pass

@@ -21,14 +21,14 @@ from azure.storage.queue import BinaryBase64EncodePolicy, QueueClient
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from supervisor.backends.sqlite import SqliteBackend
+from supervisor.backends.sqlite.backend import SqliteBackend
 from tests.conftest import Supervisor
 from tests.reliability.conftest import RelEnv, RelSqEnv, still_works
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 KiB = 1024
-BODY_LIMIT = 60 * KiB  # supervisor.task.MAX_BODY_BYTES
+BODY_LIMIT = 60 * KiB  # supervisor.core.task.MAX_BODY_BYTES
 SQ_LIMIT = 64 * KiB  # what the service (and Azurite) accept per message
 WORKER = ["-n", "4", "--poll-interval", "0.2", "--retry-delay", "0", "--max-attempts", "2",
           "--kill-timeout", "2"]

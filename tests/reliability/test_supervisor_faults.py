@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.backends.sqlite import SqliteBackend
-from supervisor.task import Task
+from supervisor.backends.sqlite.backend import SqliteBackend
+from supervisor.core.task import Task
 from tests.conftest import Env, Supervisor
 from tests.reliability.conftest import still_works
 

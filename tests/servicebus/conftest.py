@@ -54,7 +54,7 @@ def connection_string(port: int) -> str:
 
 def work_backend(sb_broker: ServiceBusTestBroker, receivers: int) -> Any:
     """A ServiceBusBackend on a fresh queue "work" with a 5 s lock (the backend tests)."""
-    from supervisor.backends.servicebus import ServiceBusBackend
+    from supervisor.backends.servicebus.backend import ServiceBusBackend
 
     sb_broker.create_queue("work", lock_duration=5)
     return ServiceBusBackend("work", connection_string=connection_string(sb_broker.port),

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from supervisor.control import Cancel
-from supervisor.control.azure_table import AzureTableControlStore
+from supervisor.fleet.control import Cancel
+from supervisor.fleet.control.azure_table import AzureTableControlStore
 from tests.conftest import marked_processes, term_stamp, wait_for
 from tests.control.conftest import table_connection_string
 from tests.integration.helpers import cancel_dies_at_grace

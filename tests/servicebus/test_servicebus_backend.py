@@ -14,9 +14,9 @@ from azure.servicebus import exceptions as sbx
 
 from supervisor.backends.azure_common import Scrubber
 from supervisor.backends.base import BackendConfigError, BackendError, LeaseLost, QueueNotFound
-from supervisor.backends.servicebus import ServiceBusBackend
-from supervisor.backends.servicebus_util import LockCheck, translate
-from supervisor.task import Task
+from supervisor.backends.servicebus.backend import ServiceBusBackend
+from supervisor.backends.servicebus.errors import LockCheck, translate
+from supervisor.core.task import Task
 from tests.conftest import command
 
 from .conftest import SECRET_KEY, connection_string, work_backend
@@ -114,7 +114,7 @@ def test_receive_waits_briefly_while_a_lease_is_not_over(backend, monkeypatch):
     # this worker runs or settles, a short wait keeps that from holding it up.
     from azure.servicebus import ServiceBusReceiver
 
-    from supervisor.backends.servicebus import SHORT_RECEIVE_WAIT
+    from supervisor.backends.servicebus.backend import SHORT_RECEIVE_WAIT
 
     waits: list[float] = []
     real = ServiceBusReceiver.receive_messages
@@ -143,8 +143,8 @@ def test_a_batch_run_receives_with_the_short_wait(sb_broker, exit_when_empty, po
     # --exit-when-empty ends at the first empty receive: a long poll there is a second more
     # at the end of every batch run.
     from supervisor.backends import open_backend
-    from supervisor.backends.servicebus import SHORT_RECEIVE_WAIT
-    from supervisor.settings import Settings
+    from supervisor.backends.servicebus.backend import SHORT_RECEIVE_WAIT
+    from supervisor.core.settings import Settings
 
     sb_broker.create_queue("work", lock_duration=5)
     backend = open_backend(Settings(backend="servicebus", queue="work", worker_id="w1",
@@ -284,7 +284,7 @@ def test_size_without_administration_api_counts_by_peeking_and_says_so_once(
         raise sbx.ServiceBusAuthorizationError(message="Manage claim required")
 
     monkeypatch.setattr(backend, "_admin", no_manage_rights)
-    with caplog.at_level(logging.INFO, logger="supervisor.backends.servicebus"):
+    with caplog.at_level(logging.INFO, logger="supervisor.backends.servicebus.backend"):
         assert [backend.size() for _ in range(3)] == [2, 2, 2]
     assert len(tries) == 1
     assert sum("counting by peeking" in r.getMessage() for r in caplog.records) == 1

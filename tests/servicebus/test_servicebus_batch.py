@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.backends.base import BackendError, LeaseLost
-from supervisor.task import Task
+from supervisor.core.task import Task
 from tests.conftest import wait_for
 from tests.integration.helpers import ready_count, write_recorder
 

@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from supervisor.lease import LeaseKeeper
-from supervisor.process import Signaller, TaskProcess
-from supervisor.watchdog import RunningTask, Watchdog
+from supervisor.worker.keeper import LeaseKeeper
+from supervisor.worker.process import Signaller, TaskProcess
+from supervisor.worker.watchdog import RunningTask, Watchdog
 
 T0 = 5000.0  # where the ``clock`` fixture (conftest.py) starts
 

@@ -10,10 +10,10 @@ from typing import Any
 
 from supervisor.backends.base import BackendBase
 from supervisor.backends.multi import QUEUE_ATTR, MultiQueueBackend
-from supervisor.control.agent import ControlAgent
-from supervisor.control.group import AgentGroup, _Events, _view_of
-from supervisor.events import ControlRequest
-from supervisor.settings import Settings
+from supervisor.core.settings import Settings
+from supervisor.fleet.agent import ControlAgent
+from supervisor.fleet.agent_group import AgentGroup, _Events, _view_of
+from supervisor.worker.events import ControlRequest
 
 
 class Q(BackendBase):
@@ -71,7 +71,7 @@ def test_results_and_acknowledgements_go_to_their_queues_agent() -> None:
 
 
 def test_each_record_shows_its_queues_tasks_and_counts() -> None:
-    from supervisor.settlement import OutcomeCounts
+    from supervisor.worker.settlement import OutcomeCounts
 
     def lease(name: str) -> Any:
         obj = SimpleNamespace()

@@ -12,9 +12,9 @@ import pytest
 from supervisor_fakes import FakeClock, make_task
 from test_control_agent import T0, agent_for, store  # noqa: F401 (fixture)
 
-from supervisor.control import Cancel
-from supervisor.control.records import CANCEL_TTL, RecordError, decode, encode
-from supervisor.control.signing import canonical
+from supervisor.fleet.control import Cancel
+from supervisor.fleet.control.records import CANCEL_TTL, RecordError, decode, encode
+from supervisor.fleet.control.signing import canonical
 
 pytestmark = pytest.mark.timeout(30)
 

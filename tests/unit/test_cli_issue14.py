@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from supervisor import __version__
-from supervisor.cli import (
+from supervisor.worker.main import (
     UsageError,
     ctl_main,
     ctl_parser,

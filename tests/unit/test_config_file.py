@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.cli import ctl_parser, parse_worker_settings, worker_parser
-from supervisor.config_file import PATH_ATTR
+from supervisor.core.config_file import PATH_ATTR
+from supervisor.worker.main import ctl_parser, parse_worker_settings, worker_parser
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,8 @@ import pytest
 from supervisor_fakes import FakeClock, FakeLease, make_dog, make_task, run_until
 from test_settlement import Harness, settled
 
-from supervisor.control import (
+from supervisor.fleet.agent import BACKOFF_MAX, LOG_EVERY, ControlAgent
+from supervisor.fleet.control import (
     Cancel,
     Command,
     ControlSnapshot,
@@ -24,12 +25,11 @@ from supervisor.control import (
     ResultRecord,
     new_seq,
 )
-from supervisor.control.agent import BACKOFF_MAX, LOG_EVERY, ControlAgent
-from supervisor.control.signing import sign
-from supervisor.control.sqlite import SqliteControlStore
-from supervisor.events import ControlRequest
-from supervisor.security import SigningKey, key_id
-from supervisor.watchdog import Escalation
+from supervisor.fleet.control.signing import sign
+from supervisor.fleet.control.sqlite import SqliteControlStore
+from supervisor.worker.events import ControlRequest
+from supervisor.worker.task_guard import SigningKey, key_id
+from supervisor.worker.watchdog import Escalation
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(30)
@@ -280,7 +280,7 @@ def test_a_cancel_deleted_from_the_store_leaves_the_cache_within_a_refresh(store
                                                                             tmp_path) -> None:
     import sqlite3
 
-    from supervisor.control.agent import REFRESH_EVERY
+    from supervisor.fleet.agent import REFRESH_EVERY
 
     clock = FakeClock(T0)
     agent, _, _ = agent_for(store, clock)

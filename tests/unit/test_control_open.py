@@ -6,10 +6,10 @@ import logging
 
 import pytest
 
-from supervisor.control.azure_table import AzureTableControlStore
-from supervisor.control.open import control_store_description, open_control_store
-from supervisor.control.sqlite import SqliteControlStore
-from supervisor.settings import Settings
+from supervisor.core.settings import Settings
+from supervisor.fleet.control.azure_table import AzureTableControlStore
+from supervisor.fleet.control.open import control_store_description, open_control_store
+from supervisor.fleet.control.sqlite import SqliteControlStore
 
 KEY = "a2V5"  # base64 of "key"
 CLOSED = "http://127.0.0.1:9"  # discard port: nothing listens, nothing is sent (create=False)

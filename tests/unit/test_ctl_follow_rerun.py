@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from supervisor.ctl_follow import RESULT_GRACE
-from supervisor.ctl_output import logs
-from supervisor.outstore.base import RERUN
+from supervisor.ctl.output_commands import logs
+from supervisor.fleet.output.base import RERUN
+from supervisor.ops.follow import RESULT_GRACE
 from tests.unit import test_ctl_output as base
 from tests.unit.test_ctl_output import key, ns, result
 

@@ -12,9 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from supervisor.control.records import ResultRecord
-from supervisor.control.sqlite import SqliteControlStore
-from supervisor.ctl_follow import (
+from supervisor.ctl.output_commands import logs, result_line, tail, wait_pushed
+from supervisor.fleet.control.records import ResultRecord
+from supervisor.fleet.control.sqlite import SqliteControlStore
+from supervisor.fleet.output.base import AttemptKey, Chunk, OutputStoreError
+from supervisor.fleet.output.files import FileOutputStore
+from supervisor.ops.follow import (
     ENDED_GRACE,
     FAIL_FOR,
     POLL_MAX,
@@ -26,9 +29,6 @@ from supervisor.ctl_follow import (
     end_line,
     run,
 )
-from supervisor.ctl_output import logs, result_line, tail, wait_pushed
-from supervisor.outstore.base import AttemptKey, Chunk, OutputStoreError
-from supervisor.outstore.files import FileOutputStore
 
 Q = "jobs"
 
@@ -381,7 +381,7 @@ def test_a_store_that_fails_the_first_round_is_reported_at_once(world):
 
 
 def _cancel(w: SimpleNamespace, task: str, when: float) -> None:
-    from supervisor.control.records import Cancel
+    from supervisor.fleet.control.records import Cancel
 
     w.control.put_cancel(Cancel(queue=Q, task_id=task, reason="wrong input", who="ann@box",
                                 when=when))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from supervisor.cli import worker_parser
+from supervisor.worker.main import worker_parser
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,7 @@ def test_no_reference_to_a_design_file_outside_the_repository():
 def test_readme_says_what_a_new_operator_needs():
     """Issue 14: the command length limit, jobq-ctl's exit statuses, the reserved variables,
     and an Azurite command that does not phone home."""
-    from supervisor.task import MAX_COMMAND_BYTES
+    from supervisor.core.task import MAX_COMMAND_BYTES
 
     readme = (REPO / "README.rst").read_text()
     assert f"{MAX_COMMAND_BYTES // 1024} KiB" in readme

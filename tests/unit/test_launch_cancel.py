@@ -9,13 +9,13 @@ import pytest
 from supervisor_fakes import FakeLease
 from test_settlement import Harness, settled
 
-from supervisor.launch import Launcher
-from supervisor.metrics import Metrics
-from supervisor.output import OutputPump
-from supervisor.security import TaskGuard
-from supervisor.spawner import SpawnJob
-from supervisor.task import Task
-from supervisor.watchdog import Watchdog
+from supervisor.core.task import Task
+from supervisor.worker.launch import Launcher
+from supervisor.worker.metrics import Metrics
+from supervisor.worker.output_pump import OutputPump
+from supervisor.worker.spawner import SpawnJob
+from supervisor.worker.task_guard import TaskGuard
+from supervisor.worker.watchdog import Watchdog
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from supervisor.backends.base import BackendError, LeaseLost
-from supervisor.lease import (
+from supervisor.core.settings import safety_margin
+from supervisor.worker.keeper import (
     RETRY_AFTER_FAILURE,
     SETTLE_LAST_TRY,
     SETTLE_RETRY_MAX,
@@ -19,8 +20,7 @@ from supervisor.lease import (
     lease_deadline,
     next_renewal,
 )
-from supervisor.settings import safety_margin
-from supervisor.settle_steps import Complete, DeadLetter, Release
+from supervisor.worker.settle_steps import Complete, DeadLetter, Release
 
 pytestmark = pytest.mark.timeout(10)
 

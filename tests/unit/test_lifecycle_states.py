@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from supervisor_fakes import FakeClock, make_task
 
-from supervisor.lifecycle import PREEMPT_MARGIN, Lifecycle, State
-from supervisor.preemption import PreemptEvent
-from supervisor.settings import EXIT_FAILURES, EXIT_OK, Settings
-from supervisor.watchdog import RunningTask
+from supervisor.core.settings import EXIT_FAILURES, EXIT_OK, Settings
+from supervisor.worker.lifecycle import PREEMPT_MARGIN, Lifecycle, State
+from supervisor.worker.preemption import PreemptEvent
+from supervisor.worker.watchdog import RunningTask
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from supervisor.lifeline import MAX_DELAY, DeadlineFeed, Deadlines, act_time
+from supervisor.worker.lifeline import MAX_DELAY, DeadlineFeed, Deadlines, act_time
 
 
 class FakeKeeper:

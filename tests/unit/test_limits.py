@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from supervisor.limits import TaskLimits, TaskUserIds, unit_name
+from supervisor.worker.limits import TaskLimits, TaskUserIds, unit_name
 
 NO_SYSTEMD = not os.path.isdir("/run/systemd/system")
 

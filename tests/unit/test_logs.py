@@ -14,13 +14,13 @@ import threading
 
 import pytest
 
-from supervisor import logs
+from supervisor.worker import logs
 
 pytestmark = pytest.mark.timeout(30)
 
 SCRIPT = r"""
 import logging, sys
-from supervisor import logs
+from supervisor.worker import logs
 logs.setup_logging("INFO", sys.argv[1])
 log = logging.getLogger("jobq.worker")
 extra = {"task_id": "t1", "pid": 7, "attempt": 2}
@@ -171,7 +171,7 @@ def test_writer_writes_on_without_waiting_while_records_are_queued(monkeypatch):
 
 FLOOD = r"""
 import logging, sys
-from supervisor import logs
+from supervisor.worker import logs
 logs.setup_logging("INFO", "text")
 sink = logs.output_sink(logging.getLogger("jobq.task"))
 account = logs.OutputAccount("jobq.task", "t1")
@@ -222,7 +222,7 @@ def test_control_characters_of_an_output_line_are_escaped_by_both_paths(formatte
 
 PIECES = r"""
 import logging, os, sys
-from supervisor import logs, output
+from supervisor.worker import logs, output_pump as output
 # 100-char lines, and lines the pump cuts in MAX_LINE pieces, in reads of 4 KiB
 data = (b"a" * 100 + b"\n") * 30000 + (b"b" * (3 * output.MAX_LINE + 7) + b"\n") * 20
 data += (b"c" * 100 + b"\n") * 30000 + b"d" * (output.MAX_LINE + 1)  # no newline at the end
@@ -266,7 +266,7 @@ def test_every_piece_of_output_is_logged_or_counted():
 
 STRAYS = r"""
 import logging, threading, warnings
-from supervisor import logs, lifeline
+from supervisor.worker import logs, lifeline
 logs.setup_logging("INFO", "json")
 logging.getLogger("jobq").info("first")
 warnings.warn("a library's warning")

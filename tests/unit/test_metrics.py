@@ -13,7 +13,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.metrics import INSTALL_HINT, RENEWAL_BUCKETS, Metrics, MetricsUnavailable
+from supervisor.worker.metrics import INSTALL_HINT, RENEWAL_BUCKETS, Metrics, MetricsUnavailable
 
 pytestmark = pytest.mark.timeout(30)
 

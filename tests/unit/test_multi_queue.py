@@ -10,7 +10,7 @@ import pytest
 
 from supervisor.backends.base import BackendBase, BackendConfigError
 from supervisor.backends.multi import MultiQueueBackend, queue_of
-from supervisor.settings import Settings, SettingsError
+from supervisor.core.settings import Settings, SettingsError
 
 
 class FakeLease:
@@ -141,7 +141,7 @@ def test_a_failing_queue_never_loses_the_leases_taken_from_another(order: str) -
 
 
 def test_ini_and_env_take_the_comma_separated_list(tmp_path, monkeypatch) -> None:
-    from supervisor.cli import UsageError, parse_worker_settings
+    from supervisor.worker.main import UsageError, parse_worker_settings
 
     for name in [n for n in os.environ if n.startswith("JOBQ_")]:
         monkeypatch.delenv(name)

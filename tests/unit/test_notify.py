@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.notify import Notifier
+from supervisor.worker.notify import Notifier
 
 pytestmark = pytest.mark.timeout(10)
 

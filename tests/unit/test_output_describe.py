@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from supervisor.outstore.open import describe_output_store, open_output_store
-from supervisor.settings import Settings
+from supervisor.core.settings import Settings
+from supervisor.fleet.output.open import describe_output_store, open_output_store
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -54,13 +54,13 @@ def test_files_are_described_too(tmp_path) -> None:
 def test_a_worker_imports_neither_the_blob_sdk_nor_the_control_store_to_describe_it() -> None:
     code = (
         "import sys\n"
-        "from supervisor.outstore.shipper import OutputShipper\n"
-        "from supervisor.settings import Settings\n"
+        "from supervisor.fleet.shipper import OutputShipper\n"
+        "from supervisor.core.settings import Settings\n"
         f"shipper = OutputShipper.for_worker(Settings(backend='storage-queue', "
         f"connection_string={CONNS[1]!r}))\n"
         "assert shipper is not None and 'acct.blob' in shipper.where, shipper\n"
         "print(sorted(m for m in sys.modules if m.startswith(('azure.storage.blob', "
-        "'supervisor.control'))))\n")
+        "'supervisor.fleet.control'))))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"

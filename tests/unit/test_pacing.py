@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from supervisor_fakes import FakeClock
 
-from supervisor.backends.sqlite import SqliteBackend
-from supervisor.pacing import ReceivePacing
-from supervisor.settings import Settings
-from supervisor.task import Task
-from supervisor.worker import Worker
+from supervisor.backends.sqlite.backend import SqliteBackend
+from supervisor.core.settings import Settings
+from supervisor.core.task import Task
+from supervisor.worker.loop import Worker
+from supervisor.worker.pacing import ReceivePacing
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -80,7 +80,7 @@ def test_gathering_waits_for_busy_slots_expected_to_end_within_half_a_receive() 
 
 
 def test_gathering_never_waits_longer_than_gather_max() -> None:
-    from supervisor.pacing import GATHER_MAX
+    from supervisor.worker.pacing import GATHER_MAX
 
     pacing = ReceivePacing(poll_interval=1.0)
     pacing.filled(10.0)  # a receive of a very slow link

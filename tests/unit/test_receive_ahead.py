@@ -12,14 +12,14 @@ import pytest
 from supervisor_fakes import FakeLease
 from test_settlement import RETURN_DELAY, Harness, settled
 
-from supervisor.ahead import HOLD_MAX, MIN_CYCLE
-from supervisor.launch import Launcher
-from supervisor.lease import lease_deadline
-from supervisor.metrics import Metrics
-from supervisor.output import OutputPump
-from supervisor.security import TaskGuard
-from supervisor.task import Task
-from supervisor.watchdog import Watchdog
+from supervisor.core.task import Task
+from supervisor.worker.keeper import lease_deadline
+from supervisor.worker.launch import Launcher
+from supervisor.worker.metrics import Metrics
+from supervisor.worker.output_pump import OutputPump
+from supervisor.worker.receive_ahead import HOLD_MAX, MIN_CYCLE
+from supervisor.worker.task_guard import TaskGuard
+from supervisor.worker.watchdog import Watchdog
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -175,9 +175,9 @@ def test_a_stop_gives_every_held_lease_back_uncounted() -> None:
 def test_the_worker_does_not_spin_once_a_pause_gave_held_leases_back(tmp_path) -> None:
     """While a lease is held the main loop wakes for its bound; once a pause gave it back the
     loop waits its poll again (it used to keep the stale bound and spin on 0 s waits)."""
-    from supervisor.backends.sqlite import SqliteBackend
-    from supervisor.settings import Settings
-    from supervisor.worker import Worker
+    from supervisor.backends.sqlite.backend import SqliteBackend
+    from supervisor.core.settings import Settings
+    from supervisor.worker.loop import Worker
 
     h = Harness()
     db = str(tmp_path / "q.db")

@@ -17,12 +17,12 @@ from test_control_agent import agent_for
 from test_settlement import T0, WALL0, FakeBackend, Harness, settled
 
 from supervisor.backends.base import BackendError, LeaseLost
-from supervisor.control import Cancel, ControlStoreError, ResultRecord
-from supervisor.control.agent import LOG_EVERY
-from supervisor.control.outbox import Outbox
-from supervisor.lease import LeaseKeeper
-from supervisor.results import TAIL_CHARS, exit_parts
-from supervisor.task import Task
+from supervisor.core.task import Task
+from supervisor.fleet.agent import LOG_EVERY
+from supervisor.fleet.control import Cancel, ControlStoreError, ResultRecord
+from supervisor.fleet.outbox import Outbox
+from supervisor.worker.keeper import LeaseKeeper
+from supervisor.worker.result_log import TAIL_CHARS, exit_parts
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(30)
@@ -313,7 +313,7 @@ def test_the_control_thread_writes_results_batched(tmp_path) -> None:
     RESULT_DELAY, the two records of an attempt as one."""
     import time
 
-    from supervisor.control.sqlite import SqliteControlStore
+    from supervisor.fleet.control.sqlite import SqliteControlStore
 
     store = SqliteControlStore(str(tmp_path / "q.db"))
     agent, _, _ = agent_for(store, FakeClock(T0))

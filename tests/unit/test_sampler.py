@@ -11,9 +11,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from supervisor.backends.base import BackendError
-from supervisor.metrics import Metrics
-from supervisor.sampler import AZURE_MIN_INTERVAL, BACKOFF_MAX, LOG_EVERY, QueueSampler
-from supervisor.settings import Settings
+from supervisor.core.settings import Settings
+from supervisor.worker.metrics import Metrics
+from supervisor.worker.sampler import AZURE_MIN_INTERVAL, BACKOFF_MAX, LOG_EVERY, QueueSampler
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(30)

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import pytest
 
-from supervisor.preemption import (
+from supervisor.worker.preemption import (
     AZURE_ASSET_TAG,
     SCHEDULED_EVENTS_URL,
     PreemptEvent,

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.process import task_environment
-from supervisor.secret_names import SECRET_WORDS, is_secret_name, name_words, without_secrets
+from supervisor.core.secret_names import SECRET_WORDS, is_secret_name, name_words, without_secrets
+from supervisor.worker.process import task_environment
 
 SECRETS = [
     # the issue's: plain names that passed the old filter

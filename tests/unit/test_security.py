@@ -9,9 +9,11 @@ from dataclasses import replace
 
 import pytest
 
-from supervisor import security
-from supervisor.limits import format_size, parse_size
-from supervisor.security import (
+from supervisor.core.settings import Settings
+from supervisor.core.task import Task
+from supervisor.worker import task_guard as security
+from supervisor.worker.limits import format_size, parse_size
+from supervisor.worker.task_guard import (
     SecurityConfigError,
     SigningKey,
     TaskGuard,
@@ -22,8 +24,6 @@ from supervisor.security import (
     split_paths,
     verify,
 )
-from supervisor.settings import Settings
-from supervisor.task import Task
 
 pytestmark = pytest.mark.timeout(30)
 

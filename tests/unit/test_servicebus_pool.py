@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from supervisor.backends import servicebus_pool
 from supervisor.backends.azure_common import Scrubber
-from supervisor.backends.servicebus_pool import ReceiverPool
+from supervisor.backends.servicebus import pool as servicebus_pool
+from supervisor.backends.servicebus.pool import ReceiverPool
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.cli import UsageError, ctl_parser, parse_worker_settings, worker_parser
-from supervisor.settings import Settings, SettingsError, parse_duration, safety_margin
+from supervisor.core.settings import Settings, SettingsError, parse_duration, safety_margin
+from supervisor.worker.main import UsageError, ctl_parser, parse_worker_settings, worker_parser
 
 pytestmark = pytest.mark.timeout(30)
 

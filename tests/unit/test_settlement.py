@@ -14,14 +14,14 @@ import pytest
 from supervisor_fakes import FakeClock, FakeLease, FakeOutput, make_task
 
 from supervisor.backends.base import BackendBase, LeaseLost
-from supervisor.lease import LeaseKeeper
-from supervisor.limits import TaskLimits
-from supervisor.metrics import Metrics
-from supervisor.security import TaskGuard
-from supervisor.settings import Settings
-from supervisor.settlement import Settlement, cancel_reason
-from supervisor.task import Task
-from supervisor.watchdog import RunningTask
+from supervisor.core.settings import Settings
+from supervisor.core.task import Task
+from supervisor.worker.keeper import LeaseKeeper
+from supervisor.worker.limits import TaskLimits
+from supervisor.worker.metrics import Metrics
+from supervisor.worker.settlement import Settlement, cancel_reason
+from supervisor.worker.task_guard import TaskGuard
+from supervisor.worker.watchdog import RunningTask
 
 pytestmark = pytest.mark.timeout(30)
 

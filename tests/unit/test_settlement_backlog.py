@@ -12,8 +12,8 @@ import pytest
 from supervisor_fakes import FakeLease, FakeOutput
 from test_settlement import Harness
 
-from supervisor.settlement import SETTLING_MIN, SETTLING_PER_SLOT
-from supervisor.watchdog import RunningTask
+from supervisor.worker.settlement import SETTLING_MIN, SETTLING_PER_SLOT
+from supervisor.worker.watchdog import RunningTask
 
 pytestmark = pytest.mark.timeout(30)
 

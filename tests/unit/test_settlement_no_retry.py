@@ -10,7 +10,7 @@ import pytest
 from supervisor_fakes import make_task
 from test_settlement import Harness, settled
 
-from supervisor.settlement import spawn_not_retried
+from supervisor.worker.settlement import spawn_not_retried
 
 pytestmark = pytest.mark.timeout(30)
 

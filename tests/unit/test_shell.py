@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from supervisor import shell
+from supervisor.worker import shell
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -11,8 +11,8 @@ import time
 import pytest
 from supervisor_fakes import FakeClock
 
-from supervisor.outstore import shipper as mod
-from supervisor.outstore.base import (
+from supervisor.fleet import shipper as mod
+from supervisor.fleet.output.base import (
     DROPPED,
     DROPPED_FULL,
     RERUN,
@@ -22,7 +22,7 @@ from supervisor.outstore.base import (
     OutputStoreError,
     OutputStoreFull,
 )
-from supervisor.outstore.shipper import OutputShipper
+from supervisor.fleet.shipper import OutputShipper
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -6,7 +6,7 @@ import queue
 
 import pytest
 
-from supervisor.spawner import Spawner, SpawnJob
+from supervisor.worker.spawner import Spawner, SpawnJob
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from supervisor.backends.base import BackendConfigError, BackendError, LeaseLost
-from supervisor.backends.sqlite import SqliteBackend
-from supervisor.task import Task
+from supervisor.backends.sqlite.backend import SqliteBackend
+from supervisor.core.task import Task
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -498,7 +498,7 @@ def test_receive_against_an_exclusive_lock_is_a_backend_error(db, open_backend) 
 def test_receive_walks_the_queue_in_order_without_sorting_it(a, raw) -> None:
     """Receive must stop after LIMIT rows: a sort of every pending job made each receive
     O(queue depth).  The plan is SQLite's own answer, whatever the machine's speed."""
-    from supervisor.backends.sqlite import RECEIVE_SQL
+    from supervisor.backends.sqlite.backend import RECEIVE_SQL
 
     push(a, *["true"] * 50)
     plan = raw.execute("EXPLAIN QUERY PLAN " + RECEIVE_SQL,

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from supervisor.backends.base import BackendError
-from supervisor.backends.sqlite import SqliteBackend
+from supervisor.backends.sqlite.backend import SqliteBackend
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,8 +16,8 @@ from supervisor_fakes import FakeClock
 from test_sqlite_backend import LOCK, SETTLEMENTS, push, row
 
 from supervisor.backends.base import LeaseLost
-from supervisor.backends.sqlite import DEAD_OWNER_EVERY, SqliteBackend
-from supervisor.backends.sqlite_owner import (
+from supervisor.backends.sqlite.backend import DEAD_OWNER_EVERY, SqliteBackend
+from supervisor.backends.sqlite.owner import (
     ALIVE,
     DYING,
     GONE,

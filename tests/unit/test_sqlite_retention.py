@@ -12,9 +12,9 @@ from collections.abc import Callable
 import pytest
 from supervisor_fakes import FakeClock
 
-from supervisor.backends.sqlite import SqliteBackend
-from supervisor.backends.sqlite_retention import PURGE_AGAIN, PURGE_SQL
-from supervisor.task import Task
+from supervisor.backends.sqlite.backend import SqliteBackend
+from supervisor.backends.sqlite.retention import PURGE_AGAIN, PURGE_SQL
+from supervisor.core.task import Task
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -21,14 +21,14 @@ from azure.core.exceptions import (  # noqa: E402
 from supervisor.backends.azure_common import Scrubber, reset_for_requeue  # noqa: E402
 from supervisor.backends.base import BackendConfigError, BackendError, LeaseLost  # noqa: E402
 from supervisor.backends.common import poison_reason  # noqa: E402
-from supervisor.backends.storage_queue_util import (  # noqa: E402
+from supervisor.backends.storage_queue.errors import (  # noqa: E402
     MessageGone,
     clamp_visibility,
     make_record,
     parse_record,
     translate,
 )
-from supervisor.task import MAX_BODY_BYTES, Task, TaskFormatError  # noqa: E402
+from supervisor.core.task import MAX_BODY_BYTES, Task, TaskFormatError  # noqa: E402
 
 KEY = "c2VjcmV0LWtleS1ub3QtcmVhbC0xMjM0NTY3ODkw"
 CS = f"DefaultEndpointsProtocol=https;AccountName=acc;AccountKey={KEY};EndpointSuffix=x"
@@ -141,7 +141,7 @@ def test_poison_reason_hints():
                                   "x" * 57])
 def test_a_name_the_service_refuses_is_a_config_error_before_any_call(name) -> None:
     # The service answers 400 OutOfRangeInput, which a worker would retry for ever.
-    from supervisor.backends.storage_queue import StorageQueueBackend
+    from supervisor.backends.storage_queue.backend import StorageQueueBackend
 
     with pytest.raises(BackendConfigError, match="bad Storage Queue name"):
         StorageQueueBackend(name, connection_string="UseDevelopmentStorage=true")
@@ -149,7 +149,7 @@ def test_a_name_the_service_refuses_is_a_config_error_before_any_call(name) -> N
 
 @pytest.mark.parametrize("name", ["abc", "a-b", "jobs-1", "x" * 56])
 def test_names_the_service_takes_pass(name) -> None:
-    from supervisor.backends.storage_queue import _QUEUE_NAME, FAILED_SUFFIX
+    from supervisor.backends.storage_queue.backend import _QUEUE_NAME, FAILED_SUFFIX
 
     assert _QUEUE_NAME.match(name) and len(name) + len(FAILED_SUFFIX) <= 63
 

@@ -34,6 +34,6 @@ def test_stop_timeout_exceeds_kill_timeout():
     stop = int(text.split("TimeoutStopSec=")[1].split()[0])
     ini = (REPO / "conf" / "worker.ini").read_text()
     kill = ini.split("kill-timeout = ")[1].split()[0]
-    from supervisor.settings import parse_duration
+    from supervisor.core.settings import parse_duration
 
     assert stop > parse_duration(kill) + 30

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.task import MAX_BODY_BYTES, Task, TaskFormatError
+from supervisor.core.task import MAX_BODY_BYTES, Task, TaskFormatError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -261,7 +261,7 @@ def test_task_id_shapes():
     import hashlib
     import uuid
 
-    from supervisor.task import MAX_ID, Task, id_problem, is_made_id
+    from supervisor.core.task import MAX_ID, Task, id_problem, is_made_id
 
     for made in (Task(cmd="true").id, uuid.uuid4().hex, hashlib.md5(b"x").hexdigest(),
                  str(uuid.uuid4()), str(uuid.uuid4()).upper()):

@@ -12,10 +12,10 @@ import pytest
 
 from supervisor.backends.base import FailedRecord
 from supervisor.backends.common import held_until
-from supervisor.control.records import Cancel, ResultRecord
-from supervisor.ctl_result import shown_state
-from supervisor.task import Task
-from supervisor.task_ends import SETTLE, failed_rows, final_records, pending_cancel
+from supervisor.core.task import Task
+from supervisor.ctl.result_command import shown_state
+from supervisor.fleet.control.records import Cancel, ResultRecord
+from supervisor.ops.task_ends import SETTLE, failed_rows, final_records, pending_cancel
 
 Q = "jobs"
 NOW = 2.0e9

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from supervisor.ctl import push_schedule
-from supervisor.launch import time_limit
-from supervisor.task import Task, TaskFormatError
-from supervisor.usage import UsageError
+from supervisor.core.options import UsageError
+from supervisor.core.task import Task, TaskFormatError
+from supervisor.ctl.queue_commands import push_schedule
+from supervisor.worker.launch import time_limit
 
 pytestmark = pytest.mark.timeout(60)
 NOW = 1_800_000_000.0

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from supervisor.threads import start_fast, start_thread
+from supervisor.core.threads import start_fast, start_thread
 from tests.integration.helpers import WORKER_SIGNALS
 
 pytestmark = pytest.mark.timeout(30)

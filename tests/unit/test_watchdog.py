@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from supervisor_fakes import T0, FakeClock, RecordingWatchdog, make_dog, make_task, run_until
 
-from supervisor.settings import safety_margin
-from supervisor.watchdog import MAX_SLEEP, Escalation, RunningTask
+from supervisor.core.settings import safety_margin
+from supervisor.worker.watchdog import MAX_SLEEP, Escalation, RunningTask
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -8,7 +8,7 @@ import signal
 import pytest
 from supervisor_fakes import T0, FakeClock, RecordingWatchdog, make_dog, make_task, run_until
 
-from supervisor.watchdog import LEFTOVER_GRACE, RunningTask
+from supervisor.worker.watchdog import LEFTOVER_GRACE, RunningTask
 
 pytestmark = pytest.mark.timeout(30)
 

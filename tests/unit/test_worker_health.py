@@ -9,10 +9,10 @@ import pytest
 from supervisor_fakes import FakeClock
 
 from supervisor.backends.base import BackendError
-from supervisor.backends.sqlite import SqliteBackend
-from supervisor.lease import LeaseKeeper
-from supervisor.settings import Settings
-from supervisor.worker import Worker
+from supervisor.backends.sqlite.backend import SqliteBackend
+from supervisor.core.settings import Settings
+from supervisor.worker.keeper import LeaseKeeper
+from supervisor.worker.loop import Worker
 
 
 class NeverCalledLease:

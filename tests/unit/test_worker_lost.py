@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from supervisor import ctl_fleet
-from supervisor.control import SqliteControlStore
-from supervisor.control.base import LOST_AFTER
-from supervisor.control.records import ResultRecord, WorkerRecord
-from supervisor.ctl_result import LOST_GRACE, cmd_result, shown_state
+from supervisor.ctl import fleet_commands as ctl_fleet
+from supervisor.ctl.result_command import LOST_GRACE, cmd_result, shown_state
+from supervisor.fleet.control import SqliteControlStore
+from supervisor.fleet.control.base import LOST_AFTER
+from supervisor.fleet.control.records import ResultRecord, WorkerRecord
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -39,16 +39,16 @@ from azure.servicebus import (
     ServiceBusSubQueue,
 )
 
-from ..task import Task, parse_or_body
-from .azure_common import Scrubber, matches, reset_for_requeue
-from .base import Backend, BackendBase, BackendConfigError, FailedRecord, Lease, QueueStatus
-from .common import held_until, mapped_errors
-from .servicebus_lease import ServiceBusLease
-from .servicebus_pool import ReceiverPool
-from .servicebus_util import SDK_ERRORS, LockCheck, failed_record, message_text, translate
+from ...core.task import Task, parse_or_body
+from ..azure_common import Scrubber, matches, reset_for_requeue
+from ..base import Backend, BackendBase, BackendConfigError, FailedRecord, Lease, QueueStatus
+from ..common import held_until, mapped_errors
+from .errors import SDK_ERRORS, LockCheck, failed_record, message_text, translate
+from .lease import ServiceBusLease
+from .pool import ReceiverPool
 
 __all__ = ["ServiceBusBackend", "ServiceBusLease"]
-LOG = logging.getLogger("supervisor.backends.servicebus")  # pinned: log lines keep this name
+LOG = logging.getLogger("supervisor.backends.servicebus")  # pinned (layout move)
 T = TypeVar("T")
 
 CALL_TIMEOUT = 10.0  # s: one SDK call of the main thread or an opener (no SDK retries)

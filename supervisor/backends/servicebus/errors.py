@@ -23,12 +23,12 @@ from azure.servicebus.exceptions import (
     SessionLockLostError,
 )
 
-from .azure_common import Scrubber, detail
-from .base import BackendConfigError, BackendError, FailedRecord, LeaseLost, QueueNotFound
-from .common import parse_body
+from ..azure_common import Scrubber, detail
+from ..base import BackendConfigError, BackendError, FailedRecord, LeaseLost, QueueNotFound
+from ..common import parse_body
 
 __all__ = ["SDK_ERRORS", "translate"]
-LOG = logging.getLogger("supervisor.backends.servicebus_util")  # pinned: log lines keep this name
+LOG = logging.getLogger("supervisor.backends.servicebus_util")  # pinned (layout move)
 
 # What an SDK call may raise: its own errors (AzureError), MessageAlreadySettled and "handler
 # shut down" (ValueError), socket errors it did not wrap, and plain timeouts.

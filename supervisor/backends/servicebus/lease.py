@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
 
-from ..task import Task, TaskFormatError
-from .base import BackendError
-from .common import mapped_errors, parse_body, settled_error
-from .servicebus_util import (
+from ...core.task import Task, TaskFormatError
+from ..base import BackendError
+from ..common import mapped_errors, parse_body, settled_error
+from .errors import (
     MAX_DEAD_LETTER_TEXT,
     PRIOR_ATTEMPTS,
     SDK_ERRORS,
@@ -44,10 +44,10 @@ from .servicebus_util import (
 )
 
 if TYPE_CHECKING:
-    from .servicebus import ServiceBusBackend
-    from .servicebus_pool import SharedReceiver
+    from .backend import ServiceBusBackend
+    from .pool import SharedReceiver
 
-LOG = logging.getLogger("supervisor.backends.servicebus_lease")  # pinned: log lines keep this name
+LOG = logging.getLogger("supervisor.backends.servicebus_lease")  # pinned (layout move)
 T = TypeVar("T")
 MIN_CALL = 0.5  # s: a settlement call gets at least this long
 

@@ -27,11 +27,11 @@ import threading
 import time
 from typing import Any, Callable, TypeVar
 
-from .azure_common import Scrubber
-from .base import BackendConfigError, BackendError
-from .servicebus_util import translate
+from ..azure_common import Scrubber
+from ..base import BackendConfigError, BackendError
+from .errors import translate
 
-LOG = logging.getLogger("supervisor.backends.servicebus_pool")  # pinned: log lines keep this name
+LOG = logging.getLogger("supervisor.backends.servicebus_pool")  # pinned (layout move)
 RETRY_MAX = 10.0  # s between failed opens, at most
 BUSY_RECHECK = 0.005  # s: take looks again this soon when every ready receiver is busy
 BUSY_GROWTH = 4  # receivers kept open grow up to this many times ``keep`` when all are busy

@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from ..task import MAX_PRIORITY
-from .sqlite import SqliteBackend
-from .sqlite_owner import DYING, TakenBack, owner_state
+from ...core.task import MAX_PRIORITY
+from .backend import SqliteBackend
+from .owner import DYING, TakenBack, owner_state
 
 # How long requeue/cancel wait for a dead worker's lifeline to finish killing its tasks
 # (lifeline.KILL_BUDGET: it gives up after 10 s); it takes well under a second.

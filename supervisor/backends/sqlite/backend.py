@@ -23,11 +23,11 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from ..task import Task, parse_or_body
-from . import sqlite_queues
-from .base import BackendBase, BackendConfigError, BackendError, FailedRecord, QueueStatus
-from .common import command_of, held_until
-from .sqlite_db import (
+from ...core.task import Task, parse_or_body
+from ..base import BackendBase, BackendConfigError, BackendError, FailedRecord, QueueStatus
+from ..common import command_of, held_until
+from . import queues as sqlite_queues
+from .db import (
     connect,
     is_lock_error,
     is_readonly_error,
@@ -38,9 +38,9 @@ from .sqlite_db import (
     transient_text,
     unwritable,
 )
-from .sqlite_lease import SqliteLease
-from .sqlite_owner import DeadOwnerPass, TakenBack
-from .sqlite_retention import Purger, purge_all
+from .lease import SqliteLease
+from .owner import DeadOwnerPass, TakenBack
+from .retention import Purger, purge_all
 
 __all__ = ["SqliteBackend", "SqliteLease"]
 
@@ -458,7 +458,7 @@ class SqliteBackend(BackendBase):
         return purge_all(self, before)
 
     def oldest_pending_age(self, now: float) -> float | None:
-        from .sqlite_fleet import oldest_pending_age
+        from .admin import oldest_pending_age
 
         return oldest_pending_age(self, now)
 

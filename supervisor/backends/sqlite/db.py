@@ -10,7 +10,7 @@ import sqlite3
 import time
 from urllib.parse import quote
 
-from . import sqlite_queues
+from . import queues as sqlite_queues
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (

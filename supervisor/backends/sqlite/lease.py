@@ -12,12 +12,12 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..task import Task
-from .base import LeaseLost
-from .common import parse_body
+from ...core.task import Task
+from ..base import LeaseLost
+from ..common import parse_body
 
 if TYPE_CHECKING:
-    from .sqlite import SqliteBackend
+    from .backend import SqliteBackend
 
 
 class SqliteLease:

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from .base import BackendError
+from ..base import BackendError
 
 log = logging.getLogger("jobq.sqlite")
 

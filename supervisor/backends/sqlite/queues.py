@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sqlite3
 
-from .base import BackendError, QueueNotFound
+from ..base import BackendError, QueueNotFound
 
 TABLE = """
 CREATE TABLE IF NOT EXISTS queues (

@@ -23,8 +23,8 @@ import sqlite3
 from contextlib import AbstractContextManager
 from typing import Callable, Protocol
 
-from ..settings import format_duration
-from .base import BackendError
+from ...core.settings import format_duration
+from ..base import BackendError
 
 log = logging.getLogger("jobq.sqlite")
 

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from azure.core.exceptions import ResourceExistsError
 from azure.storage.queue import QueueClient, QueueMessage
 
-from ..task import Task, parse_or_body
-from .azure_common import FAILED_SUFFIX, Scrubber, matches, reset_for_requeue
-from .base import (
+from ...core.task import Task, parse_or_body
+from ..azure_common import FAILED_SUFFIX, Scrubber, matches, reset_for_requeue
+from ..base import (
     Backend,
     BackendBase,
     BackendConfigError,
@@ -39,9 +39,8 @@ from .base import (
     Lease,
     QueueStatus,
 )
-from .common import held_until, mapped_errors
-from .storage_queue_lease import StorageQueueLease
-from .storage_queue_util import (
+from ..common import held_until, mapped_errors
+from .errors import (
     SDK_ERRORS,
     clamp_visibility,
     error_code,
@@ -49,9 +48,10 @@ from .storage_queue_util import (
     parse_record,
     translate,
 )
+from .lease import StorageQueueLease
 
 __all__ = ["StorageQueueBackend", "StorageQueueLease"]
-LOG = logging.getLogger("supervisor.backends.storage_queue")  # pinned: log lines keep this name
+LOG = logging.getLogger("supervisor.backends.storage_queue")  # pinned (layout move)
 T = TypeVar("T")
 
 QUEUED_NOTE = ("Storage Queue cannot tell pending from running or backing-off messages: "

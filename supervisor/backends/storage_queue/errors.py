@@ -21,10 +21,10 @@ from azure.core.exceptions import (
     ServiceResponseError,
 )
 
-from ..task import MAX_BODY_BYTES, Task
-from .azure_common import Scrubber, detail
-from .base import BackendConfigError, BackendError, FailedRecord, LeaseLost
-from .common import command_of
+from ...core.task import MAX_BODY_BYTES, Task
+from ..azure_common import Scrubber, detail
+from ..base import BackendConfigError, BackendError, FailedRecord, LeaseLost
+from ..common import command_of
 
 # What may escape an SDK call besides AzureError: a response that is not UTF-8 or not XML,
 # or a socket error the transport did not wrap.

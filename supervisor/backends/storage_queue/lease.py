@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from azure.storage.queue import QueueClient, QueueMessage
 
-from ..task import Task, TaskFormatError
-from .base import BackendError, LeaseLost
-from .common import mapped_errors, parse_body, settled_error
-from .storage_queue_util import (
+from ...core.task import Task, TaskFormatError
+from ..base import BackendError, LeaseLost
+from ..common import mapped_errors, parse_body, settled_error
+from .errors import (
     SDK_ERRORS,
     MessageGone,
     clamp_visibility,
@@ -24,9 +24,9 @@ from .storage_queue_util import (
 )
 
 if TYPE_CHECKING:
-    from .storage_queue import StorageQueueBackend
+    from .backend import StorageQueueBackend
 
-LOG = logging.getLogger("supervisor.backends.storage_queue_lease")  # pinned: log lines keep this name
+LOG = logging.getLogger("supervisor.backends.storage_queue_lease")  # pinned (layout move)
 T = TypeVar("T")
 
 

@@ -4,7 +4,7 @@ worker and result records, in SQLite (the queue's own file) or Azure Table Stora
 ``base`` is the seam (``ControlStore``, ``ControlSnapshot``, ``ControlStoreError``, the key
 layout); ``records`` the versioned JSON documents; ``signing`` the HMAC signatures on
 cancel/flag/command records.  See docs/architecture.rst.  The Azure store is imported from
-``supervisor.control.azure_table`` only where it is used (it needs azure-data-tables), and
+``supervisor.fleet.control.azure_table`` only where it is used (it needs azure-data-tables), and
 the SQLite store at its first use (a worker that imports ``records`` for its results does
 not need ``sqlite3``).
 """

@@ -31,9 +31,9 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableClient, UpdateMode
 
-from ..azure_storage import create_if_missing, sdk_client, store_error
-from ..backends.azure_common import Scrubber
-from ..backends.storage_queue_util import error_code
+from ...backends.azure_common import Scrubber
+from ...backends.storage_queue.errors import error_code
+from ...core.azure_account import create_if_missing, sdk_client, store_error
 from .azure_claims import AzureClaims
 from .base import (
     INDEX_KIND,

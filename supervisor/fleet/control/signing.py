@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TypeVar, Union
 
-from ..security import SigningKey
+from ...worker.task_guard import SigningKey
 from .base import OnceLog, row_of
 from .records import Cancel, Command, QueueFlag, to_doc
 

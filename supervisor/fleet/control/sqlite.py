@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Union
 
-from ..backends.sqlite_db import open_existing, read_only_may_help, use_wal
+from ...backends.sqlite.db import open_existing, read_only_may_help, use_wal
 from . import base, records
 from .base import ControlConfigError, ControlSnapshot, ControlStoreError, OnceLog, PurgeCounts
 

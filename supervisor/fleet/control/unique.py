@@ -20,7 +20,7 @@ from .base import CLAIM_TTL, DAY, ControlStore, ControlStoreError, UniqueClaim
 from .records import ResultRecord
 
 if TYPE_CHECKING:
-    from ..task import Task
+    from ...core.task import Task
 
 log = logging.getLogger("jobq.control")
 CLAIM_MAX_AGE = CLAIM_TTL  # the longest a Storage Queue message lives (its default TTL)

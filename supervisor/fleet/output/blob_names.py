@@ -12,7 +12,7 @@ import re
 from typing import Callable, Union
 from urllib.parse import parse_qs, quote
 
-from ..backends.azure_common import Scrubber
+from ...backends.azure_common import Scrubber
 from .base import AttemptKey
 from .files import part
 

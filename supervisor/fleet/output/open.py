@@ -18,11 +18,11 @@ import logging
 from typing import TYPE_CHECKING, Union
 from urllib.parse import urlsplit, urlunsplit
 
-from ..settings import named_account
+from ...core.settings import named_account
 from .base import OutputConfigError, OutputStore
 
 if TYPE_CHECKING:
-    from ..settings import Settings
+    from ...core.settings import Settings
 
 log = logging.getLogger("jobq.output")
 
