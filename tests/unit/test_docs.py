@@ -36,13 +36,20 @@ def test_worker_ini_documents_every_option():
     assert not missing, f"conf/worker.ini lacks {missing}"
 
 
-def test_architecture_page_names_every_module():
-    """docs/architecture.rst stays the map: every module of the package is on it."""
+def test_architecture_page_names_every_package_and_module():
+    """docs/architecture.rst stays the map: every package of supervisor/ is on it as
+    ``path/`` and every module as ``path/name.py`` (relative to supervisor/), and every docs
+    page it links to exists."""
     page = (REPO / "docs" / "architecture.rst").read_text()
-    modules = sorted(p.name for p in (REPO / "supervisor").glob("*.py")
+    root = REPO / "supervisor"
+    packages = sorted(p.parent.relative_to(root).as_posix() + "/"
+                      for p in root.rglob("__init__.py") if p.parent != root)
+    modules = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py")
                      if p.name not in ("__init__.py", "__main__.py"))
-    missing = [m for m in modules if f"``{m}``" not in page]
+    missing = [name for name in packages + modules if f"``{name}``" not in page]
     assert not missing, f"docs/architecture.rst does not name {missing}"
+    linked = re.findall(r"<([a-z_-]+\.rst)>`_", page)
+    assert linked and all((REPO / "docs" / name).is_file() for name in linked), linked
     assert "docs/architecture.rst" in (REPO / "README.rst").read_text()
 
 
