@@ -25,6 +25,7 @@ from datetime import timezone
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..core.kernel_files import read_kernel_file
 from ..core.settings import (
     SCHEDULED_EVENTS_URL as SCHEDULED_EVENTS_URL,  # the one copy; re-exported
 )
@@ -88,24 +89,18 @@ def _fetch_errors() -> tuple[type[Exception], ...]:
     return (OSError, http.client.HTTPException, ValueError)
 
 
-def _read_dmi(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 def is_azure_vm(dmi_dir: str = "/sys/class/dmi/id") -> bool:
     """Whether this looks like an Azure VM, from DMI alone -- no network call (any thread).
 
     Azure sets a fixed chassis asset tag; older images only show Hyper-V's vendor/product
     pair (which an on-premises Hyper-V guest shares: hence JOBQ_DISABLE_SCHEDULED_EVENTS).
     """
-    if _read_dmi(os.path.join(dmi_dir, "chassis_asset_tag")) == AZURE_ASSET_TAG:
+    def dmi(name: str) -> str:
+        return read_kernel_file(os.path.join(dmi_dir, name), "")
+
+    if dmi("chassis_asset_tag") == AZURE_ASSET_TAG:
         return True
-    return (_read_dmi(os.path.join(dmi_dir, "sys_vendor")) == "Microsoft Corporation"
-            and _read_dmi(os.path.join(dmi_dir, "product_name")) == "Virtual Machine")
+    return dmi("sys_vendor") == "Microsoft Corporation" and dmi("product_name") == "Virtual Machine"
 
 
 def scheduled_events_enabled(mode: str, env: Mapping[str, str],
