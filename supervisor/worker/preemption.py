@@ -23,7 +23,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import timezone
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 from ..core.kernel_files import read_kernel_file
 from ..core.settings import (
@@ -36,6 +36,9 @@ from .events import Event
 if TYPE_CHECKING:  # imported where used: a worker off Azure never loads http/email/ssl
     import urllib.request
 
+# What signal.signal returns: the handler it replaced (SIG_DFL and SIG_IGN are ints).
+PreviousHandler = Union[Callable[[int, Optional[FrameType]], object], int, None]
+
 class SignalQueue:
     """Installs handlers that put the signal number on ``events`` (main thread): every signal
     of the table in signals.py, whose default action would end the worker without its
@@ -44,7 +47,7 @@ class SignalQueue:
 
     def __init__(self, events: queue.SimpleQueue[Event]) -> None:
         self.events = events
-        self._previous: dict[int, Any] = {}
+        self._previous: dict[int, PreviousHandler] = {}
         # Started under nohup, we inherit SIGHUP ignored: it stays ignored (logged by the
         # main loop), while a task gets it at its default.
         self.inherited_ignored: frozenset[int] = frozenset()
@@ -287,7 +290,7 @@ class ScheduledEventsPoller:
             return  # stopped while the request was in flight: nobody is listening any more
         self._transition(event)
 
-    def relevant(self, doc: Any) -> PreemptEvent | None:
+    def relevant(self, doc: object) -> PreemptEvent | None:
         """The first Preempt/Terminate for this VM in a document; ValueError if malformed."""
         if not isinstance(doc, dict) or not isinstance(doc.get("Events"), list):
             raise ValueError("not a Scheduled Events document (no Events list)")
