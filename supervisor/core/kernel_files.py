@@ -1,6 +1,6 @@
 """The small text files the kernel publishes (/proc, /sys), read whole: the boot id of a
 SQLite lease's owner (backends/sqlite/owner.py) and the DMI strings that tell an Azure VM
-(worker/preemption.py).  Any thread.
+(worker/preemption.py).  Called from any thread.
 """
 
 from __future__ import annotations
