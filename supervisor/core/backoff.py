@@ -1,8 +1,9 @@
 """Back-off and the outage lines of one store: the one helper of every place that retries a
 failed call -- the control thread (fleet/agent.py), the output-store thread
 (fleet/shipper.py), the main loop's receive (worker/pacing.py), the queue sampler
-(worker/sampler.py), the backend's opening at start (worker/startup.py) and a queue that
-fails beside others (backends/multi.py).
+(worker/sampler.py), the backend's opening at start (worker/startup.py), a queue that
+fails beside others (backends/multi.py) and SQLite's stale-lock reaper
+(backends/sqlite/backend.py).
 
 A failed call backs off from ``backoff_min`` doubling to ``backoff_max``.  The outage is
 logged when it starts and, with ``repeat``, again at most every ``log_every`` seconds while
