@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Callable, NoReturn
 
+from ..core.backoff import Outage
 from .base import Backend, BackendBase, BackendConfigError, FailedRecord, Lease, QueueStatus
 
 log = logging.getLogger("jobq.worker")
 ERROR_LOG_EVERY = 60.0  # s between two lines about a failing queue beside working ones
+FAILED_BESIDE = "receive from queue %(call)s failed (the other queues go on): %(error)s"
 # The attribute a lease of several queues carries its queue name in (set at receive).
 QUEUE_ATTR = "jobq_queue"
 
@@ -42,7 +43,8 @@ def queue_of(lease: Any, default: str) -> str:
 class MultiQueueBackend(BackendBase):
     """The worker's Backend over ``backends`` (name -> backend, in ``--queue`` order)."""
 
-    def __init__(self, backends: dict[str, Backend], order: str = "strict") -> None:
+    def __init__(self, backends: dict[str, Backend], order: str = "strict",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.queues = list(backends)
         self.backends = backends
         self.round_robin = order == "round-robin"
@@ -51,7 +53,9 @@ class MultiQueueBackend(BackendBase):
         # the control thread (control/group.py), read by the main thread.
         self.paused: frozenset[str] = frozenset()
         self._errors: list[tuple[str, Exception]] = []  # of the receive under way
-        self._error_logged = -math.inf
+        # Nothing to pace here (the worker paces a receive that raised): only the line.
+        self._failed_beside = Outage("queue", log, clock, log_every=ERROR_LOG_EVERY,
+                                     repeat=True, warning=FAILED_BESIDE, recovery=None)
         first = backends[self.queues[0]]
         self.name = first.name
         every = list(backends.values())
@@ -123,11 +127,8 @@ class MultiQueueBackend(BackendBase):
         errors, self._errors = self._errors, []
         if errors and not leases:
             raise errors[0][1]
-        now = time.monotonic()
-        if errors and now >= self._error_logged + ERROR_LOG_EVERY:
-            self._error_logged = now
-            log.warning("receive from queue %s failed (the other queues go on): %s",
-                        errors[0][0], errors[0][1])
+        if errors:
+            self._failed_beside.failed(*errors[0])
         return leases
 
     def changed(self) -> bool:
@@ -163,7 +164,7 @@ class MultiQueueBackend(BackendBase):
         return sum(b.size() for b in self.backends.values())
 
     # The queue commands are jobq-ctl's, and it opens one queue at a time (ctl_cli.py).
-    def _one_queue(self, *_args: Any) -> Any:
+    def _one_queue(self, *_args: object, **_kwargs: object) -> NoReturn:
         raise BackendConfigError("--queue: this command takes one queue")
 
     push = peek = requeue = clear = _one_queue

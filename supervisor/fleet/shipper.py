@@ -17,7 +17,7 @@ again is preceded by ``base.DROPPED`` with the count, at the place of the gap
 (``DROPPED_FULL`` when the store said it had no room meanwhile: a full disk), and once the
 store holds that marker one log line names the attempt and the count.  Each attempt
 stores at most ``output_max`` bytes of what the task printed, then ``base.TRUNCATED`` once;
-the rest is counted and ignored.  Failures back off, logged once per outage (../outage.py).  Old
+the rest is counted and ignored.  Failures back off, logged once per outage (core/backoff.py).  Old
 output is purged soon after the store opens, then every PURGE_EVERY.  At exit the rest gets
 STOP_BUDGET seconds; what is left then is counted in one line (and, when the store said it
 is full, marked where each attempt's stored output stops if it has room for the marker), and

@@ -5,7 +5,7 @@ Main thread only (the worker's ``_receive``).  Three rules:
 
 * A failed receive is retried with a back-off doubling from 1 s to ``BACKEND_RETRY_MAX``; an
   outage (a database gone read-only, a queue service down) is one log line a minute, not one
-  per retry, and one more line when a receive answers again (outage.py).
+  per retry, and one more line when a receive answers again (core/backoff.py).
 * After a receive that left a slot empty (the queue ran dry), the next one waits while tasks
   are starting or settling -- short work this thread has to see through.  A receive on a
   long-polling backend (Service Bus) blocks this thread for its whole wait when the queue is

@@ -23,8 +23,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import timezone
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
+from ..core.kernel_files import read_kernel_file
 from ..core.settings import (
     SCHEDULED_EVENTS_URL as SCHEDULED_EVENTS_URL,  # the one copy; re-exported
 )
@@ -35,6 +36,9 @@ from .events import Event
 if TYPE_CHECKING:  # imported where used: a worker off Azure never loads http/email/ssl
     import urllib.request
 
+# What signal.signal returns: the handler it replaced (SIG_DFL and SIG_IGN are ints).
+PreviousHandler = Union[Callable[[int, Optional[FrameType]], object], int, None]
+
 class SignalQueue:
     """Installs handlers that put the signal number on ``events`` (main thread): every signal
     of the table in signals.py, whose default action would end the worker without its
@@ -43,7 +47,7 @@ class SignalQueue:
 
     def __init__(self, events: queue.SimpleQueue[Event]) -> None:
         self.events = events
-        self._previous: dict[int, Any] = {}
+        self._previous: dict[int, PreviousHandler] = {}
         # Started under nohup, we inherit SIGHUP ignored: it stays ignored (logged by the
         # main loop), while a task gets it at its default.
         self.inherited_ignored: frozenset[int] = frozenset()
@@ -88,24 +92,18 @@ def _fetch_errors() -> tuple[type[Exception], ...]:
     return (OSError, http.client.HTTPException, ValueError)
 
 
-def _read_dmi(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 def is_azure_vm(dmi_dir: str = "/sys/class/dmi/id") -> bool:
     """Whether this looks like an Azure VM, from DMI alone -- no network call (any thread).
 
     Azure sets a fixed chassis asset tag; older images only show Hyper-V's vendor/product
     pair (which an on-premises Hyper-V guest shares: hence JOBQ_DISABLE_SCHEDULED_EVENTS).
     """
-    if _read_dmi(os.path.join(dmi_dir, "chassis_asset_tag")) == AZURE_ASSET_TAG:
+    def dmi(name: str) -> str:
+        return read_kernel_file(os.path.join(dmi_dir, name), "")
+
+    if dmi("chassis_asset_tag") == AZURE_ASSET_TAG:
         return True
-    return (_read_dmi(os.path.join(dmi_dir, "sys_vendor")) == "Microsoft Corporation"
-            and _read_dmi(os.path.join(dmi_dir, "product_name")) == "Virtual Machine")
+    return dmi("sys_vendor") == "Microsoft Corporation" and dmi("product_name") == "Virtual Machine"
 
 
 def scheduled_events_enabled(mode: str, env: Mapping[str, str],
@@ -292,7 +290,7 @@ class ScheduledEventsPoller:
             return  # stopped while the request was in flight: nobody is listening any more
         self._transition(event)
 
-    def relevant(self, doc: Any) -> PreemptEvent | None:
+    def relevant(self, doc: object) -> PreemptEvent | None:
         """The first Preempt/Terminate for this VM in a document; ValueError if malformed."""
         if not isinstance(doc, dict) or not isinstance(doc.get("Events"), list):
             raise ValueError("not a Scheduled Events document (no Events list)")

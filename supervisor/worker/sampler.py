@@ -9,8 +9,8 @@ least (each sample is billed: 2 calls on Storage Queue, 1 on Service Bus).  The 
 sets gauges (prometheus-client values are thread-safe); the main thread writes the file.
 
 A failing backend only delays this thread: it backs off (doubling, up to BACKOFF_MAX), logs
-at most once a minute and once when a sample works again (outage.py), and the gauges keep
-their last value, so a scaler does not scale in on a blip;
+at most once a minute and once when a sample works again (core/backoff.py), and the gauges
+keep their last value, so a scaler does not scale in on a blip;
 ``jobq_queue_sampled_timestamp_seconds`` says how old they are.
 """
 

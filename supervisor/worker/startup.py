@@ -15,6 +15,7 @@ import time
 
 from ..backends import open_backend
 from ..backends.base import Backend, BackendError
+from ..core.backoff import Outage
 from ..core.settings import EXIT_OK, Settings
 from ..core.signals import DRAIN_SIGNAL, STOP_ONCE_SIGNALS, STOP_SIGNALS, on_other_signal
 from ..core.signals import name as signal_name
@@ -22,6 +23,9 @@ from .preemption import SignalQueue
 from .reporting import ZERO_COUNTS, log_summary
 
 ENDING_SIGNALS = (*STOP_SIGNALS, *STOP_ONCE_SIGNALS, DRAIN_SIGNAL)  # before a task ran: a stop
+OPEN_RETRY_MAX = 30.0  # s: the longest pause between two tries to open the backend
+NOT_REACHABLE = ("backend not reachable (attempt %(failures)d): %(error)s; "
+                 "retrying in %(backoff).0fs")
 
 
 def make_task_log_dir(settings: Settings) -> str | None:
@@ -60,7 +64,8 @@ def check_task_output(settings: Settings) -> str | None:
 
 
 def open_with_retry(settings: Settings, signals: SignalQueue) -> Backend | None:
-    """Open the backend; a transient outage is retried with backoff, one log line per try.
+    """Open the backend; a transient outage is retried with back-off (core/backoff.py: from
+    1 s doubling to OPEN_RETRY_MAX), one log line per try.
 
     ``signals`` is installed already (its handlers only enqueue): a stop or a drain meanwhile
     (no task runs yet) is a stop like any other -- the summary line, then None (exit 0); the
@@ -69,19 +74,20 @@ def open_with_retry(settings: Settings, signals: SignalQueue) -> Backend | None:
     on the queue for the worker's main loop."""
     log = logging.getLogger("jobq")
     started = time.monotonic()
-    delay, attempt = 1.0, 1
+    # Every try logged (log_every 0), no recovery line: the worker's start says it.
+    outage = Outage("backend", log, time.monotonic, backoff_max=OPEN_RETRY_MAX, log_every=0.0,
+                    repeat=True, warning=NOT_REACHABLE, recovery=None)
     while True:
+        delay = 0.0
         try:
             backend = open_backend(settings)
         except BackendError as exc:
-            log.warning("backend not reachable (attempt %d): %s; retrying in %.0fs",
-                        attempt, exc, delay)
+            delay = outage.failed("open", exc)
             backend = None
-        signum = _wait_for_stop(signals, 0 if backend is not None else delay, log)
+        signum = _wait_for_stop(signals, delay, log)
         if signum is None:
             if backend is not None:
                 return backend
-            delay, attempt = min(delay * 2, 30.0), attempt + 1
             continue
         if backend is not None:
             backend.close()

@@ -3,13 +3,15 @@ stamped on each lease, pause, and the capabilities; --queue validation (settings
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 import pytest
+from supervisor_fakes import FakeClock
 
 from supervisor.backends.base import BackendBase, BackendConfigError
-from supervisor.backends.multi import MultiQueueBackend, queue_of
+from supervisor.backends.multi import ERROR_LOG_EVERY, MultiQueueBackend, queue_of
 from supervisor.core.settings import Settings, SettingsError
 
 
@@ -156,3 +158,28 @@ def test_ini_and_env_take_the_comma_separated_list(tmp_path, monkeypatch) -> Non
     monkeypatch.setenv("JOBQ_QUEUE", "a,,b")
     with pytest.raises(UsageError, match="^--queue: empty"):
         parse_worker_settings([])
+
+
+def test_a_queue_failing_beside_others_is_one_line_a_minute(caplog) -> None:
+    """The line beside leases (core/backoff.py's helper in its own words): once a minute at
+    most, whichever queue fails, and no recovery line.  Injected clock."""
+    from supervisor.backends.base import BackendError
+
+    caplog.set_level(logging.INFO)
+    clock = FakeClock(100.0)
+    b = MultiQueueBackend({"high": Failing(BackendError("high is down")),  # type: ignore
+                           "low": FakeQueue("low", 9)}, clock=clock)
+    assert len(b.receive(1, 60)) == 1
+    clock.now += ERROR_LOG_EVERY - 1
+    assert len(b.receive(1, 60)) == 1  # within the minute: no second line
+    b.backends["high"] = FakeQueue("high", 9)  # type: ignore[assignment]
+    assert len(b.receive(1, 60)) == 1  # working again: no recovery line
+    b.backends["low"] = Failing(BackendError("low is down"))  # type: ignore[assignment]
+    assert len(b.receive(10, 60)) == 8  # still within the first line's minute
+    clock.now += 1
+    b.backends["high"] = FakeQueue("high", 1)  # type: ignore[assignment]
+    assert len(b.receive(10, 60)) == 1
+    assert [(r.levelname, r.getMessage()) for r in caplog.records
+            if r.name == "jobq.worker"] == [
+        ("WARNING", "receive from queue high failed (the other queues go on): high is down"),
+        ("WARNING", "receive from queue low failed (the other queues go on): low is down")]

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from supervisor_fakes import FakeClock
 
 from supervisor.backends.base import BackendConfigError, BackendError, LeaseLost
 from supervisor.backends.sqlite.backend import SqliteBackend
@@ -593,6 +594,35 @@ def test_leases_wait_for_a_reaper_pass_that_failed_on_a_locked_database(db, open
     b._next_reap = 0.0  # its next pass is due
     b.maintenance()
     assert not b.leases_coming_back()
+
+
+def test_a_failing_reaper_pass_backs_off_from_5s_to_the_interval(open_backend, caplog,
+                                                                 monkeypatch) -> None:
+    """Each failed pass one line, the next try 5, 10, 20 ... s later, at most the interval
+    (core/backoff.py's helper); its leases count as coming back until a pass works.
+    Injected clock."""
+    caplog.set_level(logging.INFO)
+    b = open_backend("B", reaper_interval=30.0)
+    b.clock = clock = FakeClock(1000.0)
+    calls: list[float] = []
+
+    def reap() -> int:
+        calls.append(clock.now)
+        if len(calls) <= 5:
+            raise BackendError("database is locked")
+        return 0
+
+    monkeypatch.setattr(b, "reap", reap)
+    coming_back = []
+    for t in range(130):
+        clock.now = 1000.0 + t
+        b.maintenance()
+        coming_back.append(b.leases_coming_back())
+    assert calls == [1000, 1005, 1015, 1035, 1065, 1095, 1125]
+    assert all(coming_back[:95]) and not any(coming_back[95:])
+    assert [r.getMessage() for r in caplog.records if r.name == "jobq.sqlite"] == [
+        f"stale-lock reaper skipped this round (next try in {pause}s): database is locked"
+        for pause in (5, 10, 20, 30, 30)]
 
 
 def test_leases_the_reaper_handed_back_after_the_last_receive_are_coming_back(

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from ...core.backoff import Outage
 from ...core.task import Task, parse_or_body
 from ..base import BackendBase, BackendConfigError, BackendError, FailedRecord, QueueStatus
 from ..common import command_of, held_until
@@ -45,6 +46,8 @@ from .retention import Purger, purge_all
 __all__ = ["SqliteBackend", "SqliteLease"]
 
 log = logging.getLogger("jobq.sqlite")
+REAP_RETRY_MIN = 5.0  # s: a reaper pass that failed is tried again this soon at first
+REAPER_SKIPPED = "stale-lock reaper skipped this round (next try in %(backoff).0fs): %(error)s"
 
 RECEIVE_SQL = (
     "UPDATE jobs SET status='running', attempt=attempt+1, token=token+1, "
@@ -90,7 +93,12 @@ class SqliteBackend(BackendBase):
         # A lost lease comes back when some worker's reaper sees it stale.
         self.lost_lease_return_delay = stale_lock_age + reaper_interval if reaper_interval else 0.0
         self._next_reap = 0.0
-        self._reap_backoff = 0.0
+        # Back off 5, 10, 20 ... s up to the interval itself: a database that stays
+        # unwritable (or busy) logs a line per round, not one every 5 s for ever.
+        self._reaper_outage = Outage("stale-lock reaper", log, lambda: self.clock(),
+                                     backoff_min=REAP_RETRY_MIN, backoff_max=reaper_interval,
+                                     log_every=0.0, repeat=True, warning=REAPER_SKIPPED,
+                                     recovery=None)
         self._back_since_receive = False  # a pass handed leases back after the last receive
         self.dead_owners = DeadOwnerPass(queue, max_attempts)
         self._next_owner_pass = 0.0
@@ -274,7 +282,8 @@ class SqliteBackend(BackendBase):
         locked database): the leases it hands back wait for its next pass, however long ago
         they were lost; or a pass handed leases back after the last receive, which therefore
         could not see them (main thread)."""
-        return self.dead_owners.dying or self._reap_backoff > 0 or self._back_since_receive
+        return (self.dead_owners.dying or self._reaper_outage.backoff > 0
+                or self._back_since_receive)
 
     def take_back_dead(self) -> list[TakenBack]:
         """The dead-owner pass (sqlite_owner.py); a failure is logged and takes nothing: the
@@ -299,14 +308,9 @@ class SqliteBackend(BackendBase):
             if self.reap():
                 self._back_since_receive = True
         except (BackendError, sqlite3.DatabaseError) as exc:
-            # Back off 5, 10, 20 ... s up to the interval itself: a database that stays
-            # unwritable (or busy) logs a line per round, not one every 5 s for ever.
-            self._reap_backoff = min(self.reaper_interval, max(5.0, self._reap_backoff * 2))
-            log.warning("stale-lock reaper skipped this round (next try in %.0fs): %s",
-                        self._reap_backoff, exc)
-            self._next_reap = now + self._reap_backoff
+            self._next_reap = now + self._reaper_outage.failed("reap", exc)
         else:
-            self._reap_backoff = 0.0
+            self._reaper_outage.succeeded()
 
     def reap(self) -> int:
         now = time.time()

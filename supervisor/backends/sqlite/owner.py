@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from ...core.kernel_files import read_kernel_file
 from ..base import BackendError
 
 log = logging.getLogger("jobq.sqlite")
@@ -51,14 +52,6 @@ class TakenBack(NamedTuple):
     status: str
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="ascii", errors="replace") as fh:
-            return fh.read().strip()
-    except OSError:
-        return "?"
-
-
 def _pid_namespace() -> str:
     try:
         return os.readlink("/proc/self/ns/pid")
@@ -69,7 +62,7 @@ def _pid_namespace() -> str:
 def host_key() -> tuple[str, str, str]:
     """(host name, pid namespace, boot id) of this process's view of pids."""
     return (socket.gethostname(), _pid_namespace(),
-            _read("/proc/sys/kernel/random/boot_id"))
+            read_kernel_file("/proc/sys/kernel/random/boot_id", "?", "ascii"))
 
 
 def start_ticks(pid: int) -> int | None:
