@@ -11,12 +11,17 @@ from typing import Any, Callable, TypeVar, Union
 
 from azure.core.exceptions import ClientAuthenticationError, ResourceExistsError
 
-from ..backends.storage_queue.errors import error_code
-
 # What a data-only role gets for a create: an administrator may well have made it already.
 NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
                          "AuthorizationFailure")
 E = TypeVar("E", bound=Exception)
+
+
+def error_code(exc: BaseException) -> str:
+    """The service's error code of an SDK exception (``QueueNotFound``...), "" if none (any
+    thread): the Storage Queue backend and both stores match on it."""
+    code = getattr(exc, "error_code", None)
+    return str(getattr(code, "value", code) or "")
 
 
 def sdk_client(client_type: Any, *, connection_string: Union[str, None],

@@ -15,6 +15,7 @@ import configargparse
 
 from .config_file import PATH_ATTR, IniFile, ini_options
 from .settings import Settings, SettingsError, parse_duration
+from .sizes import parse_size
 
 
 class UsageError(Exception):
@@ -103,8 +104,6 @@ def _duration(text: str) -> float:
 
 
 def _size(text: str) -> int:
-    from ..worker.limits import parse_size
-
     try:
         return parse_size(text)
     except ValueError as exc:

@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 
 from supervisor.core.settings import Settings
+from supervisor.core.sizes import format_size, parse_size
 from supervisor.core.task import Task
 from supervisor.worker import task_guard as security
-from supervisor.worker.limits import format_size, parse_size
 from supervisor.worker.task_guard import (
     SecurityConfigError,
     SigningKey,
