@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 
 from .. import __version__
 from ..core.backoff import Outage
+from ..core.signing import SigningKey
 from ..core.threads import start_thread
 from ..worker.events import ControlRequest, Event
-from ..worker.task_guard import SigningKey
 from .control.base import ControlConfigError, ControlStore, ControlStoreError, OnceLog
 from .control.records import CMD_CHARS, Cancel, Command, ResultRecord, TaskInfo, WorkerRecord
 from .control.signing import Gate

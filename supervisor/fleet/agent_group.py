@@ -28,7 +28,7 @@ from .control.records import Command, ResultRecord
 
 if TYPE_CHECKING:
     from ..core.settings import Settings
-    from ..worker.task_guard import SigningKey
+    from ..core.signing import SigningKey
 
 ZERO: dict[str, int] = {}
 

@@ -6,6 +6,9 @@ import json
 
 import pytest
 
+from supervisor.core import signing
+from supervisor.core.signing import SigningKey, key_id
+from supervisor.core.task import Task
 from supervisor.fleet.control import Cancel, Command, QueueFlag, TaskInfo, WorkerRecord, new_seq
 from supervisor.fleet.control.base import (
     OnceLog,
@@ -24,8 +27,8 @@ from supervisor.fleet.control.records import (
     encode,
     stored_bytes,
 )
+from supervisor.fleet.control.signing import canonical as record_text
 from supervisor.fleet.control.signing import sign, verify
-from supervisor.worker.task_guard import SigningKey, key_id
 
 NOW = 1_700_000_000.0
 KEY = SigningKey(kid=key_id(b"a" * 32), secret=b"a" * 32)
@@ -154,6 +157,21 @@ def test_signatures_bind_every_field() -> None:
     assert verify(QueueFlag(**{**flag.__dict__, "paused": False}), [KEY]) is not None
     assert verify(Cancel(**{**cancel.__dict__, "sig": {"kid": KEY.kid, "mac": "é"}}),
                   [KEY]) == "tampered (MAC mismatch)"
+
+
+def test_records_and_tasks_share_one_mac() -> None:
+    """One HMAC core (core/signing.py) signs both: a record and a task differ only in the
+    canonical text the MAC covers, and both accept the MAC in upper case."""
+    cancel = sign(Cancel(queue="q", task_id="t", reason="r", who="w", when=NOW), KEY)
+    assert cancel.sig is not None
+    assert cancel.sig["mac"] == signing.mac(KEY, record_text(cancel))
+    task = signing.sign_task(Task(cmd="echo hi", id="t"), KEY, NOW)
+    assert task.signature["mac"] == signing.mac(KEY, signing.canonical(task, int(NOW)))
+    upper = Cancel(**{**cancel.__dict__, "sig": {**cancel.sig, "mac": cancel.sig["mac"].upper()}})
+    assert verify(upper, [KEY]) is None
+    task_upper = Task(**{**task.__dict__, "signature": {
+        **task.signature, "mac": task.signature["mac"].upper()}})
+    assert signing.verify(task_upper, [KEY], None, NOW) is None
 
 
 def test_once_log_is_bounded(caplog: pytest.LogCaptureFixture) -> None:

@@ -15,6 +15,7 @@ import pytest
 from supervisor_fakes import FakeClock, FakeLease, make_dog, make_task, run_until
 from test_settlement import Harness, settled
 
+from supervisor.core.signing import SigningKey, key_id
 from supervisor.fleet.agent import BACKOFF_MAX, LOG_EVERY, ControlAgent
 from supervisor.fleet.control import (
     Cancel,
@@ -28,7 +29,6 @@ from supervisor.fleet.control import (
 from supervisor.fleet.control.signing import sign
 from supervisor.fleet.control.sqlite import SqliteControlStore
 from supervisor.worker.events import ControlRequest
-from supervisor.worker.task_guard import SigningKey, key_id
 from supervisor.worker.watchdog import Escalation
 from tests.conftest import wait_for
 
