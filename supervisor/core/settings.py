@@ -12,7 +12,7 @@ import re
 import socket
 import uuid
 from dataclasses import dataclass, fields
-from typing import Any, Union
+from typing import Any
 
 # Exit statuses of jobq-supervisor (README "Exit status"): one table for cli.py and worker.py.
 EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_FAILURES, EXIT_TASKS_FAILED = 0, 1, 2, 3, 4
@@ -280,14 +280,3 @@ class Settings:
             raise bad("log-format", "must be text or json")
         if self.log_level.upper() not in LOG_LEVELS:
             raise bad("log-level", f"must be one of {', '.join(LOG_LEVELS)}")
-
-
-def named_account(settings: Settings) -> tuple[Union[str, None], Union[str, None]]:
-    """(account URL, connection string) the fleet layer was given explicitly -- by
-    ``--control-account-url``, ``--control-connection-string`` or
-    JOBQ_CONTROL_CONNECTION_STRING -- for the control store and the output store beside it
-    (any thread).  Here, not in control/: a worker with the control plane off describes its
-    output store without importing the control store's modules."""
-    conn = settings.control_connection_string or os.environ.get(
-        "JOBQ_CONTROL_CONNECTION_STRING") or None
-    return settings.control_account_url, conn

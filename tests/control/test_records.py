@@ -17,7 +17,6 @@ from supervisor.fleet.control.base import (
     command_prefix,
     key_part,
 )
-from supervisor.fleet.control.open import table_endpoint
 from supervisor.fleet.control.records import (
     SHORT_CMD_CHARS,
     WORKER_DOC_BYTES,
@@ -29,6 +28,7 @@ from supervisor.fleet.control.records import (
 )
 from supervisor.fleet.control.signing import canonical as record_text
 from supervisor.fleet.control.signing import sign, verify
+from supervisor.fleet.storage_account import service_url
 
 NOW = 1_700_000_000.0
 KEY = SigningKey(kid=key_id(b"a" * 32), secret=b"a" * 32)
@@ -139,10 +139,12 @@ def test_keys_cannot_reach_into_each_other() -> None:
 
 
 def test_table_endpoint_from_queue_url() -> None:
-    assert (table_endpoint("https://acct.queue.core.windows.net/")
+    assert (service_url("https://acct.queue.core.windows.net/", "table")
             == "https://acct.table.core.windows.net")
-    assert (table_endpoint("https://acct.queue.core.chinacloudapi.cn?sv=1&sig=x")
-            == "https://acct.table.core.chinacloudapi.cn?sv=1&sig=x")
+    assert (service_url("https://acct.queue.core.windows.net:8443?sv=1&sig=x", "table")
+            == "https://acct.table.core.windows.net:8443?sv=1&sig=x")
+    # another cloud's host: open_control_store never derived one (its store was off)
+    assert service_url("https://acct.queue.core.chinacloudapi.cn?sv=1&sig=x", "table") is None
 
 
 def test_signatures_bind_every_field() -> None:
