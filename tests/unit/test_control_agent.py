@@ -135,7 +135,9 @@ def agent_for(store: Any, clock: FakeClock, tasks: list | None = None, **kw: Any
               ) -> tuple[ControlAgent, queue.SimpleQueue, list[int]]:
     events: queue.SimpleQueue = queue.SimpleQueue()
     wakes: list[int] = []
-    agent = ControlAgent(queue_name="q", worker_id="w1", opener=lambda: store, events=events,
+    agent = ControlAgent(queue_name="q", worker_id="w1", opener=lambda: store,
+                         on_paused=lambda paused: events.put(ControlRequest(paused=paused)),
+                         on_command=lambda c: events.put(ControlRequest(command=c)),
                          wake_watchdog=lambda: wakes.append(1),
                          view=lambda: ("running", tuple(tasks or ()), 4, COUNTS), clock=clock,
                          **{"wall": lambda: 1e9 + clock.now - T0, "control_interval": 1.0,
