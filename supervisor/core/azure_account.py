@@ -25,8 +25,8 @@ def error_code(exc: BaseException) -> str:
 
 
 def sdk_client(client_type: Any, *, connection_string: Union[str, None],
-               account_url: Union[str, None], credential: Any, connect_timeout: float,
-               read_timeout: float, sas_as_credential: bool = False, **kwargs: Any) -> Any:
+               account_url: Union[str, None], credential: object, connect_timeout: float,
+               read_timeout: float, sas_as_credential: bool = False, **kwargs: object) -> Any:
     """A ``client_type`` (TableClient, ContainerClient) from exactly one of
     ``connection_string`` or ``account_url`` (the store's thread).  Without ``credential`` an
     account URL uses its SAS or, without one, DefaultAzureCredential; ``sas_as_credential``:

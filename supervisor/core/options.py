@@ -23,7 +23,7 @@ class UsageError(Exception):
 
 
 # The default of every option that sets a Settings field is that field's default: one copy.
-SETTINGS_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Settings)}
+SETTINGS_DEFAULTS: dict[str, object] = {f.name: f.default for f in fields(Settings)}
 
 
 EPILOG = ("Every option with -- is also a key of the --config INI file (the name without the "
@@ -161,7 +161,7 @@ def _parse(parser: _Parser, argv: list[str]) -> argparse.Namespace:
 
 
 def jobq_parser(prog: str, description: str, config_flags: list[str], config_help: str,
-                **extra: Any) -> _Parser:
+                **extra: object) -> _Parser:
     """A parser whose options are also ``JOBQ_<NAME>`` variables and INI keys (both
     commands; main thread)."""
     return _Parser(prog=prog, description=description, auto_env_var_prefix="JOBQ_",

@@ -7,12 +7,12 @@ anything that cannot work.  Everything after start-up reads Settings, never argv
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import socket
 import uuid
 from dataclasses import dataclass, fields
-from typing import Any
 
 # Exit statuses of jobq-supervisor (README "Exit status"): one table for cli.py and worker.py.
 EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_FAILURES, EXIT_TASKS_FAILED = 0, 1, 2, 3, 4
@@ -181,7 +181,7 @@ class Settings:
         return self.stale_lock_age if self.stale_lock_age is not None else self.lock
 
     @classmethod
-    def from_namespace(cls, ns: Any) -> Settings:
+    def from_namespace(cls, ns: argparse.Namespace) -> Settings:
         values = {f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)}
         if not values.get("worker_id"):
             values["worker_id"] = default_worker_id()

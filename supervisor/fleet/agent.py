@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Union
+from typing import TYPE_CHECKING, Callable, Protocol, Union
 
 from .. import __version__
 from ..core.backoff import Outage
@@ -43,10 +43,47 @@ from .outbox import Outbox
 
 if TYPE_CHECKING:
     from ..core.settings import Settings
+    from ..core.task import Task
 
 log = logging.getLogger("jobq.control")
+
+
+class _Process(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+
+class _Keeper(Protocol):
+    @property
+    def expires(self) -> float: ...  # monotonic time the lease may be handed out again
+
+
+class RunningTaskView(Protocol):
+    """What the control thread reads of a worker's running task (the worker's RunningTask),
+    and ``cancel``, which it sets once."""
+
+    cancel: Union[Cancel, None]
+
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def task(self) -> Union[Task, None]: ...
+    @property
+    def lease(self) -> object: ...
+    @property
+    def proc(self) -> _Process: ...
+    @property
+    def keeper(self) -> _Keeper: ...
+    @property
+    def started(self) -> float: ...
+    @property
+    def exited_at(self) -> Union[float, None]: ...
+
+
 # (state, tasks, slots total, outcome counts): what the worker record shows (ControlAgent)
-View = tuple[str, Sequence[Any], int, dict[str, int]]
+View = tuple[str, Sequence[RunningTaskView], int, dict[str, int]]
 
 BACKOFF_MAX = 60.0
 LOG_EVERY = 60.0  # an outage is logged at most this often
@@ -68,7 +105,8 @@ class ControlAgent:
     records.WORKER_STATES, tasks a snapshot (a tuple) of the worker's running tasks, never
     mutated here except for setting ``cancel`` once on a task."""
 
-    def __init__(self, *, queue_name: str, worker_id: str, opener: Callable[[], Any],
+    def __init__(self, *, queue_name: str, worker_id: str,
+                 opener: Callable[[], Union[ControlStore, None]],
                  on_paused: Callable[[bool], None], on_command: Callable[[Command], None],
                  wake_watchdog: Callable[[], None], view: Callable[[], View],
                  keys: Sequence[SigningKey] = (), heartbeat_interval: float = 15.0,

@@ -18,13 +18,14 @@ from __future__ import annotations
 import threading
 from collections import ChainMap
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Union
+from typing import TYPE_CHECKING, Callable, Union
 
 from ..backends.multi import MultiQueueBackend, queue_of
 from .agent import ControlAgent, View
-from .control.records import Command, ResultRecord
+from .control.records import Cancel, Command, ResultRecord
 
 if TYPE_CHECKING:
+    from ..backends.base import Backend
     from ..core.settings import Settings
     from ..core.signing import SigningKey
 
@@ -40,7 +41,7 @@ class AgentGroup:
         self.on_paused = on_paused  # the worker's: every queue paused, or not (any more)
         self.lock = threading.Lock()  # the pause flags' (control threads, queue_paused)
         # the launcher's claim-time lookup: every agent's cache, each updated in place
-        self.cancels: ChainMap[str, Any] = ChainMap()
+        self.cancels: ChainMap[str, Cancel] = ChainMap()
 
     @property
     def first(self) -> ControlAgent:
@@ -51,7 +52,7 @@ class AgentGroup:
                    on_command: Callable[[Command], None],
                    wake_watchdog: Callable[[], None], view: Callable[[], View],
                    keys: Sequence[SigningKey],
-                   backend: Any) -> Union[ControlAgent, AgentGroup, None]:
+                   backend: Backend) -> Union[ControlAgent, AgentGroup, None]:
         """One agent (one queue), a group (several), or None with ``--control off`` (main
         thread)."""
         if len(settings.queues) == 1 or not isinstance(backend, MultiQueueBackend):
