@@ -1,7 +1,9 @@
 """What the two stores in an Azure storage account share -- the control store's table
-(control/azure_table.py) and the output store's container (outstore/azure_blob.py): how an SDK
-client is made (no SDK retries, explicit timeouts, the credential) and creating the table or
-container when it is missing.  Called on the thread that owns the store.
+(fleet/control/azure_table.py) and the output store's container (fleet/output/azure_blob.py):
+how an SDK client is made (no SDK retries, explicit timeouts, the credential), creating the
+table or container when it is missing, and the service's error code of an SDK exception
+(the Storage Queue backend's too).  Called on the thread that owns the store.  Which account
+and endpoint the stores use: fleet/storage_account.py.
 """
 
 from __future__ import annotations
