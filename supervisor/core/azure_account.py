@@ -1,7 +1,9 @@
 """What the two stores in an Azure storage account share -- the control store's table
-(control/azure_table.py) and the output store's container (outstore/azure_blob.py): how an SDK
-client is made (no SDK retries, explicit timeouts, the credential) and creating the table or
-container when it is missing.  Called on the thread that owns the store.
+(fleet/control/azure_table.py) and the output store's container (fleet/output/azure_blob.py):
+how an SDK client is made (no SDK retries, explicit timeouts, the credential), creating the
+table or container when it is missing, and the service's error code of an SDK exception
+(the Storage Queue backend's too).  Called on the thread that owns the store.  Which account
+and endpoint the stores use: fleet/storage_account.py.
 """
 
 from __future__ import annotations
@@ -11,17 +13,22 @@ from typing import Any, Callable, TypeVar, Union
 
 from azure.core.exceptions import ClientAuthenticationError, ResourceExistsError
 
-from ..backends.storage_queue.errors import error_code
-
 # What a data-only role gets for a create: an administrator may well have made it already.
 NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
                          "AuthorizationFailure")
 E = TypeVar("E", bound=Exception)
 
 
+def error_code(exc: BaseException) -> str:
+    """The service's error code of an SDK exception (``QueueNotFound``...), "" if none (any
+    thread): the Storage Queue backend and both stores match on it."""
+    code = getattr(exc, "error_code", None)
+    return str(getattr(code, "value", code) or "")
+
+
 def sdk_client(client_type: Any, *, connection_string: Union[str, None],
-               account_url: Union[str, None], credential: Any, connect_timeout: float,
-               read_timeout: float, sas_as_credential: bool = False, **kwargs: Any) -> Any:
+               account_url: Union[str, None], credential: object, connect_timeout: float,
+               read_timeout: float, sas_as_credential: bool = False, **kwargs: object) -> Any:
     """A ``client_type`` (TableClient, ContainerClient) from exactly one of
     ``connection_string`` or ``account_url`` (the store's thread).  Without ``credential`` an
     account URL uses its SAS or, without one, DefaultAzureCredential; ``sas_as_credential``:

@@ -22,8 +22,8 @@ import argparse
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Union
 
 import configargparse
 
@@ -31,6 +31,8 @@ SECTION = "jobq-supervisor"
 # The attribute usage._Parser.add_argument(..., path=True) sets on an option's action.
 PATH_ATTR = "jobq_path"
 _HEADER = re.compile(r"\[([^\[\]]*)\]\s*(?:[#;].*)?")
+# A value as configargparse reads it: text, or a list for ``key = [a, b]``
+IniValue = Union[str, list[str]]
 _BOOLEANS = ("true", "false", "yes", "no", "on", "off", "1", "0")
 
 
@@ -44,11 +46,11 @@ class IniFile(configargparse.DefaultConfigFileParser):
         # key -> (file, line) of each value read, for errors found later (Settings)
         self.origins: dict[str, tuple[str, int]] = {}
 
-    def parse(self, stream: Any) -> OrderedDict[str, Any]:
+    def parse(self, stream: Iterable[str]) -> OrderedDict[str, IniValue]:
         name = str(getattr(stream, "name", "the config file"))
         base = os.path.dirname(os.path.abspath(name))
         options = self.options()
-        items: OrderedDict[str, Any] = OrderedDict()
+        items: OrderedDict[str, IniValue] = OrderedDict()
         for number, raw in enumerate(stream, 1):
             line = raw.strip()
             where = f"{name} line {number}"
@@ -88,7 +90,7 @@ class IniFile(configargparse.DefaultConfigFileParser):
         return items
 
 
-def _check(action: argparse.Action, value: Any) -> str | None:
+def _check(action: argparse.Action, value: IniValue) -> str | None:
     """What is wrong with an INI value for ``action`` (as argparse would check it), or None."""
     if action.nargs == 0:  # a switch: configargparse adds the flag for a true value
         if isinstance(value, str) and value.lower() in _BOOLEANS:
@@ -98,7 +100,7 @@ def _check(action: argparse.Action, value: Any) -> str | None:
         return f"takes one value, not a list {value!r}"
     for one in value if isinstance(value, list) else [value]:
         text = str(one)
-        converted: Any = text
+        converted: object = text
         if callable(action.type):
             try:
                 converted = action.type(text)
@@ -112,12 +114,16 @@ def _check(action: argparse.Action, value: Any) -> str | None:
     return None
 
 
-def _resolve(value: Any, base: str, comma_list: bool) -> Any:
+def _resolve(value: IniValue, base: str, comma_list: bool) -> IniValue:
     """A relative path of the INI file made relative to its directory ``base``.  The value
-    of a repeatable option may be a comma-separated list (security.split_paths), each part
+    of a repeatable option may be a comma-separated list (signing.split_paths), each part
     a path; an empty value stays empty (unset)."""
     if isinstance(value, list):
-        return [_resolve(one, base, comma_list) for one in value]
+        return [_resolve_one(one, base, comma_list) for one in value]
+    return _resolve_one(value, base, comma_list)
+
+
+def _resolve_one(value: str, base: str, comma_list: bool) -> str:
     parts = str(value).split(",") if comma_list else [str(value)]
     return ",".join(os.path.join(base, p.strip()) if p.strip() and not os.path.isabs(p.strip())
                     else p for p in parts)

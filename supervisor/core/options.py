@@ -15,6 +15,7 @@ import configargparse
 
 from .config_file import PATH_ATTR, IniFile, ini_options
 from .settings import Settings, SettingsError, parse_duration
+from .sizes import parse_size
 
 
 class UsageError(Exception):
@@ -22,7 +23,7 @@ class UsageError(Exception):
 
 
 # The default of every option that sets a Settings field is that field's default: one copy.
-SETTINGS_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Settings)}
+SETTINGS_DEFAULTS: dict[str, object] = {f.name: f.default for f in fields(Settings)}
 
 
 EPILOG = ("Every option with -- is also a key of the --config INI file (the name without the "
@@ -103,8 +104,6 @@ def _duration(text: str) -> float:
 
 
 def _size(text: str) -> int:
-    from ..worker.limits import parse_size
-
     try:
         return parse_size(text)
     except ValueError as exc:
@@ -162,7 +161,7 @@ def _parse(parser: _Parser, argv: list[str]) -> argparse.Namespace:
 
 
 def jobq_parser(prog: str, description: str, config_flags: list[str], config_help: str,
-                **extra: Any) -> _Parser:
+                **extra: object) -> _Parser:
     """A parser whose options are also ``JOBQ_<NAME>`` variables and INI keys (both
     commands; main thread)."""
     return _Parser(prog=prog, description=description, auto_env_var_prefix="JOBQ_",

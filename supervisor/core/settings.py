@@ -7,12 +7,12 @@ anything that cannot work.  Everything after start-up reads Settings, never argv
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import socket
 import uuid
 from dataclasses import dataclass, fields
-from typing import Any, Union
 
 # Exit statuses of jobq-supervisor (README "Exit status"): one table for cli.py and worker.py.
 EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_FAILURES, EXIT_TASKS_FAILED = 0, 1, 2, 3, 4
@@ -181,7 +181,7 @@ class Settings:
         return self.stale_lock_age if self.stale_lock_age is not None else self.lock
 
     @classmethod
-    def from_namespace(cls, ns: Any) -> Settings:
+    def from_namespace(cls, ns: argparse.Namespace) -> Settings:
         values = {f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)}
         if not values.get("worker_id"):
             values["worker_id"] = default_worker_id()
@@ -280,14 +280,3 @@ class Settings:
             raise bad("log-format", "must be text or json")
         if self.log_level.upper() not in LOG_LEVELS:
             raise bad("log-level", f"must be one of {', '.join(LOG_LEVELS)}")
-
-
-def named_account(settings: Settings) -> tuple[Union[str, None], Union[str, None]]:
-    """(account URL, connection string) the fleet layer was given explicitly -- by
-    ``--control-account-url``, ``--control-connection-string`` or
-    JOBQ_CONTROL_CONNECTION_STRING -- for the control store and the output store beside it
-    (any thread).  Here, not in control/: a worker with the control plane off describes its
-    output store without importing the control store's modules."""
-    conn = settings.control_connection_string or os.environ.get(
-        "JOBQ_CONTROL_CONNECTION_STRING") or None
-    return settings.control_account_url, conn

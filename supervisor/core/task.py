@@ -23,12 +23,13 @@ import os
 import re
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TypeVar
 
 MAX_BODY_BYTES = 60 * 1024  # Storage Queue allows 64 KiB per message; keep headroom
 MAX_COMMAND_BYTES = 32 * 1024
 # A message asking for billions of attempts would keep a failing task cycling forever.
 MAX_ATTEMPTS = 1000
+V = TypeVar("V")
 _KWARGS_KEYS = {"cmd", "env", "cwd", "bg_dirsync_to"}
 DEFAULT_PRIORITY = 5
 MAX_PRIORITY = 9
@@ -75,9 +76,9 @@ class Task:
     preemptions: int = 0  # times released by preemption (not counted as attempts)
     # ai4s-jobq's "retries left"; written as max_attempts - 1 so its worker retries alike
     num_retries: int = field(default=0, compare=False)
-    # top-level "jobq_sig" as received or as added by security.sign_task; verified (and its
-    # shape checked) only by security.py, so a malformed one is a refusal, not poison
-    signature: Any = field(default=None, compare=False)
+    # top-level "jobq_sig" as received or as added by signing.sign_task; verified (and its
+    # shape checked) only by core/signing.py, so a malformed one is a refusal, not poison
+    signature: object = field(default=None, compare=False)
     # scheduling (jobq-ctl push): 0..9, higher first (SQLite orders by it)
     priority: int = DEFAULT_PRIORITY
     not_before: float | None = None  # wall-clock epoch seconds it was pushed to wait for
@@ -93,12 +94,12 @@ class Task:
 
     def to_json(self) -> str:
         """Serialize as the ai4s-jobq v1 envelope."""
-        kwargs: dict[str, Any] = {"cmd": self.cmd}
+        kwargs: dict[str, object] = {"cmd": self.cmd}
         if self.env:
             kwargs["env"] = dict(self.env)
         if self.cwd is not None:
             kwargs["cwd"] = self.cwd
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "version": 1,
             "reply_requested": False,
             "kwargs": json.dumps(kwargs),
@@ -146,7 +147,7 @@ class Task:
             raise TaskFormatError(f"malformed task: {_short(exc)}") from None
 
     @classmethod
-    def _from_dict(cls, data: Any) -> Task:
+    def _from_dict(cls, data: object) -> Task:
         if not isinstance(data, dict):
             raise TaskFormatError("body is not a JSON object")
         if "version" in data:
@@ -235,7 +236,8 @@ def parse_or_body(body: str) -> Task | str:
         return body
 
 
-def _validate(cmd: Any, env: Any, cwd: Any, max_attempts: Any, task_id: Any) -> None:
+def _validate(cmd: object, env: object, cwd: object, max_attempts: object,
+              task_id: object) -> None:
     if not isinstance(cmd, str) or not cmd.strip():
         raise TaskFormatError("command (cmd) must be a non-empty string")
     if "\x00" in cmd:
@@ -270,14 +272,15 @@ def _validate(cmd: Any, env: Any, cwd: Any, max_attempts: Any, task_id: Any) -> 
         raise TaskFormatError(f"max attempts must be an integer from 1 to {MAX_ATTEMPTS}")
 
 
-def _number(value: Any) -> Any:
+def _number(value: V) -> V | float:
     """An integer where a float is meant reads as that float (others: _validate_schedule)."""
     if isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     return value
 
 
-def _validate_schedule(priority: Any, not_before: Any, timeout: Any, unique_key: Any) -> None:
+def _validate_schedule(priority: object, not_before: object, timeout: object,
+                       unique_key: object) -> None:
     if not isinstance(priority, int) or isinstance(priority, bool) \
             or not 0 <= priority <= MAX_PRIORITY:
         raise TaskFormatError(f"priority must be an integer from 0 to {MAX_PRIORITY}")

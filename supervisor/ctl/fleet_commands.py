@@ -23,12 +23,12 @@ from typing import Any
 
 from ..backends.base import Backend, QueueStatus
 from ..core.options import UsageError
+from ..core.signing import SigningKey
 from ..fleet.control.base import CANCEL_TTL, ControlStore, ControlStoreError, worker_state
 from ..fleet.control.open import open_control_store
 from ..fleet.control.records import Cancel, Command, QueueFlag, WorkerRecord, cancel_reason, new_seq
 from ..fleet.control.signing import sign
 from ..ops.task_ends import NEVER_RAN
-from ..worker.task_guard import SigningKey
 from .queue_commands import READ_ONLY_COMMANDS, first_key, iso, iso_or_none, taken_back
 
 log = logging.getLogger("jobq.ctl")

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..backends.base import Backend, BackendError
 from ..core.options import UsageError
 from ..core.settings import format_duration, parse_duration
+from ..core.signing import SecurityConfigError, SigningKey, load_key, sign_task, split_paths
 from ..core.task import DEFAULT_PRIORITY, MAX_NOT_BEFORE, MAX_PRIORITY, Task, TaskFormatError
 from ..fleet.control.base import ControlStoreError
-from ..worker.task_guard import SecurityConfigError, SigningKey, load_key, sign_task, split_paths
 from .stdout import print_or_drop
 
 if TYPE_CHECKING:

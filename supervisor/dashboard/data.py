@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..backends.base import Backend, BackendConfigError, BackendError
+from ..core.signing import SigningKey
 from ..core.task import Task, TaskFormatError
 from ..ctl.fleet_commands import (
     clock,
@@ -30,7 +31,6 @@ from ..ctl.result_command import results_json, task_results
 from ..fleet.control.base import ControlStore, ControlStoreError, worker_states
 from ..fleet.control.records import AuditRecord, new_seq
 from ..fleet.output.base import OutputStore, OutputStoreError
-from ..worker.task_guard import SigningKey
 
 STORE_ERRORS = (BackendError, BackendConfigError, ControlStoreError, OutputStoreError)
 MASK = "********"

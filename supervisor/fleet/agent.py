@@ -7,9 +7,10 @@ worker record; now and then it purges; on a clean exit it deletes the record.
 
 It never signals a process and never touches a lease.  A cancel for a running task becomes a
 request on its ``RunningTask`` (``cancel``) and a wake-up of the watchdog, exactly like a lock
-loss; a pause flag or a drain/stop command becomes a ``ControlRequest`` on the main loop's
-queue.  Cancels seen are kept in ``cancels`` (task id -> Cancel), which the launcher reads at
-claim time with a dict lookup: no store call on the main thread, ever.
+loss; a pause flag or a drain/stop command is handed to the worker's ``on_paused`` /
+``on_command``, which put it on the main loop's queue (callbacks: the fleet layer never
+imports the worker).  Cancels seen are kept in ``cancels`` (task id -> Cancel), which the
+launcher reads at claim time with a dict lookup: no store call on the main thread, ever.
 
 Result records of attempts (settlement.py) wait in an ``Outbox`` and are written in batches,
 one store call each.  A store that is slow, down or black-holed only delays this thread:
@@ -28,13 +29,12 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Union
+from typing import TYPE_CHECKING, Callable, Protocol, Union
 
 from .. import __version__
 from ..core.backoff import Outage
+from ..core.signing import SigningKey
 from ..core.threads import start_thread
-from ..worker.events import ControlRequest, Event
-from ..worker.task_guard import SigningKey
 from .control.base import ControlConfigError, ControlStore, ControlStoreError, OnceLog
 from .control.records import CMD_CHARS, Cancel, Command, ResultRecord, TaskInfo, WorkerRecord
 from .control.signing import Gate
@@ -43,10 +43,47 @@ from .outbox import Outbox
 
 if TYPE_CHECKING:
     from ..core.settings import Settings
+    from ..core.task import Task
 
 log = logging.getLogger("jobq.control")
+
+
+class _Process(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+
+class _Keeper(Protocol):
+    @property
+    def expires(self) -> float: ...  # monotonic time the lease may be handed out again
+
+
+class RunningTaskView(Protocol):
+    """What the control thread reads of a worker's running task (the worker's RunningTask),
+    and ``cancel``, which it sets once."""
+
+    cancel: Union[Cancel, None]
+
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def task(self) -> Union[Task, None]: ...
+    @property
+    def lease(self) -> object: ...
+    @property
+    def proc(self) -> _Process: ...
+    @property
+    def keeper(self) -> _Keeper: ...
+    @property
+    def started(self) -> float: ...
+    @property
+    def exited_at(self) -> Union[float, None]: ...
+
+
 # (state, tasks, slots total, outcome counts): what the worker record shows (ControlAgent)
-View = tuple[str, Sequence[Any], int, dict[str, int]]
+View = tuple[str, Sequence[RunningTaskView], int, dict[str, int]]
 
 BACKOFF_MAX = 60.0
 LOG_EVERY = 60.0  # an outage is logged at most this often
@@ -68,9 +105,10 @@ class ControlAgent:
     records.WORKER_STATES, tasks a snapshot (a tuple) of the worker's running tasks, never
     mutated here except for setting ``cancel`` once on a task."""
 
-    def __init__(self, *, queue_name: str, worker_id: str, opener: Callable[[], Any],
-                 events: queue.SimpleQueue[Event], wake_watchdog: Callable[[], None],
-                 view: Callable[[], View],
+    def __init__(self, *, queue_name: str, worker_id: str,
+                 opener: Callable[[], Union[ControlStore, None]],
+                 on_paused: Callable[[bool], None], on_command: Callable[[Command], None],
+                 wake_watchdog: Callable[[], None], view: Callable[[], View],
                  keys: Sequence[SigningKey] = (), heartbeat_interval: float = 15.0,
                  control_interval: float = 5.0,
                  clock: Callable[[], float] = time.monotonic,
@@ -78,7 +116,8 @@ class ControlAgent:
         self.queue = queue_name
         self.worker_id = worker_id
         self.opener = opener
-        self.events = events
+        self.on_paused = on_paused  # the queue's pause flag changed (control thread)
+        self.on_command = on_command  # a drain/stop command for this worker (control thread)
         self.wake_watchdog = wake_watchdog
         self.view = view
         self.gate = Gate(keys)
@@ -112,7 +151,8 @@ class ControlAgent:
         self._thread: Union[threading.Thread, None] = None
 
     @classmethod
-    def for_worker(cls, settings: Settings, events: queue.SimpleQueue[Event],
+    def for_worker(cls, settings: Settings, on_paused: Callable[[bool], None],
+                   on_command: Callable[[Command], None],
                    wake_watchdog: Callable[[], None],
                    view: Callable[[], View],
                    keys: Sequence[SigningKey]) -> Union[ControlAgent, None]:
@@ -123,8 +163,9 @@ class ControlAgent:
         from .control.open import open_control_store
 
         return cls(queue_name=settings.queue, worker_id=settings.worker_id,
-                   opener=lambda: open_control_store(settings, create=True), events=events,
-                   wake_watchdog=wake_watchdog, view=view, keys=keys,
+                   opener=lambda: open_control_store(settings, create=True),
+                   on_paused=on_paused, on_command=on_command, wake_watchdog=wake_watchdog,
+                   view=view, keys=keys,
                    heartbeat_interval=settings.heartbeat_interval,
                    control_interval=settings.control_interval)
 
@@ -313,7 +354,7 @@ class ControlAgent:
                         "paused" if paused else "resumed", who,
                         "no new task starts here; running ones go on" if paused
                         else "taking tasks again")
-            self.events.put(ControlRequest(paused=paused))
+            self.on_paused(paused)
             self.beat_now = True
         for command in self.gate.filter(list(snap.commands)):
             self._command(command)
@@ -330,7 +371,7 @@ class ControlAgent:
             self._acted.put(command)
             return
         log.warning("control: %s command from %s", command.action, command.who)
-        self.events.put(ControlRequest(command=command))
+        self.on_command(command)
 
     def _apply_cancels(self) -> None:
         """Set a cancel request on each running task that has one (control thread)."""

@@ -10,84 +10,75 @@ tasks that came from that queue, ``Settlement.per_queue``), so that each queue's
 sees what this worker finished of it and a sum over records counts each task once.
 
 A paused queue is skipped by receive (``MultiQueueBackend.paused``); the worker itself is
-paused (``ControlRequest(paused=True)``) only when every queue is.
+paused (its ``on_paused(True)``) only when every queue is.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections import ChainMap
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Union, cast
+from typing import TYPE_CHECKING, Callable, Union
 
 from ..backends.multi import MultiQueueBackend, queue_of
-from ..worker.events import ControlRequest, Event
 from .agent import ControlAgent, View
-from .control.records import Command, ResultRecord
+from .control.records import Cancel, Command, ResultRecord
 
 if TYPE_CHECKING:
+    from ..backends.base import Backend
     from ..core.settings import Settings
-    from ..worker.task_guard import SigningKey
+    from ..core.signing import SigningKey
 
 ZERO: dict[str, int] = {}
-
-
-class _Events:
-    """What one queue's agent puts on the main loop's queue passes through here: a pause
-    flag becomes the backend's set of paused queues and the worker's "all paused" (control
-    threads; ``put`` is all an agent calls)."""
-
-    def __init__(self, group: AgentGroup, events: queue.SimpleQueue[Event]) -> None:
-        self.group = group
-        self.events = events
-
-    def put(self, item: Event) -> None:
-        if isinstance(item, ControlRequest) and item.paused is not None:
-            # Under one lock, computed and sent: two queues' threads changing their flags at
-            # once must not leave the worker with the answer computed first.
-            with self.group.lock:
-                self.events.put(ControlRequest(paused=self.group.paused_changed()))
-            return
-        self.events.put(item)
 
 
 class AgentGroup:
     """The same calls as ControlAgent's that the worker makes (main thread), fanned out."""
 
-    def __init__(self, backend: MultiQueueBackend) -> None:
+    def __init__(self, backend: MultiQueueBackend, on_paused: Callable[[bool], None]) -> None:
         self.agents: dict[str, ControlAgent] = {}  # in --queue order
         self.backend = backend
-        self.lock = threading.Lock()  # the pause flags' (control threads, _Events)
+        self.on_paused = on_paused  # the worker's: every queue paused, or not (any more)
+        self.lock = threading.Lock()  # the pause flags' (control threads, queue_paused)
         # the launcher's claim-time lookup: every agent's cache, each updated in place
-        self.cancels: ChainMap[str, Any] = ChainMap()
+        self.cancels: ChainMap[str, Cancel] = ChainMap()
 
     @property
     def first(self) -> ControlAgent:
         return next(iter(self.agents.values()))
 
     @classmethod
-    def for_worker(cls, settings: Settings, events: queue.SimpleQueue[Event],
+    def for_worker(cls, settings: Settings, on_paused: Callable[[bool], None],
+                   on_command: Callable[[Command], None],
                    wake_watchdog: Callable[[], None], view: Callable[[], View],
                    keys: Sequence[SigningKey],
-                   backend: Any) -> Union[ControlAgent, AgentGroup, None]:
+                   backend: Backend) -> Union[ControlAgent, AgentGroup, None]:
         """One agent (one queue), a group (several), or None with ``--control off`` (main
         thread)."""
         if len(settings.queues) == 1 or not isinstance(backend, MultiQueueBackend):
-            return ControlAgent.for_worker(settings, events, wake_watchdog, view, keys)
+            return ControlAgent.for_worker(settings, on_paused, on_command, wake_watchdog, view,
+                                           keys)
         if settings.control == "off":
             return None
         from dataclasses import replace
 
-        group = cls(backend)
-        relay = cast(Any, _Events(group, events))
+        group = cls(backend, on_paused)
         for name in settings.queues:
-            agent = ControlAgent.for_worker(replace(settings, queue=name), relay,
-                                            wake_watchdog, _view_of(view, name), keys)
+            agent = ControlAgent.for_worker(replace(settings, queue=name), group.queue_paused,
+                                            on_command, wake_watchdog, _view_of(view, name),
+                                            keys)
             assert agent is not None
             group.agents[name] = agent
         group.cancels = ChainMap(*(a.cancels for a in group.agents.values()))
         return group
+
+    def queue_paused(self, paused: bool) -> None:
+        """One queue's agent saw its pause flag change (its control thread): the backend
+        skips the paused queues, and the worker hears whether all are."""
+        # Under one lock, computed and sent: two queues' threads changing their flags at
+        # once must not leave the worker with the answer computed first.
+        with self.lock:
+            self.on_paused(self.paused_changed())
 
     def paused_changed(self) -> bool:
         """Give the backend the paused queues; True when all are (control thread)."""

@@ -46,6 +46,8 @@ import subprocess
 import threading
 from dataclasses import dataclass, replace
 
+from ..core.sizes import format_size
+
 log = logging.getLogger("jobq.limits")
 
 MECHANISMS = ("auto", "systemd", "rlimit")
@@ -53,31 +55,11 @@ PROBE_TIMEOUT = 10.0  # a first scope may take a while on a busy manager; only a
 SHOW_TIMEOUT = 2.0  # the main thread waits at most this long after a failed task
 SYSTEMD_DIR = "/run/systemd/system"
 _PROBES = itertools.count(1)
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 # Output that a failed allocation leaves behind (Python, C/libc, C++, Java, bash).
 _ALLOC_FAILURE = re.compile(
     r"MemoryError|Cannot allocate memory|std::bad_alloc|out of memory|OutOfMemoryError"
     r"|memory exhausted|failed to allocate|allocation failed", re.IGNORECASE)
 _MEMORY_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGKILL)
-
-
-def parse_size(text: str) -> int:
-    """``512M``, ``2G``, ``100MiB``, ``1048576`` -> bytes (binary units).  Raises ValueError."""
-    match = _SIZE.match(str(text))
-    if not match:
-        raise ValueError(f"invalid size {text!r} (use e.g. 512M, 2G)")
-    value = int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
-    if value <= 0:
-        raise ValueError(f"size must be positive: {text!r}")
-    return value
-
-
-def format_size(n: int) -> str:
-    for unit, factor in (("T", 1024**4), ("G", 1024**3), ("M", 1024**2), ("K", 1024)):
-        if n % factor == 0:
-            return f"{n // factor}{unit}"
-    return str(n)
 
 
 class LimitsUnavailable(Exception):

@@ -99,8 +99,10 @@ class Worker:
         if settings.control != "off":  # its modules (~10 ms to import) only when it may be on
             from ..fleet.agent_group import AgentGroup
 
-            self.agent = AgentGroup.for_worker(settings, self.events, self.watchdog.wake,
-                                               self._control_view, self.guard.keys, backend)
+            self.agent = AgentGroup.for_worker(
+                settings, lambda paused: self.events.put(ControlRequest(paused=paused)),
+                lambda command: self.events.put(ControlRequest(command=command)),
+                self.watchdog.wake, self._control_view, self.guard.keys, backend)
         if self.agent is not None:  # claim-time cancels: a dict lookup; results: queued
             self.launcher.cancels, self.settlement.results.sink = (self.agent.cancels,
                                                                    self.agent.result)

@@ -253,7 +253,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         return _fail_usage("jobq-supervisor", str(exc))  # the log format is not known yet
     setup_logging(settings.log_level, settings.log_format)
-    from .task_guard import SecurityConfigError, TaskGuard
+    from ..core.signing import SecurityConfigError
+    from .task_guard import TaskGuard
 
     try:
         guard = TaskGuard.from_settings(settings)

@@ -5,18 +5,9 @@ start (``TaskGuard.from_settings``, main thread, before the backend is opened) a
 read.  The worker calls ``refusal`` before a task runs, ``spawn_options``/``environment`` when
 it spawns one and ``annotate_failure`` when one failed; all on the main thread.
 
-Signatures.  ``jobq-ctl push --signing-key-file F`` adds, at the top level of the ai4s-jobq
-envelope (never inside ``kwargs``, which ai4s-jobq's worker checks strictly)::
-
-    "jobq_sig": {"kid": "<8 hex>", "iat": <epoch seconds>, "mac": "<64 hex>"}
-
-``mac`` is HMAC-SHA256 with the key over the canonical form of the task: the JSON text, keys
-sorted and no whitespace, of ``{"cmd", "env", "cwd", "id", "iat"}`` plus the scheduling
-fields that are set (``priority``, ``not_before``, ``timeout``, ``unique_key``).  ``kid`` is
-the first 8 hex digits of sha256(key): it names the key without revealing it, so a worker
-configured with several keys (rotation) picks the right one.  A key file holds the key
-bytes; one trailing newline is stripped.  Not covered by the MAC: the attempt bookkeeping
-(``num_retries``, ``jobq_max_attempts``, ``jobq_preemptions``) that workers rewrite in flight.
+Signatures: ``refusal`` checks a task's ``jobq_sig`` against the ``--signing-key-file`` keys
+(the keys, the canonical form and the MAC are core/signing.py's, shared with jobq-ctl push
+and the control records).
 
 Resource limits (``--task-memory-limit``, ``--task-cpu-limit``, ``--task-max-procs``) are
 applied by a launcher in front of the shell: a systemd scope (cgroups) or rlimits; see
@@ -26,9 +17,6 @@ limits.py, which also words what a limit had to do with a failure.
 from __future__ import annotations
 
 import grp
-import hashlib
-import hmac
-import json
 import logging
 import math
 import os
@@ -36,116 +24,17 @@ import pwd
 import re
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.settings import Settings
-from ..core.task import DEFAULT_PRIORITY, Task
+from ..core.signing import SecurityConfigError, SigningKey, load_keys, verify
+from ..core.task import Task
 from .limits import TaskLimits, TaskUserIds
 
 log = logging.getLogger("jobq.security")
 
-SIG_FIELD = "jobq_sig"
-SIG_PREFIX = "signature invalid"
-FUTURE_SKEW = 300.0  # with --max-task-age, an issued-at this far in the future is refused
 MIN_KEY_BYTES = 16
-class SecurityConfigError(ValueError):
-    """A security option that cannot work: one line naming the option (exit status 2)."""
-
-
-# -------------------------------------------------------------------------------- keys
-@dataclass(frozen=True)
-class SigningKey:
-    kid: str
-    secret: bytes = field(repr=False)
-    path: str = ""
-
-
-def key_id(secret: bytes) -> str:
-    return hashlib.sha256(secret).hexdigest()[:8]
-
-
-def split_paths(values: Sequence[str] | None) -> list[str]:
-    """Flag values, each possibly a comma-separated list (how the environment variable and the
-    INI file give several), -> paths in order."""
-    out: list[str] = []
-    for value in values or ():
-        out += [p.strip() for p in str(value).split(",") if p.strip()]
-    return out
-
-
-def load_key(path: str, option: str = "--signing-key-file") -> SigningKey:
-    """Read one key file (main thread, at start).  Raises SecurityConfigError."""
-    try:
-        with open(path, "rb") as fh:
-            secret = fh.read()
-    except OSError as exc:
-        raise SecurityConfigError(f"{option}: cannot read {path}: {exc.strerror}") from None
-    if secret.endswith(b"\r\n"):
-        secret = secret[:-2]
-    elif secret.endswith(b"\n"):
-        secret = secret[:-1]
-    if not secret:
-        raise SecurityConfigError(f"{option}: {path} is empty")
-    return SigningKey(kid=key_id(secret), secret=secret, path=path)
-
-
-def load_keys(values: Sequence[str] | None) -> list[SigningKey]:
-    return [load_key(p) for p in split_paths(values)]
-
-
-# --------------------------------------------------------------------------- signatures
-def canonical(task: Task, iat: int) -> bytes:
-    """The bytes the MAC covers: sorted-key, whitespace-free JSON of cmd, env, cwd, id, iat,
-    and of the scheduling fields a task carries (priority, not_before, timeout, unique_key),
-    each only when set -- so a task without them signs as before, and one with them cannot
-    have them changed (made to wait, or to jump the queue) without breaking the signature."""
-    doc: dict[str, object] = {"cmd": task.cmd, "env": dict(task.env), "cwd": task.cwd,
-                              "id": task.id, "iat": iat}
-    if task.priority != DEFAULT_PRIORITY:
-        doc["priority"] = task.priority
-    for name in ("not_before", "timeout", "unique_key"):
-        if getattr(task, name) is not None:
-            doc[name] = getattr(task, name)
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-
-def _mac(secret: bytes, task: Task, iat: int) -> str:
-    return hmac.new(secret, canonical(task, iat), hashlib.sha256).hexdigest()
-
-
-def sign_task(task: Task, key: SigningKey, now: float) -> Task:
-    """The task with a fresh ``jobq_sig`` (jobq-ctl push, main thread)."""
-    iat = int(now)
-    return replace(task, signature={"kid": key.kid, "iat": iat, "mac": _mac(key.secret, task, iat)})
-
-
-def verify(task: Task, keys: Sequence[SigningKey], max_age: float | None,
-           now: float) -> str | None:
-    """None if the task carries a valid signature by one of ``keys``; else the refusal reason,
-    which always starts with "signature invalid"."""
-    sig = task.signature
-    if sig is None:
-        return f"{SIG_PREFIX}: no signature"
-    if (not isinstance(sig, dict) or not isinstance(sig.get("kid"), str)
-            or not isinstance(sig.get("mac"), str)
-            or not isinstance(sig.get("iat"), int) or isinstance(sig.get("iat"), bool)):
-        return f"{SIG_PREFIX}: malformed {SIG_FIELD}"
-    by_kid = {k.kid: k for k in keys}
-    key = by_kid.get(sig["kid"])
-    if key is None:
-        return f"{SIG_PREFIX}: unknown key id {sig['kid'][:16]!r}"
-    expected = _mac(key.secret, task, sig["iat"])
-    # compare_digest wants both str ASCII-only: a non-ASCII mac is simply a mismatch
-    if not sig["mac"].isascii() or not hmac.compare_digest(expected, sig["mac"].lower()):
-        return f"{SIG_PREFIX}: tampered (MAC mismatch)"
-    if max_age is not None:
-        age = now - sig["iat"]
-        if age > max_age:
-            return f"{SIG_PREFIX}: expired (issued {age:.0f}s ago, --max-task-age {max_age:g}s)"
-        if age < -FUTURE_SKEW:
-            return f"{SIG_PREFIX}: issued {-age:.0f}s in the future"
-    return None
 
 
 # --------------------------------------------------------------------------- task user

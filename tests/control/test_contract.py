@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from supervisor.core.signing import SigningKey, key_id
 from supervisor.fleet.control import (
     Cancel,
     Command,
@@ -22,7 +23,6 @@ from supervisor.fleet.control import (
 from supervisor.fleet.control.base import DAY, WORKER_PURGE_AGE, queue_partition, worker_partition
 from supervisor.fleet.control.records import CMD_CHARS, AuditRecord
 from supervisor.fleet.control.signing import Gate, sign, verify
-from supervisor.worker.task_guard import SigningKey, key_id
 
 from .conftest import QUEUE, Kit, doc_text
 

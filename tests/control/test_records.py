@@ -6,6 +6,9 @@ import json
 
 import pytest
 
+from supervisor.core import signing
+from supervisor.core.signing import SigningKey, key_id
+from supervisor.core.task import Task
 from supervisor.fleet.control import Cancel, Command, QueueFlag, TaskInfo, WorkerRecord, new_seq
 from supervisor.fleet.control.base import (
     OnceLog,
@@ -14,7 +17,6 @@ from supervisor.fleet.control.base import (
     command_prefix,
     key_part,
 )
-from supervisor.fleet.control.open import table_endpoint
 from supervisor.fleet.control.records import (
     SHORT_CMD_CHARS,
     WORKER_DOC_BYTES,
@@ -24,8 +26,9 @@ from supervisor.fleet.control.records import (
     encode,
     stored_bytes,
 )
+from supervisor.fleet.control.signing import canonical as record_text
 from supervisor.fleet.control.signing import sign, verify
-from supervisor.worker.task_guard import SigningKey, key_id
+from supervisor.fleet.storage_account import service_url
 
 NOW = 1_700_000_000.0
 KEY = SigningKey(kid=key_id(b"a" * 32), secret=b"a" * 32)
@@ -136,10 +139,12 @@ def test_keys_cannot_reach_into_each_other() -> None:
 
 
 def test_table_endpoint_from_queue_url() -> None:
-    assert (table_endpoint("https://acct.queue.core.windows.net/")
+    assert (service_url("https://acct.queue.core.windows.net/", "table")
             == "https://acct.table.core.windows.net")
-    assert (table_endpoint("https://acct.queue.core.chinacloudapi.cn?sv=1&sig=x")
-            == "https://acct.table.core.chinacloudapi.cn?sv=1&sig=x")
+    assert (service_url("https://acct.queue.core.windows.net:8443?sv=1&sig=x", "table")
+            == "https://acct.table.core.windows.net:8443?sv=1&sig=x")
+    # another cloud's host: open_control_store never derived one (its store was off)
+    assert service_url("https://acct.queue.core.chinacloudapi.cn?sv=1&sig=x", "table") is None
 
 
 def test_signatures_bind_every_field() -> None:
@@ -154,6 +159,21 @@ def test_signatures_bind_every_field() -> None:
     assert verify(QueueFlag(**{**flag.__dict__, "paused": False}), [KEY]) is not None
     assert verify(Cancel(**{**cancel.__dict__, "sig": {"kid": KEY.kid, "mac": "é"}}),
                   [KEY]) == "tampered (MAC mismatch)"
+
+
+def test_records_and_tasks_share_one_mac() -> None:
+    """One HMAC core (core/signing.py) signs both: a record and a task differ only in the
+    canonical text the MAC covers, and both accept the MAC in upper case."""
+    cancel = sign(Cancel(queue="q", task_id="t", reason="r", who="w", when=NOW), KEY)
+    assert cancel.sig is not None
+    assert cancel.sig["mac"] == signing.mac(KEY, record_text(cancel))
+    task = signing.sign_task(Task(cmd="echo hi", id="t"), KEY, NOW)
+    assert task.signature["mac"] == signing.mac(KEY, signing.canonical(task, int(NOW)))
+    upper = Cancel(**{**cancel.__dict__, "sig": {**cancel.sig, "mac": cancel.sig["mac"].upper()}})
+    assert verify(upper, [KEY]) is None
+    task_upper = Task(**{**task.__dict__, "signature": {
+        **task.signature, "mac": task.signature["mac"].upper()}})
+    assert signing.verify(task_upper, [KEY], None, NOW) is None
 
 
 def test_once_log_is_bounded(caplog: pytest.LogCaptureFixture) -> None:

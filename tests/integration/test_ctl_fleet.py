@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from supervisor.backends.sqlite.backend import SqliteBackend
+from supervisor.core.signing import load_key
 from supervisor.core.task import Task
 from supervisor.fleet.control.base import worker_partition
 from supervisor.fleet.control.records import TaskInfo, WorkerRecord
 from supervisor.fleet.control.signing import verify
 from supervisor.fleet.control.sqlite import SqliteControlStore
-from supervisor.worker.task_guard import load_key
 from tests.conftest import command
 from tests.integration.helpers import one_error_line
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from supervisor.core.signing import load_key, sign_task
 from supervisor.core.task import Task
-from supervisor.worker.task_guard import load_key, sign_task
 from tests.conftest import command, marked_processes, wait_for
 from tests.integration.helpers import death_time
 

@@ -1,5 +1,5 @@
-"""Which output store the settings name (outstore/open.py): the control store's account,
-never a guessed endpoint.  No network: stores are only constructed."""
+"""Which output store the settings name (fleet/output/open.py, by fleet/storage_account.py):
+the control store's account, never a guessed endpoint.  No network: stores are only constructed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from supervisor.core.settings import Settings
 from supervisor.fleet.output.azure_blob import BlobOutputStore
 from supervisor.fleet.output.base import OutputConfigError
 from supervisor.fleet.output.files import FileOutputStore
-from supervisor.fleet.output.open import blob_connection_string, blob_endpoint, open_output_store
+from supervisor.fleet.output.open import open_output_store
+from supervisor.fleet.storage_account import service_connection_string, service_url
 
 KEY = "a2V5"  # base64 of "key"
 EMULATOR = "http://127.0.0.1:10001/devstoreaccount1"
@@ -50,7 +51,7 @@ def test_a_sas_stays_with_the_url_and_out_of_the_name() -> None:
     store = blob(s)
     assert store.endpoint == "https://acct.blob.core.windows.net/jobq-logs"
     assert "c2VjcmV0" not in repr(store)
-    assert blob_endpoint("https://acct.table.core.windows.net?sv=1&sig=x") == \
+    assert service_url("https://acct.table.core.windows.net?sv=1&sig=x", "blob") == \
         "https://acct.blob.core.windows.net?sv=1&sig=x"
 
 
@@ -69,7 +70,7 @@ def test_a_host_that_is_not_azure_storage_gives_no_store(caplog) -> None:
         assert open_output_store(Settings(backend="servicebus", namespace="ns",
                                           control_account_url=EMULATOR)) is None
     assert "cannot tell the blob endpoint" in caplog.text
-    assert blob_endpoint("https://acct.queue.core.windows.net.evil.example") is None
+    assert service_url("https://acct.queue.core.windows.net.evil.example", "blob") is None
 
 
 def test_a_url_that_is_not_http_can_never_work() -> None:
@@ -94,7 +95,7 @@ def test_a_real_account_connection_string_names_its_blob_host() -> None:
     assert blob(Settings(backend="storage-queue", connection_string=conn)).endpoint == \
         "https://acct.blob.core.windows.net/jobq-logs"
     conn += ";QueueEndpoint=https://acct.queue.core.windows.net/"
-    assert blob_connection_string(conn) == conn
+    assert service_connection_string(conn, "blob") == conn
 
 
 @pytest.mark.parametrize("conn", [

@@ -12,8 +12,7 @@ from supervisor.backends.base import BackendBase
 from supervisor.backends.multi import QUEUE_ATTR, MultiQueueBackend
 from supervisor.core.settings import Settings
 from supervisor.fleet.agent import ControlAgent
-from supervisor.fleet.agent_group import AgentGroup, _Events, _view_of
-from supervisor.worker.events import ControlRequest
+from supervisor.fleet.agent_group import AgentGroup, _view_of
 
 
 class Q(BackendBase):
@@ -35,30 +34,26 @@ class FakeAgent:
         self.results.append(record)
 
 
-def group() -> tuple[AgentGroup, MultiQueueBackend, dict[str, FakeAgent]]:
+def group(on_paused: Any = print) -> tuple[AgentGroup, MultiQueueBackend, dict[str, FakeAgent]]:
     backend = MultiQueueBackend({"high": Q(), "low": Q()})  # type: ignore[dict-item]
-    g = AgentGroup(backend)
+    g = AgentGroup(backend, on_paused)
     agents = {"high": FakeAgent(), "low": FakeAgent()}
     g.agents = agents  # type: ignore[assignment]
     return g, backend, agents
 
 
 def test_a_paused_queue_goes_to_the_backend_and_the_worker_pauses_only_when_all_are() -> None:
-    g, backend, agents = group()
-    events: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    relay = _Events(g, events)
+    worker: list[bool] = []  # what the worker's on_paused heard
+    g, backend, agents = group(worker.append)
     agents["low"].paused = True
-    relay.put(ControlRequest(paused=True))
-    assert backend.paused == {"low"} and events.get_nowait() == ControlRequest(paused=False)
+    g.queue_paused(True)
+    assert backend.paused == {"low"} and worker == [False]
     agents["high"].paused = True
-    relay.put(ControlRequest(paused=True))
-    assert backend.paused == {"high", "low"} and events.get_nowait().paused is True
+    g.queue_paused(True)
+    assert backend.paused == {"high", "low"} and worker[-1] is True
     agents["low"].paused = False
-    relay.put(ControlRequest(paused=False))
-    assert backend.paused == {"high"} and events.get_nowait().paused is False
-    command = ControlRequest(command=SimpleNamespace(queue="low"))  # type: ignore[arg-type]
-    relay.put(command)
-    assert events.get_nowait() is command  # anything else passes as it is
+    g.queue_paused(False)
+    assert backend.paused == {"high"} and worker[-1] is False
 
 
 def test_results_and_acknowledgements_go_to_their_queues_agent() -> None:
@@ -92,7 +87,7 @@ def test_each_record_shows_its_queues_tasks_and_counts() -> None:
 def test_for_worker_one_agent_per_queue_or_none() -> None:
     backend = MultiQueueBackend({"high": Q(), "low": Q()})  # type: ignore[dict-item]
     events: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    args = (events, lambda: None, lambda: ("running", (), 1, {}), ())
+    args = (events.put, events.put, lambda: None, lambda: ("running", (), 1, {}), ())
     off = Settings(queue="high,low", control="off")
     assert AgentGroup.for_worker(off, *args, backend) is None  # type: ignore[arg-type]
     g = AgentGroup.for_worker(Settings(queue="high,low"), *args, backend)  # type: ignore

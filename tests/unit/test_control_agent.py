@@ -15,6 +15,7 @@ import pytest
 from supervisor_fakes import FakeClock, FakeLease, make_dog, make_task, run_until
 from test_settlement import Harness, settled
 
+from supervisor.core.signing import SigningKey, key_id
 from supervisor.fleet.agent import BACKOFF_MAX, LOG_EVERY, ControlAgent
 from supervisor.fleet.control import (
     Cancel,
@@ -28,7 +29,6 @@ from supervisor.fleet.control import (
 from supervisor.fleet.control.signing import sign
 from supervisor.fleet.control.sqlite import SqliteControlStore
 from supervisor.worker.events import ControlRequest
-from supervisor.worker.task_guard import SigningKey, key_id
 from supervisor.worker.watchdog import Escalation
 from tests.conftest import wait_for
 
@@ -135,7 +135,9 @@ def agent_for(store: Any, clock: FakeClock, tasks: list | None = None, **kw: Any
               ) -> tuple[ControlAgent, queue.SimpleQueue, list[int]]:
     events: queue.SimpleQueue = queue.SimpleQueue()
     wakes: list[int] = []
-    agent = ControlAgent(queue_name="q", worker_id="w1", opener=lambda: store, events=events,
+    agent = ControlAgent(queue_name="q", worker_id="w1", opener=lambda: store,
+                         on_paused=lambda paused: events.put(ControlRequest(paused=paused)),
+                         on_command=lambda c: events.put(ControlRequest(command=c)),
                          wake_watchdog=lambda: wakes.append(1),
                          view=lambda: ("running", tuple(tasks or ()), 4, COUNTS), clock=clock,
                          **{"wall": lambda: 1e9 + clock.now - T0, "control_interval": 1.0,

@@ -1,4 +1,5 @@
-"""Which control store the settings name (control/open.py): never a guessed endpoint."""
+"""Which control store the settings name (fleet/control/open.py): never a guessed endpoint,
+and by the rule the output store follows too (fleet/storage_account.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from supervisor.core.settings import Settings
 from supervisor.fleet.control.azure_table import AzureTableControlStore
 from supervisor.fleet.control.open import control_store_description, open_control_store
 from supervisor.fleet.control.sqlite import SqliteControlStore
+from supervisor.fleet.output.azure_blob import BlobOutputStore
+from supervisor.fleet.output.open import open_output_store
 
 KEY = "a2V5"  # base64 of "key"
 CLOSED = "http://127.0.0.1:9"  # discard port: nothing listens, nothing is sent (create=False)
@@ -83,3 +86,26 @@ def test_the_control_connection_string_is_redacted_and_validated() -> None:
         Settings(control_connection_string="x", control_account_url="https://a").validate()
     with pytest.raises(ValueError, match="control-interval"):
         Settings(control_interval=0).validate()
+
+
+@pytest.mark.parametrize("account", [
+    {"account_url": "https://acct.queue.core.windows.net?sv=1&sig=x"},
+    {"account_url": "https://ACCT.QUEUE.CORE.WINDOWS.NET?sv=1&sig=x"},  # DNS has no case
+    {"account_url": "https://acct.sub.queue.core.windows.net?sv=1&sig=x"},
+    {"account_url": "http://127.0.0.1:10001/acct?sv=1&sig=x"},
+    {"connection_string": f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={KEY}"},
+    {"connection_string": f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={KEY};"
+                          "QueueEndpoint=https://acct.queue.core.windows.net;"
+                          "FileEndpoint=http://127.0.0.1:10004/acct"},
+])
+def test_control_and_output_stores_agree_on_the_account(monkeypatch, account) -> None:
+    """One rule (fleet/storage_account.py) says where a Storage Queue's account has its
+    table and its blobs: both stores exist, each at the account's own host, or neither."""
+    monkeypatch.delenv("JOBQ_CONTROL_CONNECTION_STRING", raising=False)
+    s = Settings(backend="storage-queue", **account)
+    control = open_control_store(s, create=False)
+    output = open_output_store(s, create=False)
+    assert (control is None) == (output is None), (control, output)
+    if isinstance(control, AzureTableControlStore) and isinstance(output, BlobOutputStore):
+        assert control.endpoint == "https://acct.table.core.windows.net"
+        assert output.endpoint.startswith("https://acct.blob.core.windows.net/")

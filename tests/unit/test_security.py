@@ -1,4 +1,5 @@
-"""security.py: signatures, key files, the allow-list, task user checks, limits, warnings."""
+"""core/signing.py and worker/task_guard.py: signatures, key files, the allow-list, task user
+checks, limits, warnings."""
 
 from __future__ import annotations
 
@@ -10,13 +11,9 @@ from dataclasses import replace
 import pytest
 
 from supervisor.core.settings import Settings
-from supervisor.core.task import Task
-from supervisor.worker import task_guard as security
-from supervisor.worker.limits import format_size, parse_size
-from supervisor.worker.task_guard import (
+from supervisor.core.signing import (
     SecurityConfigError,
     SigningKey,
-    TaskGuard,
     canonical,
     key_id,
     load_key,
@@ -24,6 +21,10 @@ from supervisor.worker.task_guard import (
     split_paths,
     verify,
 )
+from supervisor.core.sizes import format_size, parse_size
+from supervisor.core.task import Task
+from supervisor.worker import task_guard as security
+from supervisor.worker.task_guard import TaskGuard
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from azure.core.exceptions import ResourceExistsError
 from azure.storage.queue import QueueClient, QueueMessage
 
+from ...core.azure_account import error_code
 from ...core.task import Task, parse_or_body
 from ..azure_common import FAILED_SUFFIX, Scrubber, matches, reset_for_requeue
 from ..base import (
@@ -43,7 +44,6 @@ from ..common import held_until, mapped_errors
 from .errors import (
     SDK_ERRORS,
     clamp_visibility,
-    error_code,
     message_text,
     parse_record,
     translate,

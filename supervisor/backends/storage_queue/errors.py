@@ -21,6 +21,7 @@ from azure.core.exceptions import (
     ServiceResponseError,
 )
 
+from ...core.azure_account import error_code
 from ...core.task import MAX_BODY_BYTES, Task
 from ..azure_common import Scrubber, detail
 from ..base import BackendConfigError, BackendError, FailedRecord, LeaseLost
@@ -51,11 +52,6 @@ def clamp_visibility(seconds: float, minimum: int) -> int:
     if not math.isfinite(seconds):
         return MAX_VISIBILITY
     return int(max(minimum, min(MAX_VISIBILITY, math.ceil(seconds))))
-
-
-def error_code(exc: BaseException) -> str:
-    code = getattr(exc, "error_code", None)
-    return str(getattr(code, "value", code) or "")
 
 
 class MessageGone(LeaseLost):

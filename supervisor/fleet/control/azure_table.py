@@ -32,8 +32,7 @@ from azure.core.exceptions import (
 from azure.data.tables import TableClient, UpdateMode
 
 from ...backends.azure_common import Scrubber
-from ...backends.storage_queue.errors import error_code
-from ...core.azure_account import create_if_missing, sdk_client, store_error
+from ...core.azure_account import create_if_missing, error_code, sdk_client, store_error
 from .azure_claims import AzureClaims
 from .base import (
     INDEX_KIND,

@@ -169,13 +169,13 @@ class AuditRecord:
 
 
 Record = Union[WorkerRecord, Cancel, QueueFlag, Command, ResultRecord, AuditRecord]
-KINDS: dict[str, Any] = {c.kind: c for c in (WorkerRecord, Cancel, QueueFlag, Command,
-                                              ResultRecord, AuditRecord)}
+KINDS: dict[str, type[Record]] = {c.kind: c for c in (WorkerRecord, Cancel, QueueFlag, Command,
+                                                       ResultRecord, AuditRecord)}
 
 
 # ----------------------------------------------------------------------------- encoding
-def to_doc(record: Record) -> dict[str, Any]:
-    doc: dict[str, Any] = {"v": VERSION, "kind": record.kind}
+def to_doc(record: Record) -> dict[str, object]:
+    doc: dict[str, object] = {"v": VERSION, "kind": record.kind}
     for f in fields(record):
         value = getattr(record, f.name)
         if f.name == "tasks":
@@ -186,12 +186,12 @@ def to_doc(record: Record) -> dict[str, Any]:
     return doc
 
 
-def _task_doc(task: TaskInfo) -> dict[str, Any]:
+def _task_doc(task: TaskInfo) -> dict[str, object]:
     return {f.name: list(v) if isinstance(v := getattr(task, f.name), tuple) else v
             for f in fields(task)}
 
 
-def dumps(doc: dict[str, Any]) -> str:
+def dumps(doc: dict[str, object]) -> str:
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
@@ -237,7 +237,7 @@ def chunks(text: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- decoding
-def decode(text: Any, kind: str | None = None) -> Record:
+def decode(text: object, kind: str | None = None) -> Record:
     """Parse one stored document; ``kind``: the kind its key says it must be."""
     if not isinstance(text, str):
         raise RecordError(f"not text but {type(text).__name__}")
@@ -273,12 +273,12 @@ _OPT_FLOAT = ("lease_expires", "ttl", "finished")
 _OPT_STR = ("unique_key",)
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v: Any) -> bool:
-    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+def _is_num(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _check(kind: str, name: str, v: Any) -> Any:
@@ -319,7 +319,7 @@ def _check(kind: str, name: str, v: Any) -> Any:
     return v
 
 
-def _task(kind: str, t: Any) -> TaskInfo:
+def _task(kind: str, t: object) -> TaskInfo:
     if not isinstance(t, dict):
         raise RecordError(f"{kind}: a task is not an object")
     try:

@@ -1,8 +1,8 @@
 """Signatures on control records (cancel, queue flag, command), like those on tasks.
 
-``sig`` is ``{"kid": "<8 hex>", "mac": "<64 hex>"}``: HMAC-SHA256 with a signing key
-(security.SigningKey; ``kid`` = security.key_id) over the canonical text of the record --
-its document (records.to_doc) without ``sig``, keys sorted, no whitespace, UTF-8.  The
+``sig`` is ``{"kid": "<8 hex>", "mac": "<64 hex>"}``: the MAC of core/signing.py, as tasks
+have it (HMAC-SHA256 with a ``SigningKey``, named by its ``kid``), over the canonical text of
+the record -- its document (records.to_doc) without ``sig``, keys sorted, no whitespace, UTF-8.  The
 document holds the kind, the queue, the task id or the worker and the time, so a signature
 cannot be moved to another task, queue, worker or kind.  Worker and result records are not
 signed: workers write them, and nothing acts on them.
@@ -14,14 +14,12 @@ Pure functions; ``Gate`` is used by one thread (the control thread).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TypeVar, Union
 
-from ...worker.task_guard import SigningKey
+from ...core.signing import SigningKey, key_of, mac, mac_matches
 from .base import OnceLog, row_of
 from .records import Cancel, Command, QueueFlag, to_doc
 
@@ -36,13 +34,9 @@ def canonical(record: Signable) -> bytes:
                       allow_nan=False).encode("utf-8")
 
 
-def _mac(secret: bytes, record: Signable) -> str:
-    return hmac.new(secret, canonical(record), hashlib.sha256).hexdigest()
-
-
 def sign(record: S, key: SigningKey) -> S:
     """The record with a fresh ``sig`` by ``key`` (jobq-ctl)."""
-    return replace(record, sig={"kid": key.kid, "mac": _mac(key.secret, record)})
+    return replace(record, sig={"kid": key.kid, "mac": mac(key, canonical(record))})
 
 
 def verify(record: Signable, keys: Sequence[SigningKey]) -> Union[str, None]:
@@ -50,12 +44,10 @@ def verify(record: Signable, keys: Sequence[SigningKey]) -> Union[str, None]:
     sig = record.sig
     if sig is None:
         return "unsigned"
-    key = {k.kid: k for k in keys}.get(sig.get("kid", ""))
+    key = key_of(sig.get("kid", ""), keys)
     if key is None:
         return f"unknown key id {sig.get('kid', '')[:16]!r}"
-    mac = sig.get("mac", "")
-    # compare_digest wants ASCII on both sides: a non-ASCII mac is simply a mismatch
-    if not mac.isascii() or not hmac.compare_digest(_mac(key.secret, record), mac.lower()):
+    if not mac_matches(key, canonical(record), sig.get("mac", "")):
         return "tampered (MAC mismatch)"
     return None
 

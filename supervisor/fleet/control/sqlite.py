@@ -130,7 +130,7 @@ class SqliteControlStore:
             except records.RecordError as exc:
                 base.skipped(self._once, self.name, (str(row[0]), str(row[1])), exc)
 
-    def _select(self, what: str, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    def _select(self, what: str, sql: str, args: tuple[object, ...]) -> list[tuple[Any, ...]]:
         with self._tx(what, write=False) as conn:
             return conn.execute(sql, args).fetchall()
 

@@ -51,8 +51,7 @@ from azure.core.exceptions import (
 from azure.storage.blob import BlobProperties, ContainerClient
 
 from ...backends.azure_common import short
-from ...backends.storage_queue.errors import error_code
-from ...core.azure_account import create_if_missing, sdk_client, store_error
+from ...core.azure_account import create_if_missing, error_code, sdk_client, store_error
 from .base import READ_LIMIT, AttemptKey, Chunk, OutputConfigError, OutputStoreError
 from .blob_names import ATTEMPT, PART, attempt_base, blob_base, part_name, scrubber, segment
 
