@@ -32,23 +32,13 @@ import socket
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
-from ..base import BackendError
+from ..base import BackendError, TakenBack
 
 log = logging.getLogger("jobq.sqlite")
 
 VERSION = "v1"
 ALIVE, DYING, GONE, UNKNOWN = "alive", "dying", "gone", "unknown"
-
-
-class TakenBack(NamedTuple):
-    """A running job taken back from a dead owner: its id, the worker that held it, and
-    where it went (``pending``, or ``failed`` on its last attempt)."""
-
-    id: str
-    worker: str | None
-    status: str
 
 
 def _read(path: str) -> str:
