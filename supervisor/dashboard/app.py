@@ -25,8 +25,7 @@ from flask import (
 )
 from werkzeug.exceptions import HTTPException
 
-from ..ctl.fleet_commands import duration_text
-from ..ctl.queue_commands import iso_or_none
+from ..ops.times import duration_text, iso_or_none
 from .auth import NAME, Auth
 from .charts import depth_chart, depth_series, finished_chart
 from .data import DataSource, Unavailable

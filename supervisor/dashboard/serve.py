@@ -67,7 +67,7 @@ def run(ns: Any, settings: Any) -> int:
         print(f"jobq-ctl: error: dashboard: Flask and waitress are not installed: {EXTRA}",
               file=sys.stderr)
         return 2
-    from ..ctl.queue_commands import first_key
+    from ..ops.keys import first_key
     from .app import create_app
     from .auth import read_token
     from .history import History, Sampler

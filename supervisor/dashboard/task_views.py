@@ -5,7 +5,7 @@ threads; the reads and writes are in tasks.py."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flask import Flask, abort, jsonify, render_template, request
@@ -26,10 +26,11 @@ def id_or_400(value: str | None, what: str) -> str:
     return value
 
 
-def found_or_404(data: DataSource, what: str, raw_id: str) -> dict[str, Any]:
+def found_or_404(data: DataSource, what: str, raw_id: str) -> Mapping[str, Any]:
     """The task or worker (``what``) ``raw_id`` names on ``data``'s queue, else a 400 (a
     malformed id) or 404 (a request thread)."""
-    lookup = data.task if what == "task" else data.worker
+    lookup: Callable[[str], Mapping[str, Any] | None] = (
+        data.task if what == "task" else data.worker)
     found = lookup(id_or_400(raw_id, what))
     if found is None:
         more = data.missing_text() if what == "task" else ""
