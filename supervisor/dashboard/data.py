@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 from ..backends.base import Backend, BackendConfigError, BackendError
 from ..core.task import Task, TaskFormatError
@@ -33,6 +33,17 @@ from ..ops.fleet import (
 from ..ops.results import results_json, task_results
 from ..ops.times import iso_or_none
 from ..worker.task_guard import SigningKey
+
+T = TypeVar("T")
+
+
+class FlagJson(TypedDict):
+    """A queue's pause flag as the pages show it."""
+
+    paused: bool
+    who: str
+    when: str | None
+
 
 STORE_ERRORS = (BackendError, BackendConfigError, ControlStoreError, OutputStoreError)
 MASK = "********"
@@ -80,13 +91,14 @@ class DataSource:
         self._local = threading.local()
 
     # ------------------------------------------------------------------ clients
-    def _client(self, name: str, opener: Callable[[], Any], what: str) -> Any:
+    def _client(self, name: str, opener: Callable[[], T], what: str) -> T:
         if not hasattr(self._local, name):
             try:
                 setattr(self._local, name, opener())
             except STORE_ERRORS as exc:
                 raise Unavailable(what, str(exc)) from None
-        return getattr(self._local, name)
+        client: T = getattr(self._local, name)
+        return client
 
     @contextlib.contextmanager
     def using(self, what: str) -> Iterator[None]:
@@ -153,13 +165,13 @@ class DataSource:
         with self.using("control store"):
             return workers_json(self.store(), self.queue, show_all)
 
-    def fleet(self) -> tuple[dict[str, int], dict[str, Any] | None]:
+    def fleet(self) -> tuple[dict[str, int], FlagJson | None]:
         """(worker count by state, the queue's pause flag) from one workers listing and one
         poll."""
         by_id, flag = self.fleet_states()
         return count_states([by_id]), flag
 
-    def fleet_states(self) -> tuple[dict[str, str], dict[str, Any] | None]:
+    def fleet_states(self) -> tuple[dict[str, str], FlagJson | None]:
         """(each worker's state by id, the queue's pause flag)."""
         with self.using("control store"):
             now, shown, _, flag = worker_view(self.store(), self.queue, True)
