@@ -38,8 +38,9 @@ def command(name: str) -> list[str]:
     script = BIN / name
     if script.exists():
         return [str(script)]
-    func = {"jobq-supervisor": "worker_entry", "jobq-ctl": "ctl_main"}[name]
-    return [sys.executable, "-c", f"import sys; from supervisor.worker.main import {func}; "
+    module, func = {"jobq-supervisor": ("supervisor.worker.main", "worker_entry"),
+                    "jobq-ctl": ("supervisor.ctl.main", "ctl_entry")}[name]
+    return [sys.executable, "-c", f"import sys; from {module} import {func}; "
             f"sys.exit({func}())"]
 
 

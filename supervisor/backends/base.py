@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..core.task import Task
 
@@ -62,6 +62,60 @@ class QueueStatus:
     # What the counts cannot tell (Storage Queue: running and backing-off messages are
     # counted with the waiting ones); None when they mean exactly what they say.
     note: str | None = None
+
+
+class TakenBack(NamedTuple):
+    """A running task taken back from a dead worker (SQLite: its owner process is gone): its
+    id, the worker that held it, and where it went (``pending``, or ``failed`` on its last
+    attempt)."""
+
+    id: str
+    worker: str | None
+    status: str
+
+
+@dataclass(frozen=True)
+class TaskDetail:
+    """One task's row as a queue that indexes its tasks by id keeps it (the dashboard's task
+    page): its status (pending, running, succeeded, failed -- a cancelled task is failed
+    with a reason that starts with "cancelled"), the attempt, the raw body, why it failed,
+    and while it runs, the worker holding it and the lock's end (wall-clock epoch s)."""
+
+    status: str
+    attempt: int
+    body: str
+    reason: str | None
+    worker: str | None
+    locked_until: float | None
+
+
+class QueueAdmin(Protocol):
+    """The optional queue-admin capability (``Backend.admin()``): what a queue that indexes
+    its tasks by id can answer and do for an operator (jobq-ctl, the dashboard), on the
+    caller's thread.  Raises BackendError."""
+
+    def task_states(self, ids: Sequence[str]) -> dict[str, str]:
+        """id -> status (pending, running, succeeded, failed) of those of ``ids`` in the
+        queue."""
+        ...
+
+    def take_back(self, ids: Sequence[str]) -> dict[str, TakenBack]:
+        """Those of ``ids`` taken back from a worker that is gone (waiting a moment for one
+        whose tasks are still being killed), id -> where each went."""
+        ...
+
+    def cancel_pending(self, ids: Sequence[str], reason: str, now: float) -> set[str]:
+        """Fail those of ``ids`` still pending with ``reason`` (it starts with
+        "cancelled"); the ids it took.  A task a worker claimed meanwhile is untouched."""
+        ...
+
+    def task_detail(self, task_id: str) -> TaskDetail | None:
+        """The task's row, or None when the queue has no such task."""
+        ...
+
+    def cancelled_count(self) -> int:
+        """How many cancelled tasks the queue keeps (among the failed ones)."""
+        ...
 
 
 class Lease(Protocol):
@@ -111,8 +165,9 @@ class Backend(Protocol):
 
     The optional capabilities (``receive_ahead`` with ``max_receive``,
     ``change_probe``/``changed``, ``quick_settle``/``quick_writes``,
-    ``tells_age``/``oldest_pending_age``) are members like any other: every backend class
-    inherits ``BackendBase``, whose defaults say "not supported", and the core asks the flag.
+    ``tells_age``/``oldest_pending_age``, ``admin()``) are members like any other: every
+    backend class inherits ``BackendBase``, whose defaults say "not supported", and the core
+    asks the flag.
     """
 
     name: str
@@ -153,6 +208,9 @@ class Backend(Protocol):
     # (Service Bus: an abandon cannot be delayed), said in the retry's log line and record;
     # None (the default): the delay is applied.
     no_retry_delay: str | None
+    # Ids per ``requeue`` call when many are requeued at once (SQLite: its host parameter
+    # limit); None (the default): all in one call.
+    requeue_chunk: int | None
 
     def receive(self, max_messages: int, lock_duration: float) -> Sequence[Lease]: ...
 
@@ -225,6 +283,12 @@ class Backend(Protocol):
         None: cannot tell (the default)."""
         ...
 
+    def admin(self) -> QueueAdmin | None:
+        """The queue-admin capability, or None (the default) for a queue that keeps no index
+        of its tasks by id (the Azure services): callers then fall back on the control
+        store's records and on peeking."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -243,6 +307,11 @@ class BackendBase:
     unique_by_control: bool = False
     keeps_succeeded: bool = False
     no_retry_delay: str | None = None
+    requeue_chunk: int | None = None
+
+    def admin(self) -> QueueAdmin | None:
+        """No index of tasks by id."""
+        return None
 
     def changed(self) -> bool:
         """Without a probe the answer is always "maybe" (never asked: ``change_probe``)."""

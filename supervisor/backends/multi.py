@@ -22,11 +22,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Callable, NoReturn
 
 from ..core.backoff import Outage
-from .base import Backend, BackendBase, BackendConfigError, FailedRecord, Lease, QueueStatus
+from .base import (
+    Backend,
+    BackendBase,
+    BackendConfigError,
+    FailedRecord,
+    Lease,
+    QueueAdmin,
+    QueueStatus,
+    TakenBack,
+    TaskDetail,
+)
 
 log = logging.getLogger("jobq.worker")
 ERROR_LOG_EVERY = 60.0  # s between two lines about a failing queue beside working ones
@@ -163,6 +173,13 @@ class MultiQueueBackend(BackendBase):
         """Pending tasks over all the queues (the metrics file's depth gauge)."""
         return sum(b.size() for b in self.backends.values())
 
+    def admin(self) -> QueueAdmin | None:
+        """Every queue's admin as one (a task id names one task in one queue), when each
+        queue has one."""
+        admins = [b.admin() for b in self.backends.values()]
+        every = [a for a in admins if a is not None]
+        return MultiQueueAdmin(every) if len(every) == len(admins) else None
+
     # The queue commands are jobq-ctl's, and it opens one queue at a time (ctl_cli.py).
     def _one_queue(self, *_args: object, **_kwargs: object) -> NoReturn:
         raise BackendConfigError("--queue: this command takes one queue")
@@ -178,3 +195,27 @@ class MultiQueueBackend(BackendBase):
     def close(self) -> None:
         for b in self.backends.values():
             b.close()
+
+
+class MultiQueueAdmin(QueueAdmin):
+    """The queue-admin capability over several queues: each call asks every queue (the
+    caller's thread)."""
+
+    def __init__(self, admins: list[QueueAdmin]) -> None:
+        self.admins = admins
+
+    def task_states(self, ids: Sequence[str]) -> dict[str, str]:
+        return {k: v for a in self.admins for k, v in a.task_states(ids).items()}
+
+    def take_back(self, ids: Sequence[str]) -> dict[str, TakenBack]:
+        return {k: v for a in self.admins for k, v in a.take_back(ids).items()}
+
+    def cancel_pending(self, ids: Sequence[str], reason: str, now: float) -> set[str]:
+        return {i for a in self.admins for i in a.cancel_pending(ids, reason, now)}
+
+    def task_detail(self, task_id: str) -> TaskDetail | None:
+        return next((d for a in self.admins if (d := a.task_detail(task_id)) is not None),
+                    None)
+
+    def cancelled_count(self) -> int:
+        return sum(a.cancelled_count() for a in self.admins)

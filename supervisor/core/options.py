@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, NoReturn
@@ -14,7 +15,7 @@ from typing import Any, NoReturn
 import configargparse
 
 from .config_file import PATH_ATTR, IniFile, ini_options
-from .settings import Settings, SettingsError, parse_duration
+from .settings import BACKENDS, CONTROL_MODES, EXIT_USAGE, Settings, SettingsError, parse_duration
 from .sizes import parse_size
 
 
@@ -168,3 +169,42 @@ def jobq_parser(prog: str, description: str, config_flags: list[str], config_hel
                    config_file_parser_class=configargparse.DefaultConfigFileParser,
                    args_for_setting_config_path=config_flags,
                    config_arg_help_message=config_help, **extra)
+
+
+def add_backend_options(p: argparse.ArgumentParser, suppress: bool = False) -> None:
+    """Options shared by both commands (on jobq-ctl sub-commands with SUPPRESS defaults,
+    so that they do not hide the values given before the sub-command)."""
+    kw: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
+    p.add_argument("--backend", choices=BACKENDS, help="queue backend", **kw)
+    p.add_argument("--queue", help="queue name; a worker takes a comma-separated list "
+                   "(high,default,low: see --queue-order); of jobq-ctl's commands only "
+                   "status takes several", **kw)
+    p.add_argument("--sqlite-path", help="SQLite database file", path=True, **kw)
+    p.add_argument("--connection-string",
+                   help="Azure connection string (secret: prefer env JOBQ_CONNECTION_STRING)",
+                   **kw)
+    p.add_argument("--account-url",
+                   help="Storage account queue URL, with DefaultAzureCredential", **kw)
+    p.add_argument("--namespace",
+                   help="Service Bus namespace NAME.servicebus.windows.net, with "
+                        "DefaultAzureCredential", **kw)
+    p.add_argument("--control", choices=CONTROL_MODES,
+                   help="fleet control store (workers, cancels, pause, drain): auto = the "
+                        "queue's SQLite file, or Table Storage in the Storage Queue's account "
+                        "or at --control-account-url / JOBQ_CONTROL_CONNECTION_STRING; off",
+                   **kw)
+    p.add_argument("--control-account-url",
+                   help="Storage account (table or queue URL) for the control store, with "
+                        "DefaultAzureCredential (Service Bus has no account of its own)", **kw)
+    p.add_argument("--control-connection-string",
+                   help="Storage connection string for the control store (secret: prefer env "
+                        "JOBQ_CONTROL_CONNECTION_STRING)", **kw)
+    p.add_argument("--task-log-container",
+                   help="Azure: blob container of the output store, in the control store's "
+                        "account", **kw)
+
+
+def usage_failed(prog: str, message: str) -> int:
+    """The one-line error of exit status 2 on stderr (main thread)."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return EXIT_USAGE

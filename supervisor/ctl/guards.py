@@ -4,7 +4,7 @@ thread."""
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
 
 from ..backends.azure_common import failed_queue_of
 from ..core.options import UsageError
@@ -12,7 +12,7 @@ from ..core.settings import Settings
 from ..core.task import id_problem, is_made_id
 
 
-def refuse_before_opening(ns: Any, settings: Settings) -> None:
+def refuse_before_opening(ns: argparse.Namespace, settings: Settings) -> None:
     """UsageError for what ``ns`` asks that no queue could do."""
     if ns.command == "push":
         refuse_failed_queue(settings)

@@ -1,24 +1,44 @@
 """The ``jobq-ctl`` command line: its parser and entry point (main thread).
 
-The queue commands (push, size, peek, failed, requeue, clear) run on a Backend (ctl.py); the
-fleet commands (workers, cancel, pause, resume, drain, stop; status) also on the control store
-(ctl_fleet.py, docs/architecture.rst "The fleet layer"); ``logs`` and ``push --wait/--follow``
-on the output store and the result records (ctl_output.py).  Errors are one line: exit 2 for a
-usage or configuration error, 1 for a queue or store that cannot be reached.
+The queue commands (push, size, peek, failed, requeue, clear) run on a Backend
+(queue_commands.py); the fleet commands (workers, cancel, pause, resume, drain, stop; status)
+also on the control store (fleet_commands.py, docs/architecture.rst "The fleet layer");
+``logs`` and ``push --wait/--follow`` on the output store and the result records
+(output_commands.py).  What each opens: clients.py; which handler runs: commands.py.  Errors
+are one line: exit 2 for a usage or configuration error, 1 for a queue or store that cannot be
+reached.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
 import logging
 import sys
-from typing import Any
+from collections.abc import Callable
+from dataclasses import replace
 
 from .. import __version__
-from ..core.options import UsageError, _duration, _parse, _Parser, jobq_parser
+from ..backends.base import BackendConfigError, BackendError, QueueNotFound
+from ..core.options import (
+    UsageError,
+    _duration,
+    _parse,
+    _Parser,
+    add_backend_options,
+    jobq_parser,
+    usage_failed,
+)
 from ..core.settings import EXIT_UNEXPECTED, Settings
-from ..fleet.control.base import CANCEL_TTL
-from ..worker.main import _add_backend_options, _fail_usage, worker_parser
+from ..fleet.control.base import CANCEL_TTL, ControlConfigError, ControlStoreError
+from ..fleet.output.base import OutputConfigError, OutputStoreError
+from ..worker.main import worker_parser
+from .clients import Clients, open_clients
+from .commands import COMMANDS, OPENS_OWN
+from .guards import refuse_before_opening
+from .stdout import run_quietly
 
 
 def ctl_parser() -> _Parser:
@@ -29,7 +49,7 @@ def ctl_parser() -> _Parser:
     # passes over those it has no use for
     p.ini_owner = worker_parser
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    _add_backend_options(p)
+    add_backend_options(p)
     # also here, so JOBQ_SIGNING_KEY_FILE and a shared worker INI apply (sub-parsers read
     # neither); push and the control commands sign with the first key: list the newest first
     p.add_argument("--signing-key-file", action="append", metavar="PATH", path=True,
@@ -44,7 +64,7 @@ def ctl_parser() -> _Parser:
 
     def cmd(name: str, help_text: str, signs: bool = False) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_text, description=help_text, epilog=None)
-        _add_backend_options(sp, suppress=True)
+        add_backend_options(sp, suppress=True)
         if signs:
             sp.add_argument("--signing-key-file", action="append", default=argparse.SUPPRESS,
                             metavar="PATH", help="sign with this key (the first one given)")
@@ -62,7 +82,7 @@ def ctl_parser() -> _Parser:
     push.add_argument("--cwd", default=None,
                       help="working directory of the tasks, an absolute path on the "
                            "workers' hosts (default: the worker's)")
-    # -- scheduling (ctl.py push_schedule; README "Scheduling" says which backend has which)
+    # -- scheduling (queue_commands.push_schedule; README "Scheduling" says which backend has which)
     push.add_argument("--priority", type=int, default=None, metavar="N",
                       help="0..9, higher first (default 5); SQLite only")
     when = push.add_mutually_exclusive_group()
@@ -79,7 +99,7 @@ def ctl_parser() -> _Parser:
                            "(prints that task's id)")
     once.add_argument("--unique", action="store_true",
                       help="--unique-key of a hash of each task's command, env and cwd")
-    # -- task output (ctl_output.py): push --wait/--follow, logs
+    # -- task output (output_commands.py): push --wait/--follow, logs
     push.add_argument("--wait", action="store_true",
                       help="after printing the ids, wait until every task ended for good; "
                            "one result line each on stderr; exit 0 if all succeeded, else 1")
@@ -140,7 +160,7 @@ def ctl_parser() -> _Parser:
     return p
 
 
-def _add_fleet_commands(cmd: Any) -> None:
+def _add_fleet_commands(cmd: Callable[..., argparse.ArgumentParser]) -> None:
     wk = cmd("workers", "the queue's live workers and the tasks each runs")
     wk.add_argument("--json", action="store_true", help="print JSON")
     wk.add_argument("--all", action="store_true",
@@ -167,7 +187,7 @@ def _add_fleet_commands(cmd: Any) -> None:
     sp = cmd("stop", "the worker stops its tasks (requeued, no attempt lost) and exits 0",
              signs=True)
     sp.add_argument("workers", nargs="+", metavar="WORKER", help="worker ids (jobq-ctl workers)")
-    # result (ctl_result.py): one block, beside the other commands of the control store
+    # result (result_command.py): one block, beside the other commands of the control store
     rs = cmd("result", "the result of each attempt of a task: state, exit status or signal, "
                        "worker, start and end (from the control store, any backend)")
     rs.add_argument("id", metavar="ID", help="a task id (as push prints it)")
@@ -180,6 +200,12 @@ def _error(text: str) -> int:
     return EXIT_UNEXPECTED
 
 
+def ctl_entry(argv: list[str] | None = None) -> int:
+    """The ``jobq-ctl`` command (main thread): ``ctl_main``; a reader of its stdout that went
+    away (``| head``) ends it quietly (stdout.py)."""
+    return run_quietly(ctl_main, argv)
+
+
 def ctl_main(argv: list[str] | None = None) -> int:
     """Entry point of ``jobq-ctl`` (main thread)."""
 
@@ -190,25 +216,19 @@ def ctl_main(argv: list[str] | None = None) -> int:
         ns.worker_id = "jobq-ctl"
         settings = parser.settings(ns)
     except UsageError as exc:
-        return _fail_usage("jobq-ctl", str(exc))
+        return usage_failed("jobq-ctl", str(exc))
     logging.basicConfig(level=logging.WARNING, format="jobq-ctl: %(message)s")
     if len(settings.queues) > 1 and ns.command != "dashboard":  # it serves each queue
         if ns.command != "status":
-            return _fail_usage("jobq-ctl", f"--queue: {ns.command} takes one queue (only "
-                                           f"status and dashboard take several)")
+            return usage_failed("jobq-ctl", f"--queue: {ns.command} takes one queue (only "
+                                            f"status and dashboard take several)")
         return _status_each(ns, settings)
     return _run(ns, settings)
 
 
-def _status_each(ns: Any, settings: Settings) -> int:
+def _status_each(ns: argparse.Namespace, settings: Settings) -> int:
     """``status --queue high,low``: each queue's status in turn, under a line naming it
     (``--json``: one object, queue name -> that queue's status) (main thread)."""
-    import argparse
-    import contextlib
-    import io
-    import json
-    from dataclasses import replace
-
     rc, data = 0, {}
     for name in settings.queues:
         one = argparse.Namespace(**{**vars(ns), "queue": name})
@@ -226,54 +246,24 @@ def _status_each(ns: Any, settings: Settings) -> int:
     return rc
 
 
-def _run(ns: Any, settings: Settings) -> int:
+def _run(ns: argparse.Namespace, settings: Settings) -> int:
     """One command on one queue (main thread)."""
-    from ..backends import open_backend
-    from ..backends.base import Backend, BackendConfigError, BackendError, QueueNotFound
-    from ..fleet.control.base import ControlConfigError, ControlStore, ControlStoreError
-    from ..fleet.output.base import OutputConfigError, OutputStoreError
-    from ..ops.follow import Sources
-    from .fleet_commands import FLEET_COMMANDS, needs_backend, open_store
-    from .guards import refuse_before_opening
-    from .queue_commands import QUEUE_VIEWS, READ_ONLY_COMMANDS, run_command
-
-    if ns.command == "dashboard":  # it opens its clients per thread (supervisor/dashboard/)
-        from ..dashboard.serve import run as run_dashboard
-
-        return run_dashboard(ns, settings)
-    backend: Backend | None = None
-    store: ControlStore | None = None
-    sources: Sources | None = None  # logs, push --wait/--follow: output and results
+    handler = COMMANDS[ns.command]
+    if ns.command in OPENS_OWN:
+        return handler(ns, Clients(settings))
+    clients: Clients | None = None
     try:
         refuse_before_opening(ns, settings)
-        if needs_backend(ns.command, settings):
-            backend = open_backend(settings, for_ctl=True,
-                                   create=ns.command not in READ_ONLY_COMMANDS)
-            if ns.command in QUEUE_VIEWS:
-                backend.require_queue()
-        if ns.command in FLEET_COMMANDS or ns.command in ("status", "requeue", "failed"):
-            store = open_store(ns.command, settings)
-        elif (ns.command == "push" and (ns.unique or ns.unique_key is not None)
-              and backend is not None and backend.unique_by_control):
-            from ..fleet.control.open import open_control_store
-
-            store = open_control_store(settings)  # None: push_schedule says why (exit 2)
-        if ns.command == "logs" or (ns.command == "push" and (ns.wait or ns.follow)):
-            from .output_commands import cmd_logs, open_sources
-
-            sources = open_sources(ns, settings, backend)
-            if ns.command == "logs":
-                return cmd_logs(ns, sources)
-        return run_command(ns, backend, store, sources)
+        clients = open_clients(ns, settings)
+        return handler(ns, clients)
     except QueueNotFound as exc:  # like a missing SQLite file or Storage Queue: exit 1
         return _error(str(exc))
     except (UsageError, BackendConfigError, ControlConfigError, OutputConfigError) as exc:
-        return _fail_usage("jobq-ctl", str(exc))
+        return usage_failed("jobq-ctl", str(exc))
     except (BackendError, ControlStoreError, OutputStoreError) as exc:
         return _error(str(exc))
     except KeyboardInterrupt:
         return 130  # quietly, like any command line tool
     finally:
-        for thing in (store, backend, sources):
-            if thing is not None:
-                thing.close()
+        if clients is not None:
+            clients.close()

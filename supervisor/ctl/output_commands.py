@@ -1,27 +1,27 @@
-"""``jobq-ctl logs`` and ``push --wait/--follow`` (main thread of jobq-ctl): which stores they
-read (``open_sources``), the last lines of an attempt (``tail``), and the commands on top of
-the follower of ctl_follow.py.
+"""``jobq-ctl logs`` and ``push --wait/--follow`` (main thread of jobq-ctl): the commands on
+top of the follower of ops/follow.py (the stores they read: clients.open_sources; the last
+lines of an attempt: ops/output.py).
 
 Streams: stdout carries a task's output as it was printed (raw bytes; with several tasks
 followed, each line behind ``<id>: ``) and, for push, the ids first; stderr carries
 everything else (attempt headers, how an attempt ended, the result lines of ``--wait``), so
 ``jobq-ctl logs ID > out.log`` and ``ids=$(jobq-ctl push ... --wait)`` keep only data.
 Exit statuses: 0 (``logs`` without ``-f``: the output was shown); ``logs -f`` and ``push
---wait/--follow`` exit by how the task ended (ctl_follow.exit_status: 0 succeeded, 1 failed,
+--wait/--follow`` exit by how the task ended (follow.exit_status: 0 succeeded, 1 failed,
 3 cancelled); 1 also for an unknown id or attempt and a store that cannot be reached; 2 (no
 store configured), 130 (Ctrl-C).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
-from collections.abc import Sequence
-from typing import IO, Any, Union
+from collections.abc import Callable, Sequence
+from typing import IO, Union
 
 from ..core.options import UsageError
 from ..fleet.control.records import ResultRecord
-from ..fleet.output.base import AttemptKey, OutputStore
-from ..fleet.output.open import open_output_store
+from ..fleet.output.base import AttemptKey
 from ..ops.follow import (
     CHECK_EVERY,
     EXIT_CANCELLED,
@@ -34,94 +34,10 @@ from ..ops.follow import (
     exit_status,
     run,
 )
+from ..ops.output import tail
 from .stdout import flush_or_drop, quiet_stdout
 
 EXIT_INTERRUPTED = 130
-PROBE = 1 << 20  # tail: the end of an attempt is found to within this many bytes ...
-TAIL_STEP = 256 << 10  # ... then read backwards in steps of this size ...
-TAIL_MAX = 16 << 20  # ... for at most this much (the last lines of a huge one-line output)
-# s per blob call: with start-up, an unreachable (black-holed) store is exit 1 within 10 s
-READ_TIMEOUT = 5.0
-
-
-# --------------------------------------------------------------------------------- stores
-def open_sources(ns: Any, settings: Any, backend: Any) -> Sources:
-    """The stores ``logs`` or ``push --wait/--follow`` read; before a push, so that a
-    configuration that cannot work is exit 2 with nothing pushed.  ``push --wait`` on SQLite
-    works without a control store (``--control off``): the job rows' status ends the wait."""
-    from .fleet_commands import open_store
-
-    name = "logs" if ns.command == "logs" else "push --follow" if ns.follow else "push --wait"
-    jobs = None
-    if backend is not None and backend.name == "sqlite":
-        from ..backends.sqlite.admin import task_states
-
-        jobs = lambda ids: task_states(backend, ids)  # noqa: E731
-    needs_output = ns.command == "logs" or ns.follow
-    if settings.control == "off" and jobs is not None and not needs_output:
-        return Sources(settings.queue, None, None, jobs)
-    control = open_store(name, settings)  # None is a UsageError: which option to set
-    assert control is not None
-    try:
-        output = (open_output_store(settings, create=False, read_timeout=READ_TIMEOUT)
-                  if needs_output else None)
-    except BaseException:
-        control.close()
-        raise
-    if needs_output and output is None:
-        control.close()
-        raise UsageError(f"{name}: no output store: task output is kept beside the control "
-                         "store (SQLite: files beside the database; Azure: blob container "
-                         "--task-log-container in the account of --control-account-url or "
-                         "--control-connection-string)")
-    return Sources(settings.queue, output, control, jobs)
-
-
-# ----------------------------------------------------------------------------------- tail
-def output_end(store: OutputStore, key: AttemptKey) -> int:
-    """The size of the attempt's output, found by one-byte reads (about 2*log2(size/PROBE))
-    rather than by downloading it."""
-    lo, hi = 0, PROBE  # data ends at or after lo, before hi (once a probe at hi-1 failed)
-    while store.read(key, hi - 1, 1).data:
-        lo, hi = hi, hi * 2
-    while hi - lo > PROBE:
-        mid = (lo + hi) // 2
-        if store.read(key, mid - 1, 1).data:
-            lo = mid
-        else:
-            hi = mid
-    while True:
-        chunk = store.read(key, lo)
-        if not chunk.data:
-            return lo
-        lo = chunk.offset
-
-
-def _read_range(store: OutputStore, key: AttemptKey, start: int, end: int) -> bytes:
-    parts = []
-    while start < end:
-        chunk = store.read(key, start, end - start)
-        if not chunk.data:
-            break
-        parts.append(chunk.data)
-        start = chunk.offset
-    return b"".join(parts)
-
-
-def tail(store: OutputStore, key: AttemptKey, n: int) -> tuple[bytes, int]:
-    """The last ``n`` lines of the attempt's output (at most TAIL_MAX bytes of them) and the
-    offset after them, reading backwards from the end."""
-    end = output_end(store, key)
-    start, buf = end, b""
-    while start > 0 and len(buf) < TAIL_MAX:
-        body = buf[:-1] if buf.endswith(b"\n") else buf
-        if body.count(b"\n") >= n:  # the first of the last n lines starts after a newline
-            break
-        new_start = max(0, start - TAIL_STEP)
-        buf = _read_range(store, key, new_start, start) + buf
-        start = new_start
-    lines = buf.splitlines(keepends=True)
-    return (b"".join(lines[-n:]) if n > 0 else b""), end
 
 
 # ----------------------------------------------------------------------------------- logs
@@ -138,11 +54,14 @@ def dump(src: Sources, key: AttemptKey, sink: Sink) -> int:
             return offset
 
 
-def _warner(say: Any) -> Any:
+Say = Callable[[str], None]
+
+
+def _warner(say: Say) -> Say:
     return lambda text: say(f"jobq-ctl: warning: {text}")
 
 
-def logs(ns: Any, src: Sources, out: IO[bytes], err: IO[str]) -> int:
+def logs(ns: argparse.Namespace, src: Sources, out: IO[bytes], err: IO[str]) -> int:
     """``jobq-ctl logs``: 0, or 1 for an unknown id or attempt; with ``-f``, how the task
     (or the one attempt followed) ended (``exit_status``)."""
     def say(text: str) -> None:
@@ -202,7 +121,7 @@ def logs(ns: Any, src: Sources, out: IO[bytes], err: IO[str]) -> int:
     return 0
 
 
-def cmd_logs(ns: Any, src: Sources) -> int:
+def cmd_logs(ns: argparse.Namespace, src: Sources) -> int:
     if ns.tail is not None and ns.tail < 0:
         raise UsageError("--tail: must be 0 or more")
     if ns.attempt is not None and ns.attempt < 1:
@@ -235,7 +154,7 @@ def wait_pushed(ids: Sequence[str], src: Sources, follow: bool, out: IO[bytes],
     (``exit_status``); 130 on Ctrl-C (the tasks go on)."""
     several = len(ids) > 1
 
-    def sayer(task_id: str) -> Any:
+    def sayer(task_id: str) -> Say:
         prefix = f"{task_id}: " if several else ""
         return lambda text: print(prefix + text, file=err, flush=True)
 
@@ -270,7 +189,7 @@ def _stopped(left: Sequence[str], err: IO[str]) -> int:
     return EXIT_INTERRUPTED
 
 
-def after_push(ids: Sequence[str], ns: Any, src: Sources) -> int:
+def after_push(ids: Sequence[str], ns: argparse.Namespace, src: Sources) -> int:
     """ctl.cmd_push hands over here once the ids are printed (and flushed: scripts read
     them while the wait goes on)."""
     try:

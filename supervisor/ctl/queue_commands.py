@@ -1,8 +1,10 @@
-"""``jobq-ctl`` queue sub-commands on top of any Backend, and the dispatcher of every
-sub-command (the fleet ones are in ctl_fleet.py).  Main thread."""
+"""``jobq-ctl`` queue sub-commands on top of any Backend: push, peek, failed, requeue, clear,
+prune (the fleet ones are in fleet_commands.py; the dispatch table in commands.py).  Main
+thread."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -12,52 +14,27 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TypedDict, TypeVar
 
 from ..backends.base import Backend, BackendError
 from ..core.options import UsageError
 from ..core.settings import format_duration, parse_duration
-from ..core.signing import SecurityConfigError, SigningKey, load_key, sign_task, split_paths
+from ..core.signing import sign_task
 from ..core.task import DEFAULT_PRIORITY, MAX_NOT_BEFORE, MAX_PRIORITY, Task, TaskFormatError
-from ..fleet.control.base import ControlStoreError
+from ..fleet.control.base import ControlStore
+from ..fleet.control.unique import push_unique
+from ..ops.follow import Sources
+from ..ops.keys import first_key
+from ..ops.queue import all_failed_ids, forget_cancels, requeue_ids, taken_back
+from ..ops.task_ends import failed_listing
+from ..ops.times import iso, iso_or_none, iso_times
+from .output_commands import after_push
 from .stdout import print_or_drop
-
-if TYPE_CHECKING:
-    from ..fleet.control.base import ControlStore
-    from ..ops.follow import Sources
 
 # set by the worker for every task (launch.py); a task's env cannot override them
 WORKER_SET = ("JOBQ_TASK_ID", "JOBQ_QUEUE_NAME", "JOBQ_ATTEMPT")
-# Sub-commands that only look: they open the backend with create=False, so a mistyped queue
-# or path is "does not exist" (exit 1) instead of a new, empty queue and "0".
-READ_ONLY_COMMANDS = frozenset({"size", "peek", "status", "failed", "workers", "logs",
-                                "result"})
-# Sub-commands that look at one queue: a queue the backend does not know is "does not
-# exist" (exit 1), not an empty queue (Backend.require_queue).
-QUEUE_VIEWS = frozenset({"size", "peek", "status", "failed"})
-
-
-def dumps(obj: Any) -> str:
+def dumps(obj: object) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, default=str)
-
-
-# Epoch seconds in the backends' records; ISO-8601 UTC strings in every JSON output.
-TIME_KEYS = frozenset({"locked_at", "locked_until", "failed_at"})
-
-
-def iso(ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-
-
-def iso_or_none(ts: float | None) -> str | None:
-    return None if ts is None else iso(ts)
-
-
-def iso_times(row: dict[str, Any]) -> dict[str, Any]:
-    """``row`` with its TIME_KEYS as ISO-8601 UTC (or None), as every JSON output has them."""
-    return {k: iso_or_none(v) if k in TIME_KEYS else v for k, v in row.items()}
 
 
 def _env_pairs(pairs: list[str]) -> dict[str, str]:
@@ -88,17 +65,7 @@ def _read_commands(path: str) -> list[tuple[int, str]]:
             if line.strip() and not line.lstrip().startswith("#")]
 
 
-def first_key(ns: Any) -> SigningKey | None:
-    """The key jobq-ctl signs with: the first --signing-key-file (list the newest first; a
-    worker accepts every key it is given), or None."""
-    key_paths = split_paths(getattr(ns, "signing_key_file", None))
-    try:
-        return load_key(key_paths[0]) if key_paths else None
-    except SecurityConfigError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _not_before(ns: Any, now: float) -> float | None:
+def _not_before(ns: argparse.Namespace, now: float) -> float | None:
     """--delay or --not-before as wall-clock epoch seconds (None: neither given)."""
     if ns.delay is not None:
         return now + ns.delay if ns.delay > 0 else None
@@ -122,13 +89,21 @@ def _unique_key(task: Task) -> str:
     return "sha256:" + hashlib.sha256(what.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
-def push_schedule(ns: Any, backend: Backend, tasks: list[Task], now: float,
+class _Schedule(TypedDict, total=False):
+    """What push_schedule changes of each task."""
+
+    priority: int
+    not_before: float
+    timeout: float
+
+
+def push_schedule(ns: argparse.Namespace, backend: Backend, tasks: list[Task], now: float,
                   store: ControlStore | None = None) -> list[Task]:
     """The tasks with --priority, --delay/--not-before, --timeout and --unique(-key) applied,
     or a UsageError naming the option (bad value, or what ``backend`` cannot do; unique keys
     on a ``unique_by_control`` backend need ``store``)."""
     name = backend.name
-    changes: dict[str, Any] = {}
+    changes: _Schedule = {}
     if ns.priority is not None:
         if not 0 <= ns.priority <= MAX_PRIORITY:
             raise UsageError(f"--priority: must be 0..{MAX_PRIORITY} (higher first), got "
@@ -190,7 +165,7 @@ def _checked(where: str, make: Callable[[], T]) -> T:
         raise UsageError(f"push: {where + ': ' if where else ''}{exc}") from None
 
 
-def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None,
+def cmd_push(ns: argparse.Namespace, backend: Backend, sources: Sources | None = None,
              store: ControlStore | None = None) -> int:
     """``sources``: given for --wait/--follow (opened before anything is pushed); ``store``:
     where unique keys are claimed on a ``unique_by_control`` backend."""
@@ -223,8 +198,6 @@ def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None,
     for (where, _), task in zip(commands, tasks):
         _checked(where if named else "", task.to_json)
     if store is not None and not backend.unique_tasks and any(t.unique_key for t in tasks):
-        from ..fleet.control.unique import push_unique
-
         ids = push_unique(store, backend.push, ns.queue, tasks, now)
     else:
         ids = backend.push(tasks)
@@ -235,13 +208,11 @@ def cmd_push(ns: Any, backend: Backend, sources: Sources | None = None,
         print_or_drop(task_id)  # every task is pushed: a reader gone changes nothing
     warn_unserved(ns, backend)
     if sources is not None:
-        from .output_commands import after_push
-
         return after_push(ids, ns, sources)
     return 0
 
 
-def warn_unserved(ns: Any, backend: Backend) -> None:
+def warn_unserved(ns: argparse.Namespace, backend: Backend) -> None:
     """After a push: say so when no worker has ever served the queue (SQLite: a mistyped
     --queue, or a database no worker uses; the push stands, exit 0)."""
     try:
@@ -268,7 +239,7 @@ def _schedule_text(task: Task, now: float) -> str:
     return f"[{', '.join(parts)}]  " if parts else ""
 
 
-def cmd_peek(ns: Any, backend: Backend) -> int:
+def cmd_peek(ns: argparse.Namespace, backend: Backend) -> int:
     items = backend.peek(ns.n)
     now = time.time()
     if ns.json:
@@ -287,13 +258,11 @@ def cmd_peek(ns: Any, backend: Backend) -> int:
     return 0
 
 
-def cmd_failed(ns: Any, backend: Backend, store: ControlStore | None = None) -> int:
+def cmd_failed(ns: argparse.Namespace, backend: Backend, store: ControlStore | None = None) -> int:
     """The failed and cancelled tasks: the backend's listing with, from the control store
     (when there is one), who cancelled and the worker and output of the attempt that ended
     each task -- the rows the dashboard's /api/failed shows (task_ends.failed_listing);
     ``--json`` adds each task's ``body`` (the dashboard does not show it: it masks env)."""
-    from ..ops.task_ends import failed_listing
-
     records = backend.failed()
     rows, warning = failed_listing(records, store, ns.queue)
     if warning:
@@ -313,24 +282,7 @@ def cmd_failed(ns: Any, backend: Backend, store: ControlStore | None = None) -> 
     return 0
 
 
-def all_failed_ids(backend: Backend, include_cancelled: bool) -> list[str]:
-    """The ids ``requeue --all-failed`` brings back: every failed task, and the cancelled
-    ones only with ``include_cancelled`` (an operator's cancel is not undone by a sweep)."""
-    from ..ops.task_ends import is_cancelled
-
-    return [r.id for r in backend.failed() if include_cancelled or not is_cancelled(r.reason)]
-
-
-REQUEUE_CHUNK = 500  # ids per requeue call: well below SQLite's host parameter limit
-
-
-def requeue_ids(backend: Backend, ids: list[str]) -> int:
-    """``backend.requeue`` of ``ids`` (SQLite: in chunks, one statement each); how many."""
-    step = REQUEUE_CHUNK if backend.name == "sqlite" else max(1, len(ids))
-    return sum(backend.requeue(ids[i:i + step]) for i in range(0, len(ids), step))
-
-
-def cmd_requeue(ns: Any, backend: Backend, store: ControlStore | None = None) -> int:
+def cmd_requeue(ns: argparse.Namespace, backend: Backend, store: ControlStore | None = None) -> int:
     if ns.all_failed == bool(ns.ids):
         raise UsageError("requeue: give task ids or --all-failed (not both)")
     if ns.include_cancelled and not ns.all_failed:
@@ -355,39 +307,13 @@ def cmd_requeue(ns: Any, backend: Backend, store: ControlStore | None = None) ->
     return 0
 
 
-def taken_back(backend: Backend, ids: list[str]) -> dict[str, Any]:
-    """Those of ``ids`` a SQLite queue took back from a worker that is gone (id ->
-    sqlite_owner.TakenBack), waiting a moment for one whose lifeline is still at work; {} on
-    the other backends, whose leases come back by their lock alone."""
-    if backend.name != "sqlite" or not ids:
-        return {}
-    from ..backends.sqlite.admin import take_back
-
-    return take_back(backend, ids)  # type: ignore[arg-type]
-
-
-def forget_cancels(queue: str, ids: list[str], store: ControlStore | None) -> None:
-    """A requeued task that had been cancelled must run again: its cancel record would make
-    the next worker cancel it at claim time.  Workers drop a deleted cancel from their cache
-    within a minute (control/agent.py)."""
-    if store is None or not ids:
-        return
-    try:
-        cancelled = {c.task_id for c in store.cancels(queue)} & set(ids)
-        for task_id in sorted(cancelled):
-            store.delete_cancel(queue, task_id)
-    except ControlStoreError as exc:
-        print(f"jobq-ctl: warning: the cancels of the requeued tasks stay recorded ({exc}); "
-              "a worker may cancel them again", file=sys.stderr)
-
-
-def cmd_clear(ns: Any, backend: Backend) -> int:
+def cmd_clear(ns: argparse.Namespace, backend: Backend) -> int:
     n = backend.clear(failed=ns.failed)
     print(f"deleted {n}")
     return 0
 
 
-def cmd_prune(ns: Any, backend: Backend, retention: float) -> int:
+def cmd_prune(ns: argparse.Namespace, backend: Backend, retention: float) -> int:
     """Delete the succeeded tasks older than --older-than (default: ``retention``, the
     --retention of the flags, environment or config file) and say how many."""
     if not backend.keeps_succeeded:
@@ -400,29 +326,3 @@ def cmd_prune(ns: Any, backend: Backend, retention: float) -> int:
     n = backend.prune_succeeded(time.time() - age)
     print(f"pruned {n} succeeded task(s) older than {format_duration(age)}")
     return 0
-
-
-def run_command(ns: Any, backend: Backend | None, store: ControlStore | None = None,
-                sources: Sources | None = None) -> int:
-    """Run the parsed sub-command ``ns.command``; its exit status.  ``backend`` is None for
-    the fleet commands that need none (ctl_fleet.needs_backend), ``store`` for the queue
-    commands and when no control store is configured; ``sources`` for push --wait."""
-    from . import fleet_commands as ctl_fleet
-
-    if ns.command in ctl_fleet.HANDLERS:
-        return ctl_fleet.HANDLERS[ns.command](ns, backend, store)
-    assert backend is not None
-    handlers = {
-        "size": lambda ns, b: print(b.size()) or 0,
-        "peek": cmd_peek,
-        "clear": cmd_clear,
-    }
-    if ns.command == "requeue":
-        return cmd_requeue(ns, backend, store)
-    if ns.command == "failed":
-        return cmd_failed(ns, backend, store)
-    if ns.command == "push":
-        return cmd_push(ns, backend, sources, store)
-    if ns.command == "prune":
-        return cmd_prune(ns, backend, ns.retention)
-    return handlers[ns.command](ns, backend)

@@ -23,10 +23,11 @@ from flask import (
     request,
     url_for,
 )
+from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
-from ..ctl.fleet_commands import duration_text
-from ..ctl.queue_commands import iso_or_none
+from ..fleet.control.records import AuditRecord
+from ..ops.times import duration_text, iso_or_none
 from .auth import NAME, Auth
 from .charts import depth_chart, depth_series, finished_chart
 from .data import DataSource, Unavailable
@@ -89,21 +90,21 @@ def create_app(data: DataSource | Sequence[DataSource],
         return render_template("error.html", title=title, text=text), status
 
     @app.errorhandler(Unavailable)
-    def _unavailable(exc: Unavailable) -> Any:
+    def _unavailable(exc: Unavailable) -> ResponseReturnValue:
         log.warning("dashboard: %s unavailable: %s", exc.what, exc.text)
         if request.path.startswith("/api/"):
             return jsonify(error=str(exc)), 503
         return _page(503, f"The {exc.what} is unavailable", exc.text)
 
     @app.errorhandler(HTTPException)
-    def _http(exc: HTTPException) -> Any:
+    def _http(exc: HTTPException) -> ResponseReturnValue:
         code = exc.code or 500
         if request.path.startswith("/api/"):
             return jsonify(error=exc.description), code
         return _page(code, f"{code} {exc.name}", exc.description or "")
 
     @app.errorhandler(Exception)
-    def _unexpected(exc: Exception) -> Any:
+    def _unexpected(exc: Exception) -> ResponseReturnValue:
         log.exception("dashboard: unexpected error on %s", request.path)
         return _page(500, "Unexpected error", "the dashboard's log has the details")
 
@@ -125,7 +126,7 @@ def create_app(data: DataSource | Sequence[DataSource],
         else:
             d = current()
             rows = [{"name": d.queue, "status": d.status(), "error": None,
-                     "cancelled": d.cancelled()}]
+                     "cancelled": d.cancelled(), "flag": None}]
         now = time.time()
         try:
             workers: dict[str, int] | None
@@ -157,7 +158,7 @@ def create_app(data: DataSource | Sequence[DataSource],
                                limit=ACTIONS_SHOWN)
 
     @app.get("/api/actions")
-    def api_actions() -> Any:
+    def api_actions() -> ResponseReturnValue:
         return jsonify(_audit_json(current().audits_or_raise(ACTIONS_SHOWN)))
 
     @app.get("/workers")
@@ -171,7 +172,7 @@ def create_app(data: DataSource | Sequence[DataSource],
         return render_template("worker.html", w=found_or_404(current(), "worker", worker_id))
 
     @app.get("/search")
-    def search() -> Any:
+    def search() -> ResponseReturnValue:
         task_id = id_or_400(request.args.get("id"), "task")
         here = current()
         found = queues.find_task(task_id, here) if queues.several else here
@@ -179,21 +180,21 @@ def create_app(data: DataSource | Sequence[DataSource],
 
     # ------------------------------------------------------------------ JSON API
     @app.get("/api/status")
-    def api_status() -> Any:
+    def api_status() -> ResponseReturnValue:
         # several queues: the per-queue object of ``jobq-ctl status --queue a,b --json``
         return jsonify(queues.status_json() if queues.several else current().status())
 
     @app.get("/api/workers")
-    def api_workers() -> Any:
+    def api_workers() -> ResponseReturnValue:
         return jsonify(current().workers(_flag_arg("all")))
 
     @app.get("/api/worker/<worker_id>")
-    def api_worker(worker_id: str) -> Any:
+    def api_worker(worker_id: str) -> ResponseReturnValue:
         return jsonify(found_or_404(current(), "worker", worker_id))
 
     # ------------------------------------------------------------------ auth
     @app.route("/login", methods=["GET", "POST"])
-    def login() -> Any:
+    def login() -> ResponseReturnValue:
         if not auth.enabled:
             abort(403, "the dashboard is read-only (started without --token-file)")
         if request.method == "GET":
@@ -211,7 +212,7 @@ def create_app(data: DataSource | Sequence[DataSource],
         return redirect(url_for("overview"))
 
     @app.post("/logout")
-    def logout() -> Any:
+    def logout() -> ResponseReturnValue:
         auth.check_post(need_login=False)  # an ended session's logout clears its cookie
         who = auth.logout()
         if who is not None:
@@ -219,7 +220,7 @@ def create_app(data: DataSource | Sequence[DataSource],
         return redirect(url_for("overview"))
 
     # ------------------------------------------------------------------ actions
-    def _done(what: str) -> Any:
+    def _done(what: str) -> ResponseReturnValue:
         who = auth.who() or ""
         data = current()
         # The audit trail: this line, and an audit record in the control store (jobq-ctl
@@ -232,7 +233,7 @@ def create_app(data: DataSource | Sequence[DataSource],
         return redirect(back if _local(back) else url_for("overview"))
 
     @app.post("/queue/<action>")
-    def queue_action(action: str) -> Any:
+    def queue_action(action: str) -> ResponseReturnValue:
         auth.check_post()
         if action not in ("pause", "resume"):
             abort(404, f"no queue action {action!r}")
@@ -240,7 +241,7 @@ def create_app(data: DataSource | Sequence[DataSource],
         return _done(action)
 
     @app.post("/workers/<worker_id>/<action>")
-    def worker_action(worker_id: str, action: str) -> Any:
+    def worker_action(worker_id: str, action: str) -> ResponseReturnValue:
         auth.check_post()
         if action not in ACTIONS:
             abort(404, f"no worker action {action!r}")
@@ -254,7 +255,7 @@ def create_app(data: DataSource | Sequence[DataSource],
     return app
 
 
-def _audit_json(records: list[Any]) -> list[dict[str, Any]]:
+def _audit_json(records: list[AuditRecord]) -> list[dict[str, str | None]]:
     return [{"when": iso_or_none(a.when), "who": a.who, "action": a.action,
              "detail": a.detail} for a in records]
 

@@ -1,7 +1,7 @@
 """What the dashboard reads and writes: the backend and the control store, opened once per
 thread (waitress's request threads, the depth sampler) because neither SQLite connections nor
 SDK clients may be shared across threads.  The dicts are the ones ``jobq-ctl status --json``
-and ``jobq-ctl workers --json`` print (ctl_fleet.py builds both).
+and ``jobq-ctl workers --json`` print (ops/fleet.py builds both).
 
 Any backend or store error becomes ``Unavailable`` (a 503 page); the thread's clients are
 closed and reopened on its next request, so one failure never sticks.
@@ -12,13 +12,18 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 from ..backends.base import Backend, BackendConfigError, BackendError
 from ..core.signing import SigningKey
 from ..core.task import Task, TaskFormatError
-from ..ctl.fleet_commands import (
-    clock,
+from ..fleet.control.base import ControlStore, ControlStoreError, worker_states
+from ..fleet.control.records import AuditRecord, new_seq
+from ..fleet.output.base import OutputStore, OutputStoreError
+from ..ops import fleet
+from ..ops.fleet import (
+    StatusJson,
+    WorkerJson,
     live_worker_ids,
     put_commands,
     put_pause,
@@ -26,11 +31,19 @@ from ..ctl.fleet_commands import (
     worker_view,
     workers_json,
 )
-from ..ctl.queue_commands import iso_or_none
-from ..ctl.result_command import results_json, task_results
-from ..fleet.control.base import ControlStore, ControlStoreError, worker_states
-from ..fleet.control.records import AuditRecord, new_seq
-from ..fleet.output.base import OutputStore, OutputStoreError
+from ..ops.results import results_json, task_results
+from ..ops.times import iso_or_none
+
+T = TypeVar("T")
+
+
+class FlagJson(TypedDict):
+    """A queue's pause flag as the pages show it."""
+
+    paused: bool
+    who: str
+    when: str | None
+
 
 STORE_ERRORS = (BackendError, BackendConfigError, ControlStoreError, OutputStoreError)
 MASK = "********"
@@ -78,13 +91,14 @@ class DataSource:
         self._local = threading.local()
 
     # ------------------------------------------------------------------ clients
-    def _client(self, name: str, opener: Callable[[], Any], what: str) -> Any:
+    def _client(self, name: str, opener: Callable[[], T], what: str) -> T:
         if not hasattr(self._local, name):
             try:
                 setattr(self._local, name, opener())
             except STORE_ERRORS as exc:
                 raise Unavailable(what, str(exc)) from None
-        return getattr(self._local, name)
+        client: T = getattr(self._local, name)
+        return client
 
     @contextlib.contextmanager
     def using(self, what: str) -> Iterator[None]:
@@ -126,7 +140,7 @@ class DataSource:
             return None
 
     # ------------------------------------------------------------------ reads
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusJson:
         """``jobq-ctl status --json``; the control store's part is null when it is down."""
         with self.using("queue"):
             data, _ = status_json(self.backend(), self.optional_store(), self.queue)
@@ -138,28 +152,26 @@ class DataSource:
             return dict(self.backend().status().counts)
 
     def cancelled(self) -> int | None:
-        """Cancelled tasks, where the backend can count them cheaply (SQLite), else None."""
-        backend = self.backend()
-        if backend.name != "sqlite":
+        """Cancelled tasks, where the backend can count them cheaply (``Backend.admin``:
+        SQLite), else None."""
+        admin = self.backend().admin()
+        if admin is None:
             return None
         with self.using("queue"):
-            rows = backend._query(  # type: ignore[attr-defined]
-                "SELECT COUNT(*) FROM jobs WHERE queue=? AND status='failed' AND reason "
-                "LIKE 'cancelled%'", (self.queue,))
-        return int(rows[0][0])
+            return admin.cancelled_count()
 
-    def workers(self, show_all: bool = False) -> list[dict[str, Any]]:
+    def workers(self, show_all: bool = False) -> list[WorkerJson]:
         """``jobq-ctl workers --json`` (``--all`` with ``show_all``)."""
         with self.using("control store"):
             return workers_json(self.store(), self.queue, show_all)
 
-    def fleet(self) -> tuple[dict[str, int], dict[str, Any] | None]:
+    def fleet(self) -> tuple[dict[str, int], FlagJson | None]:
         """(worker count by state, the queue's pause flag) from one workers listing and one
         poll."""
         by_id, flag = self.fleet_states()
         return count_states([by_id]), flag
 
-    def fleet_states(self) -> tuple[dict[str, str], dict[str, Any] | None]:
+    def fleet_states(self) -> tuple[dict[str, str], FlagJson | None]:
         """(each worker's state by id, the queue's pause flag)."""
         with self.using("control store"):
             now, shown, _, flag = worker_view(self.store(), self.queue, True)
@@ -168,7 +180,7 @@ class DataSource:
             return states, None
         return states, {"paused": flag.paused, "who": flag.who, "when": iso_or_none(flag.when)}
 
-    def worker(self, worker_id: str) -> dict[str, Any] | None:
+    def worker(self, worker_id: str) -> WorkerJson | None:
         return next((w for w in self.workers(True) if w["id"] == worker_id), None)
 
     def task(self, task_id: str) -> dict[str, Any] | None:
@@ -177,16 +189,16 @@ class DataSource:
         found: dict[str, Any] = {"id": task_id, "state": None, "attempt": None,
                                  "cmd": None, "env": {}, "reason": None, "worker": None,
                                  "lease_expires": None, "attempts": []}
-        backend = self.backend()
+        admin = self.backend().admin()
         job: str | None = "?"  # the job row's status where the queue tells (SQLite)
-        if backend.name == "sqlite":
+        if admin is not None:
             job = None
             with self.using("queue"):
-                rows = backend._query(  # type: ignore[attr-defined]
-                    "SELECT status, attempt, body, reason, locked_by, locked_until FROM jobs "
-                    "WHERE queue=? AND id=?", (self.queue, task_id))
-            if rows:
-                status, attempt, body, reason, by, until = rows[0]
+                row = admin.task_detail(task_id)
+            if row is not None:
+                status, attempt, body, reason, by, until = (
+                    row.status, row.attempt, row.body, row.reason, row.worker,
+                    row.locked_until)
                 job = status
                 if status == "failed" and (reason or "").startswith("cancelled"):
                     status = "cancelled"  # SQLite keeps a cancelled task as failed
@@ -202,7 +214,7 @@ class DataSource:
         if store is not None:
             with self.using("control store"):
                 results = task_results(store, self.queue, task_id, lambda: job)
-                now = clock()
+                now = fleet.clock()
                 workers = store.workers(self.queue)
             states = worker_states(workers, now)
             running = [(r, t) for r in workers if states[r.id] != "lost"
@@ -250,7 +262,7 @@ class DataSource:
 
     def missing_text(self) -> str:
         """What a task lookup that found nothing could not see (a request thread)."""
-        if self.backend().name == "sqlite":
+        if self.backend().admin() is not None:
             return ""
         return (f" (a pending task is found among the first {PEEKED} messages of the "
                 "queue, as many as a peek sees)")

@@ -6,11 +6,23 @@ overview's per-queue rows.  Every function runs on a request thread."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 from flask import abort, request
 
-from .data import DataSource, Unavailable, count_states
+from ..ops.fleet import StatusJson
+from .data import DataSource, FlagJson, Unavailable, count_states
+
+
+class QueueRow(TypedDict):
+    """One queue on the overview: its status (None and ``error`` when it cannot be read),
+    cancelled count (where the queue tells) and pause flag."""
+
+    name: str
+    status: StatusJson | None
+    error: str | None
+    cancelled: int | None
+    flag: FlagJson | None
 
 
 class Queues:
@@ -38,10 +50,10 @@ class Queues:
         """This request's queue (``?queue=``, in the query string for a POST too)."""
         return self.get(request.args.get("queue"))
 
-    def status_json(self) -> dict[str, Any]:
+    def status_json(self) -> dict[str, StatusJson | None]:
         """What ``jobq-ctl status --queue a,b --json`` prints: queue name -> that queue's
         status, null for a queue that cannot be read."""
-        out: dict[str, Any] = {}
+        out: dict[str, StatusJson | None] = {}
         for name in self.names:
             try:
                 out[name] = self.sources[name].status()
@@ -49,14 +61,14 @@ class Queues:
                 out[name] = None
         return out
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[QueueRow]:
         """The overview's table: per queue its status (None and ``error`` when the queue is
         down), cancelled count and pause flag."""
         rows = []
         for name in self.names:
             d = self.sources[name]
-            row: dict[str, Any] = {"name": name, "status": None, "error": None,
-                                   "cancelled": None, "flag": None}
+            row: QueueRow = {"name": name, "status": None, "error": None,
+                             "cancelled": None, "flag": None}
             try:
                 row["status"] = d.status()
                 row["cancelled"] = d.cancelled()
@@ -65,7 +77,7 @@ class Queues:
             rows.append(row)
         return rows
 
-    def fleet(self) -> tuple[dict[str, int], dict[str, dict[str, Any] | None]]:
+    def fleet(self) -> tuple[dict[str, int], dict[str, FlagJson | None]]:
         """(workers by state over every queue, each queue's pause flag); Unavailable when the
         control store cannot be read."""
         listings, flags = [], {}

@@ -5,6 +5,7 @@ unusable token file or a --session-idle-timeout of 0."""
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import logging
 import queue
@@ -12,9 +13,13 @@ import signal
 import sys
 import threading
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.options import UsageError
+from ..core.settings import Settings
+
+if TYPE_CHECKING:
+    from .data import DataSource
 
 EXTRA = "pip install 'jobq-supervisor[dashboard]'"
 DEFAULT_BIND = "127.0.0.1:8080"
@@ -45,8 +50,9 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
-def _source(settings: Any, key: Any, writes: bool) -> Any:
-    """One queue's DataSource (main thread); its clients open lazily, per thread."""
+def _source(settings: Settings, key: Any, writes: bool) -> DataSource:
+    """One queue's DataSource (main thread); its clients open lazily, per thread; ``key``:
+    ops.keys.first_key's."""
     from ..backends import open_backend
     from ..fleet.control.open import open_control_store
     from ..fleet.output.open import open_output_store
@@ -58,7 +64,7 @@ def _source(settings: Any, key: Any, writes: bool) -> Any:
                       lambda: open_output_store(settings, create=False))
 
 
-def run(ns: Any, settings: Any) -> int:
+def run(ns: argparse.Namespace, settings: Settings) -> int:
     """Serve until SIGTERM or SIGINT; the exit status (main thread)."""
     try:
         import flask  # noqa: F401
@@ -67,7 +73,7 @@ def run(ns: Any, settings: Any) -> int:
         print(f"jobq-ctl: error: dashboard: Flask and waitress are not installed: {EXTRA}",
               file=sys.stderr)
         return 2
-    from ..ctl.queue_commands import first_key
+    from ..ops.keys import first_key
     from .app import create_app
     from .auth import read_token
     from .history import History, Sampler

@@ -5,10 +5,11 @@ threads; the reads and writes are in tasks.py."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flask import Flask, abort, jsonify, render_template, request
+from flask.typing import ResponseReturnValue
 
 from . import tasks
 from .auth import Auth
@@ -26,10 +27,11 @@ def id_or_400(value: str | None, what: str) -> str:
     return value
 
 
-def found_or_404(data: DataSource, what: str, raw_id: str) -> dict[str, Any]:
+def found_or_404(data: DataSource, what: str, raw_id: str) -> Mapping[str, Any]:
     """The task or worker (``what``) ``raw_id`` names on ``data``'s queue, else a 400 (a
     malformed id) or 404 (a request thread)."""
-    lookup = data.task if what == "task" else data.worker
+    lookup: Callable[[str], Mapping[str, Any] | None] = (
+        data.task if what == "task" else data.worker)
     found = lookup(id_or_400(raw_id, what))
     if found is None:
         more = data.missing_text() if what == "task" else ""
@@ -47,7 +49,7 @@ def _int_arg(name: str, low: int, required: bool) -> int | None:
 
 
 def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
-             done: Callable[[str], Any]) -> None:
+             done: Callable[[str], ResponseReturnValue]) -> None:
     """Add the views (main thread, before serving).  ``current``: the request's queue."""
 
     @app.get("/tasks/<task_id>")
@@ -66,11 +68,11 @@ def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
                                output_error=output_error, cap_kib=tasks.CAP >> 10)
 
     @app.get("/api/task/<task_id>")
-    def api_task(task_id: str) -> Any:
+    def api_task(task_id: str) -> ResponseReturnValue:
         return jsonify(found_or_404(current(), "task", task_id))
 
     @app.get("/api/task/<task_id>/output")
-    def api_output(task_id: str) -> Any:
+    def api_output(task_id: str) -> ResponseReturnValue:
         task_id = id_or_400(task_id, "task")
         attempt = _int_arg("attempt", 1, required=True)
         offset = _int_arg("offset", 0, required=False)
@@ -85,13 +87,13 @@ def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
         return render_template("failed.html", rows=rows, total=total)
 
     @app.get("/api/failed")
-    def api_failed() -> Any:
+    def api_failed() -> ResponseReturnValue:
         rows, total = tasks.failed_json(current())
         return jsonify({"tasks": rows, "total": total})
 
     # ------------------------------------------------------------------ actions
     @app.post("/tasks/<task_id>/cancel")
-    def task_cancel(task_id: str) -> Any:
+    def task_cancel(task_id: str) -> ResponseReturnValue:
         auth.check_post()
         task_id = id_or_400(task_id, "task")
         if tasks.cancel(current(), task_id, auth.who() or "") is None:
@@ -99,7 +101,7 @@ def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
         return done(f"cancel {task_id}")
 
     @app.post("/tasks/<task_id>/requeue")
-    def task_requeue(task_id: str) -> Any:
+    def task_requeue(task_id: str) -> ResponseReturnValue:
         auth.check_post()
         task_id = id_or_400(task_id, "task")
         if tasks.requeue(current(), [task_id]) == 0:
@@ -107,7 +109,7 @@ def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
         return done(f"requeue {task_id}")
 
     @app.post("/failed/requeue")
-    def failed_requeue() -> Any:
+    def failed_requeue() -> ResponseReturnValue:
         auth.check_post()
         ids = [id_or_400(i, "task") for i in request.form.getlist("id")]
         if not ids:
@@ -116,7 +118,7 @@ def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
         return done(f"requeue {n} of {len(ids)} shown failed tasks")
 
     @app.route("/failed/clear", methods=["GET", "POST"])
-    def failed_clear() -> Any:
+    def failed_clear() -> ResponseReturnValue:
         if request.method == "GET":  # the confirmation step
             if not auth.context()["can_act"]:
                 abort(403, "log in to clear failed tasks")

@@ -1,7 +1,8 @@
 """The task and failed pages' reads and writes (waitress's request threads): an attempt's
 output read by offset from the output store, the failed and cancelled listing, and the
 cancel / requeue / clear actions with ``jobq-ctl``'s semantics (the same functions of
-ctl_fleet.py, ctl.py and ctl_output.py, each thread with its own clients from DataSource).
+ops/fleet.py, ops/queue.py and ops/output.py, each thread with its own clients from
+DataSource).
 
 The output API never sends more than CAP bytes per call: a reader that is further behind (a
 task printing 200 MB) jumps to the last CAP bytes and is told how many it skipped, so an open
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..ctl.fleet_commands import cancel_tasks
-from ..ctl.output_commands import output_end
-from ..ctl.queue_commands import all_failed_ids, forget_cancels, iso_times, requeue_ids
 from ..fleet.control.base import CANCEL_TTL
 from ..fleet.output.base import AttemptKey
+from ..ops.fleet import cancel_tasks
+from ..ops.output import output_end
+from ..ops.queue import all_failed_ids, forget_cancels, requeue_ids
 from ..ops.task_ends import failed_listing
+from ..ops.times import iso_times
 from .data import DataSource
 
 CAP = 256 << 10  # bytes of output one API call returns at most (and the page keeps)
@@ -80,11 +82,10 @@ def cancel(data: DataSource, task_id: str, by: str) -> str | None:
     is known to have ended already (SQLite tells; elsewhere the cancel is recorded)."""
     backend = data.backend()
     states = None
-    if backend.name == "sqlite":
-        from ..backends.sqlite.admin import task_states
-
+    admin = backend.admin()
+    if admin is not None:
         with data.using("queue"):
-            states = task_states(backend, [task_id])  # type: ignore[arg-type]
+            states = admin.task_states([task_id])
         if task_id not in states:
             return None
     with data.using("control store"):

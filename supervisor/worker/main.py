@@ -1,4 +1,5 @@
-"""Command lines: ``jobq-supervisor`` (the worker) and ``jobq-ctl`` (producers and operators).
+"""The command line of ``jobq-supervisor`` (the worker); ``jobq-ctl``'s is ctl/main.py, which
+takes this parser's options as its INI file's keys.
 
 Every worker option is a long flag, a key of the same name in the ``--config`` INI file and an
 environment variable ``JOBQ_<NAME>``; precedence: flag > environment > config file > default
@@ -24,11 +25,11 @@ from ..core.options import (
     _Parser,
     _positive_int,
     _size,
+    add_backend_options,
     jobq_parser,
+    usage_failed,
 )
 from ..core.settings import (
-    BACKENDS,
-    CONTROL_MODES,
     EXIT_OK,
     EXIT_UNEXPECTED,
     EXIT_USAGE,
@@ -43,45 +44,12 @@ from ..core.settings import (
     Settings,
 )
 
-__all__ = ["UsageError", "ctl_main", "parse_worker_settings", "worker_main", "worker_parser"]
+__all__ = ["UsageError", "parse_worker_settings", "worker_main", "worker_parser"]
 
 def _per_backend(index: int, otherwise: str) -> str:
     """``sqlite 2700, storage-queue 600 ...`` from LOCK_DEFAULTS, for help texts."""
     return ", ".join(f"{name} {value[index]:g}" if value[index] is not None
                      else f"{name} {otherwise}" for name, value in LOCK_DEFAULTS.items())
-
-
-def _add_backend_options(p: Any, suppress: bool = False) -> None:
-    """Options shared by both commands (on jobq-ctl sub-commands with SUPPRESS defaults,
-    so that they do not hide the values given before the sub-command)."""
-    kw: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
-    p.add_argument("--backend", choices=BACKENDS, help="queue backend", **kw)
-    p.add_argument("--queue", help="queue name; a worker takes a comma-separated list "
-                   "(high,default,low: see --queue-order); of jobq-ctl's commands only "
-                   "status takes several", **kw)
-    p.add_argument("--sqlite-path", help="SQLite database file", path=True, **kw)
-    p.add_argument("--connection-string",
-                   help="Azure connection string (secret: prefer env JOBQ_CONNECTION_STRING)",
-                   **kw)
-    p.add_argument("--account-url",
-                   help="Storage account queue URL, with DefaultAzureCredential", **kw)
-    p.add_argument("--namespace",
-                   help="Service Bus namespace NAME.servicebus.windows.net, with "
-                        "DefaultAzureCredential", **kw)
-    p.add_argument("--control", choices=CONTROL_MODES,
-                   help="fleet control store (workers, cancels, pause, drain): auto = the "
-                        "queue's SQLite file, or Table Storage in the Storage Queue's account "
-                        "or at --control-account-url / JOBQ_CONTROL_CONNECTION_STRING; off",
-                   **kw)
-    p.add_argument("--control-account-url",
-                   help="Storage account (table or queue URL) for the control store, with "
-                        "DefaultAzureCredential (Service Bus has no account of its own)", **kw)
-    p.add_argument("--control-connection-string",
-                   help="Storage connection string for the control store (secret: prefer env "
-                        "JOBQ_CONTROL_CONNECTION_STRING)", **kw)
-    p.add_argument("--task-log-container",
-                   help="Azure: blob container of the output store, in the control store's "
-                        "account", **kw)
 
 
 def _durations(p: argparse.ArgumentParser, *options: tuple[str, str]) -> None:
@@ -95,7 +63,7 @@ def worker_parser() -> _Parser:
                     ["-c", "--config"],
                     "INI config file (env: JOBQ_CONFIG); keys are the long option names")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    _add_backend_options(p)
+    add_backend_options(p)
     p.add_argument("-n", "--num-workers", type=int, help="tasks run at once")
     p.add_argument("--lock-duration", type=_duration,
                    help="lease length (default sqlite 2700s, storage-queue 600s; servicebus: "
@@ -218,9 +186,8 @@ def _fail_usage(prog: str, message: str) -> int:
     if prog == "jobq-supervisor" and json_logging():
         logging.getLogger("jobq").error("%s: error: %s", prog, message,
                                         extra={"exit_status": EXIT_USAGE})
-    else:
-        print(f"{prog}: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
+        return EXIT_USAGE
+    return usage_failed(prog, message)
 
 
 SWITCH_INTERVAL = 0.0002
@@ -314,20 +281,3 @@ def worker_main(argv: list[str] | None = None) -> int:
         return EXIT_UNEXPECTED
     finally:
         backend.close()
-
-
-# --------------------------------------------------------------------------- jobq-ctl
-# The jobq-ctl command line lives in ctl_cli.py (it imports this module's option groups).
-def ctl_parser() -> _Parser:
-    from ..ctl.main import ctl_parser as build
-
-    return build()
-
-
-def ctl_main(argv: list[str] | None = None) -> int:
-    """Entry point of ``jobq-ctl`` (main thread); see ctl_cli.py.  A reader of its stdout
-    that went away (``| head``) ends it quietly (ctl_stdout.py)."""
-    from ..ctl.main import ctl_main as main
-    from ..ctl.stdout import run_quietly
-
-    return run_quietly(main, argv)

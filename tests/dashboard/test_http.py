@@ -36,8 +36,8 @@ def get(url: str, data: bytes | None = None) -> tuple[int, str]:
 
 
 def _ctl(env, *args: str, extra_code: str = "") -> subprocess.CompletedProcess:
-    code = (f"import sys; {extra_code}from supervisor.worker.main import ctl_main; "
-            f"sys.exit(ctl_main(sys.argv[1:]))")
+    code = (f"import sys; {extra_code}from supervisor.ctl.main import ctl_entry; "
+            f"sys.exit(ctl_entry(sys.argv[1:]))")
     return subprocess.run([sys.executable, "-c", code, "--sqlite-path", str(env.db), *args],
                           capture_output=True, text=True, timeout=60, cwd=env.tmp)
 

@@ -232,7 +232,7 @@ def test_task_ignoring_sigterm_is_killed_after_kill_timeout_and_requeued(sb_env)
 def test_read_only_ctl_command_on_a_missing_queue_is_exit_1(capsys) -> None:
     """Service Bus creates no queue: a mistyped one is "does not exist", exit 1, one line --
     as on SQLite and Storage Queue (issue 14) -- not a configuration error."""
-    from supervisor.worker.main import ctl_main
+    from supervisor.ctl.main import ctl_entry as ctl_main
     from tests.servicebus.broker import ServiceBusTestBroker
     from tests.servicebus.conftest import SECRET_KEY
 

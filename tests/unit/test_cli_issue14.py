@@ -9,14 +9,9 @@ from pathlib import Path
 import pytest
 
 from supervisor import __version__
-from supervisor.worker.main import (
-    UsageError,
-    ctl_main,
-    ctl_parser,
-    parse_worker_settings,
-    worker_main,
-    worker_parser,
-)
+from supervisor.ctl.main import ctl_entry as ctl_main
+from supervisor.ctl.main import ctl_parser
+from supervisor.worker.main import UsageError, parse_worker_settings, worker_main, worker_parser
 
 
 # --- bug 2: JOBQ_CONFIG is honoured by both commands, with --config's errors ---------------

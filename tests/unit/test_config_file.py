@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.core.config_file import PATH_ATTR
-from supervisor.worker.main import ctl_parser, parse_worker_settings, worker_parser
+from supervisor.ctl.main import ctl_parser
+from supervisor.worker.main import parse_worker_settings, worker_parser
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from supervisor.ctl.output_commands import logs, result_line, tail, wait_pushed
+from supervisor.ctl.output_commands import logs, result_line, wait_pushed
 from supervisor.fleet.control.records import ResultRecord
 from supervisor.fleet.control.sqlite import SqliteControlStore
 from supervisor.fleet.output.base import AttemptKey, Chunk, OutputStoreError
@@ -29,6 +29,7 @@ from supervisor.ops.follow import (
     end_line,
     run,
 )
+from supervisor.ops.output import tail
 
 Q = "jobs"
 

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.core.settings import Settings, SettingsError, parse_duration, safety_margin
-from supervisor.worker.main import UsageError, ctl_parser, parse_worker_settings, worker_parser
+from supervisor.ctl.main import ctl_parser
+from supervisor.worker.main import UsageError, parse_worker_settings, worker_parser
 
 pytestmark = pytest.mark.timeout(30)
 

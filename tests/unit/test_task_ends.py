@@ -13,8 +13,8 @@ import pytest
 from supervisor.backends.base import FailedRecord
 from supervisor.backends.common import held_until
 from supervisor.core.task import Task
-from supervisor.ctl.result_command import shown_state
 from supervisor.fleet.control.records import Cancel, ResultRecord
+from supervisor.ops.results import shown_state
 from supervisor.ops.task_ends import SETTLE, failed_rows, final_records, pending_cancel
 
 Q = "jobs"

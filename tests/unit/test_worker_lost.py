@@ -9,11 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from supervisor.ctl import fleet_commands as ctl_fleet
-from supervisor.ctl.result_command import LOST_GRACE, cmd_result, shown_state
+from supervisor.ctl.result_command import cmd_result
 from supervisor.fleet.control import SqliteControlStore
 from supervisor.fleet.control.base import LOST_AFTER
 from supervisor.fleet.control.records import ResultRecord, WorkerRecord
+from supervisor.ops import fleet as ops_fleet
+from supervisor.ops.results import LOST_GRACE, shown_state
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -61,7 +62,7 @@ def test_jobq_ctl_result_shows_the_attempt_of_a_dead_worker_as_worker_lost(
         store.put_worker(worker("alive", NOW - 0.5))
         store.put_results([running("dead", NOW - 30, attempt=1),
                            running("alive", NOW - 5, attempt=2)])
-        monkeypatch.setattr(ctl_fleet, "clock", lambda: NOW)
+        monkeypatch.setattr(ops_fleet, "clock", lambda: NOW)
         assert cmd_result(SimpleNamespace(queue=Q, id="t1", json=True), None, store) == 0
         got = json.loads(capsys.readouterr().out)
         assert [(a["attempt"], a["state"]) for a in got] == [(1, "worker-lost"), (2, "running")]
@@ -91,7 +92,7 @@ def test_jobq_ctl_result_says_a_task_that_ended_unsettled_ran_again(
             ResultRecord(queue=Q, task_id="t1", attempt=2, outcome="succeeded", reason="",
                          tail="", exit_status=0, worker="w", when=NOW - 5, started=NOW - 9,
                          finished=NOW - 5, max_attempts=3, final=True)])
-        monkeypatch.setattr(ctl_fleet, "clock", lambda: NOW)
+        monkeypatch.setattr(ops_fleet, "clock", lambda: NOW)
         assert cmd_result(SimpleNamespace(queue=Q, id="t1", json=False), None, store) == 0
         first, second = capsys.readouterr().out.splitlines()[2:]
         assert "lock-lost" in first and "exit 0" in first

@@ -28,6 +28,7 @@ from ...core.task import Task, parse_or_body
 from ..base import BackendBase, BackendConfigError, BackendError, FailedRecord, QueueStatus
 from ..common import command_of, held_until
 from . import queues as sqlite_queues
+from .admin import SqliteAdmin, oldest_pending_age
 from .db import (
     connect,
     is_lock_error,
@@ -73,6 +74,7 @@ class SqliteBackend(BackendBase):
     priorities = True  # receive in (priority DESC, seq) order: jobs_by_priority
     unique_tasks = True  # jobs_unique: a partial unique index over live tasks' keys
     keeps_succeeded = True  # until --retention: ``prune_succeeded`` (sqlite_retention.py)
+    requeue_chunk: int | None = 500  # ids per requeue statement: below SQLite's parameter limit
 
     def __init__(self, path: str, queue: str, worker_id: str, *, max_attempts: int = 5,
                  stale_lock_age: float = 2700.0, reaper_interval: float = 300.0,
@@ -462,9 +464,10 @@ class SqliteBackend(BackendBase):
         return purge_all(self, before)
 
     def oldest_pending_age(self, now: float) -> float | None:
-        from .admin import oldest_pending_age
-
         return oldest_pending_age(self, now)
+
+    def admin(self) -> SqliteAdmin:
+        return SqliteAdmin(self)
 
     def close(self) -> None:
         for conn in (getattr(self, "_conn", None), getattr(self, "_lease_conn", None)):

@@ -32,10 +32,9 @@ import socket
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 from ...core.kernel_files import read_kernel_file
-from ..base import BackendError
+from ..base import BackendError, TakenBack
 
 log = logging.getLogger("jobq.sqlite")
 
@@ -43,13 +42,6 @@ VERSION = "v1"
 ALIVE, DYING, GONE, UNKNOWN = "alive", "dying", "gone", "unknown"
 
 
-class TakenBack(NamedTuple):
-    """A running job taken back from a dead owner: its id, the worker that held it, and
-    where it went (``pending``, or ``failed`` on its last attempt)."""
-
-    id: str
-    worker: str | None
-    status: str
 
 
 def _pid_namespace() -> str:

@@ -91,6 +91,7 @@ class AzureTableControlStore(AzureClaims):
     DefaultAzureCredential).  ``request_hook`` sees every HTTP request (tests count them)."""
 
     name = "azure-table"
+    end_cursor = "9999-12-31T00:00:00+00:00"  # past every cancel's Timestamp
 
     def __init__(self, *, connection_string: Union[str, None] = None,
                  account_url: Union[str, None] = None, credential: Any = None,

@@ -113,6 +113,9 @@ class ControlStore(Protocol):
     One instance per thread: neither SQLite connections nor SDK clients are shared."""
 
     name: str
+    # A ``poll`` cursor past every cancel: jobq-ctl reads the flag without listing 7 days
+    # of cancels.
+    end_cursor: str
 
     # -- workers (the worker's control thread; jobq-ctl workers) --------------------------
     def put_worker(self, record: WorkerRecord) -> None: ...

@@ -52,6 +52,7 @@ class SqliteControlStore:
     """Control records in ``path`` (normally the queue's database file)."""
 
     name = "sqlite"
+    end_cursor = str(2**62)  # past every cancel's rev
 
     def __init__(self, path: str, busy_timeout: float = 1.0, create: bool = True) -> None:
         """``create=False`` (read-only jobq-ctl commands): where the file cannot be written
