@@ -21,7 +21,7 @@ from collections import ChainMap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Union, cast
 
-from ..backends.multi import MultiQueueBackend, queue_of
+from ..backends.multi import MultiQueueBackend
 from ..worker.events import ControlRequest, Event
 from .agent import ControlAgent, View
 from .control.records import Command, ResultRecord
@@ -120,7 +120,7 @@ def _view_of(view: Callable[[], View], name: str) -> Callable[[], View]:
     only (control thread)."""
     def queue_view() -> View:
         state, tasks, slots, totals = view()
-        mine = tuple(rt for rt in tasks if queue_of(rt.lease, name) == name)
+        mine = tuple(rt for rt in tasks if rt.lease.queue == name)
         per_queue = getattr(totals, "per_queue", {})  # an OutcomeCounts (settlement.py)
         return state, mine, slots, per_queue.get(name, ZERO)
     return queue_view

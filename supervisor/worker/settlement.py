@@ -20,7 +20,6 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..backends.base import Backend, Lease
-from ..backends.multi import queue_of
 from ..core.settings import Settings
 from ..core.task import Task
 from .keeper import LeaseKeeper
@@ -140,15 +139,13 @@ class Settlement:
                        "lock_lost": 0, "dead_lettered": 0, "cancelled": 0}
         # queue -> the counts a worker record shows (PER_QUEUE), for a worker's several queues
         self.per_queue: dict[str, dict[str, int]] = {}
-        self._queue = settings.queue
 
     # ------------------------------------------------------------------- bookkeeping
     def _count(self, keeper: LeaseKeeper, name: str, delta: int = 1) -> None:
         """Count an outcome of ``keeper``'s task, in all and for its queue (main thread)."""
         self.counts[name] += delta
         if name in PER_QUEUE:
-            per = self.per_queue.setdefault(queue_of(keeper.lease, self._queue),
-                                            dict.fromkeys(PER_QUEUE, 0))
+            per = self.per_queue.setdefault(keeper.lease.queue, dict.fromkeys(PER_QUEUE, 0))
             per[name] = max(0, per[name] + delta)
 
     def snapshot(self) -> OutcomeCounts:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from supervisor.backends.base import BackendBase
-from supervisor.backends.multi import QUEUE_ATTR, MultiQueueBackend
+from supervisor.backends.multi import MultiQueueBackend
 from supervisor.core.settings import Settings
 from supervisor.fleet.agent import ControlAgent
 from supervisor.fleet.agent_group import AgentGroup, _Events, _view_of
@@ -74,9 +74,7 @@ def test_each_record_shows_its_queues_tasks_and_counts() -> None:
     from supervisor.worker.settlement import OutcomeCounts
 
     def lease(name: str) -> Any:
-        obj = SimpleNamespace()
-        setattr(obj, QUEUE_ATTR, name)
-        return obj
+        return SimpleNamespace(queue=name)
     tasks = (SimpleNamespace(lease=lease("high")), SimpleNamespace(lease=lease("low")),
              SimpleNamespace(lease=lease("low")))
     totals = OutcomeCounts(succeeded=7, failed=2)

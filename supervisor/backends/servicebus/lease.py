@@ -58,6 +58,7 @@ class ServiceBusLease:
     def __init__(self, backend: ServiceBusBackend, shared: SharedReceiver,
                  message: ServiceBusReceivedMessage, granted: float, t_sent: float) -> None:
         self._backend = backend
+        self.queue = backend.queue_name
         self._shared = shared
         shared.hold(self)
         self._message = message

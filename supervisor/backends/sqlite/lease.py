@@ -27,6 +27,7 @@ class SqliteLease:
                  lock_duration: float) -> None:
         """``row``: what RECEIVE_SQL returns for one job (sqlite.py)."""
         self._backend = backend
+        self.queue = backend.queue
         self.lock_duration = lock_duration
         seq, self.message_id, self.raw_body, self.attempt, self._token, max_attempts = row
         self._fence = (seq, self._token)  # appended to every write's arguments

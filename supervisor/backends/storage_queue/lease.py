@@ -37,6 +37,7 @@ class StorageQueueLease:
     def __init__(self, backend: StorageQueueBackend, message: QueueMessage,
                  visibility: int) -> None:
         self._backend = backend
+        self.queue = backend.queue_name
         self.message_id: str = message.id
         self._pop_receipt: str | None = message.pop_receipt
         self.dequeue_count: int = message.dequeue_count or 1
