@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Union, cast
 
 from ..backends.multi import MultiQueueBackend
+from ..core.outcome_counts import OutcomeCounts
 from ..worker.events import ControlRequest, Event
 from .agent import ControlAgent, View
 from .control.records import Command, ResultRecord
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from ..worker.task_guard import SigningKey
 
 ZERO: dict[str, int] = {}
+# What the worker's view gives (ControlAgent's View, with the counts of each queue)
+WorkerView = tuple[str, Sequence[Any], int, OutcomeCounts]
 
 
 class _Events:
@@ -68,7 +71,7 @@ class AgentGroup:
 
     @classmethod
     def for_worker(cls, settings: Settings, events: queue.SimpleQueue[Event],
-                   wake_watchdog: Callable[[], None], view: Callable[[], View],
+                   wake_watchdog: Callable[[], None], view: Callable[[], WorkerView],
                    keys: Sequence[SigningKey],
                    backend: Any) -> Union[ControlAgent, AgentGroup, None]:
         """One agent (one queue), a group (several), or None with ``--control off`` (main
@@ -115,12 +118,11 @@ class AgentGroup:
             agent.stop(clean)
 
 
-def _view_of(view: Callable[[], View], name: str) -> Callable[[], View]:
+def _view_of(view: Callable[[], WorkerView], name: str) -> Callable[[], View]:
     """The worker's view as one queue's record shows it: its tasks and its outcome counts
     only (control thread)."""
     def queue_view() -> View:
         state, tasks, slots, totals = view()
         mine = tuple(rt for rt in tasks if rt.lease.queue == name)
-        per_queue = getattr(totals, "per_queue", {})  # an OutcomeCounts (settlement.py)
-        return state, mine, slots, per_queue.get(name, ZERO)
+        return state, mine, slots, totals.per_queue.get(name, ZERO)
     return queue_view

@@ -20,6 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..backends.base import Backend, Lease
+from ..core.outcome_counts import OutcomeCounts
 from ..core.settings import Settings
 from ..core.task import Task
 from .keeper import LeaseKeeper
@@ -46,14 +47,6 @@ SETTLING_PER_SLOT = 4
 SETTLING_MIN = 8
 
 PER_QUEUE = ("succeeded", "failed", "dead_lettered")  # what a worker record shows
-
-
-class OutcomeCounts(dict[str, int]):
-    """The worker's outcome counts (Settlement.snapshot), and ``per_queue``: the counts of
-    PER_QUEUE by the queue the task came from (control/group.py gives each queue's record
-    its own)."""
-
-    per_queue: dict[str, dict[str, int]]
 
 
 # What a settlement's description counted, undone when the broker refuses it.

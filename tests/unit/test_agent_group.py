@@ -71,7 +71,7 @@ def test_results_and_acknowledgements_go_to_their_queues_agent() -> None:
 
 
 def test_each_record_shows_its_queues_tasks_and_counts() -> None:
-    from supervisor.worker.settlement import OutcomeCounts
+    from supervisor.core.outcome_counts import OutcomeCounts
 
     def lease(name: str) -> Any:
         return SimpleNamespace(queue=name)
@@ -85,6 +85,9 @@ def test_each_record_shows_its_queues_tasks_and_counts() -> None:
     assert mine == tasks[1:] and slots == 4 and counts == {"succeeded": 2, "failed": 2}
     assert _view_of(view, "high")()[1:] == (tasks[:1], 4, {"succeeded": 5, "failed": 0})
     assert _view_of(view, "idle")()[3] == {}  # nothing finished from it yet
+    # per_queue is a field every OutcomeCounts has (typed; no getattr with a default)
+    fresh = lambda: ("idle", (), 1, OutcomeCounts(succeeded=1))  # noqa: E731
+    assert OutcomeCounts().per_queue == {} and _view_of(fresh, "low")()[3] == {}
 
 
 def test_for_worker_one_agent_per_queue_or_none() -> None:
