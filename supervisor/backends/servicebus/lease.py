@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
 
@@ -38,13 +38,13 @@ from .errors import (
     MAX_DEAD_LETTER_TEXT,
     PRIOR_ATTEMPTS,
     SDK_ERRORS,
+    LockCheck,
     describe,
     message_text,
     prior_attempts,
 )
 
 if TYPE_CHECKING:
-    from .backend import ServiceBusBackend
     from .pool import SharedReceiver
 
 LOG = logging.getLogger("supervisor.backends.servicebus_lease")  # pinned (layout move)
@@ -52,10 +52,36 @@ T = TypeVar("T")
 MIN_CALL = 0.5  # s: a settlement call gets at least this long
 
 
+class Home(Protocol):
+    """What a lease uses of the ServiceBusBackend that received it (which hands itself in:
+    no import of it here).  Any thread."""
+
+    @property
+    def queue_name(self) -> str: ...
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def lock_check(self) -> LockCheck: ...
+
+    def translate_lease(self, exc: BaseException, what: str) -> Exception:
+        """An SDK error about this one message as the seam's: "gone" is LeaseLost."""
+        ...
+
+    def forget(self, lease: ServiceBusLease) -> None:
+        """The lease is over: no longer one of the backend's unsettled leases."""
+        ...
+
+    def send(self, messages: list[ServiceBusMessage], what: str, timeout: float) -> None:
+        """Send on a sender of its own (errors mapped like the backend's calls)."""
+        ...
+
+
 class ServiceBusLease:
     """One received message.  Made on the main thread; used by its LeaseKeeper thread."""
 
-    def __init__(self, backend: ServiceBusBackend, shared: SharedReceiver,
+    def __init__(self, backend: Home, shared: SharedReceiver,
                  message: ServiceBusReceivedMessage, granted: float, t_sent: float) -> None:
         self._backend = backend
         self.queue = backend.queue_name

@@ -6,12 +6,29 @@ Main thread of jobq-ctl.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 from ...core.task import MAX_PRIORITY
-from .backend import SqliteBackend
-from .owner import DYING, TakenBack, owner_state
+from .owner import DYING, DeadOwnerPass, TakenBack, owner_state
+
+
+class Queue(Protocol):
+    """What the admin queries use of SqliteBackend (which hands itself in: no import of it
+    here)."""
+
+    queue: str
+    dead_owners: DeadOwnerPass
+    owners_known: bool
+    priorities_known: bool
+    taken_back_at_open: list[TakenBack]
+    _conn: sqlite3.Connection
+
+    def _query(self, sql: str, args: tuple = ()) -> list[tuple]: ...
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]: ...
 
 # How long requeue/cancel wait for a dead worker's lifeline to finish killing its tasks
 # (lifeline.KILL_BUDGET: it gives up after 10 s); it takes well under a second.
@@ -24,7 +41,7 @@ def _chunks(ids: Sequence[str]) -> list[Sequence[str]]:
     return [ids[i:i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
 
 
-def task_states(backend: SqliteBackend, ids: Sequence[str]) -> dict[str, str]:
+def task_states(backend: Queue, ids: Sequence[str]) -> dict[str, str]:
     """id -> status (pending, running, succeeded, failed) of those ids that are in the queue."""
     found: dict[str, str] = {}
     for part in _chunks(ids):
@@ -35,7 +52,7 @@ def task_states(backend: SqliteBackend, ids: Sequence[str]) -> dict[str, str]:
     return found
 
 
-def _dying(backend: SqliteBackend, ids: Sequence[str]) -> bool:
+def _dying(backend: Queue, ids: Sequence[str]) -> bool:
     """One of ``ids`` runs for a worker that is gone while its lifeline is still at work."""
     here = backend.dead_owners.here
     if here is None or not backend.owners_known:
@@ -49,7 +66,7 @@ def _dying(backend: SqliteBackend, ids: Sequence[str]) -> bool:
     return False
 
 
-def take_back(backend: SqliteBackend, ids: Sequence[str],
+def take_back(backend: Queue, ids: Sequence[str],
               wait: float = TAKE_BACK_WAIT) -> dict[str, TakenBack]:
     """Those of ``ids`` that this jobq-ctl took back from a worker that is gone (when it
     opened the database, or now), id -> where each went.  While one of them still belongs
@@ -67,7 +84,7 @@ def take_back(backend: SqliteBackend, ids: Sequence[str],
         time.sleep(min(0.1, left))  # a one-shot command, bounded by ``wait``
 
 
-def cancel_pending(backend: SqliteBackend, ids: Sequence[str], reason: str,
+def cancel_pending(backend: Queue, ids: Sequence[str], reason: str,
                    now: float) -> set[str]:
     """Mark those of ``ids`` that are still pending as failed with ``reason`` (which starts
     with "cancelled"), in one transaction per chunk; the ids it took.  A task a worker
@@ -97,7 +114,7 @@ OLDEST_SQL_UNMIGRATED = ("SELECT MIN(created_at) FROM (SELECT created_at FROM jo
                          "queue=?1 AND status='pending' AND visible_at<=?2 ORDER BY seq LIMIT 1)")
 
 
-def oldest_pending_age(backend: SqliteBackend, now: float) -> float | None:
+def oldest_pending_age(backend: Queue, now: float) -> float | None:
     """Seconds since the oldest pending task that a worker could take now was queued (the
     earliest of each priority's first visible one, stepping over those not visible yet), or
     None when none is.  A task pushed with a delay counts as queued at its time (push sets

@@ -27,6 +27,7 @@ from ...core.task import Task, parse_or_body
 from ..base import BackendBase, BackendConfigError, BackendError, FailedRecord, QueueStatus
 from ..common import command_of, held_until
 from . import queues as sqlite_queues
+from .admin import oldest_pending_age
 from .db import (
     connect,
     is_lock_error,
@@ -199,7 +200,7 @@ class SqliteBackend(BackendBase):
         finally:
             self._quick.on = False
 
-    def _lease_write(self, sql: str, args: tuple, timeout: float) -> int:
+    def lease_write(self, sql: str, args: tuple, timeout: float) -> int:
         """One UPDATE on the shared lease connection, bounded by timeout (lease threads, or
         the main thread inside ``quick_writes``)."""
         if getattr(self._quick, "on", False):
@@ -458,8 +459,6 @@ class SqliteBackend(BackendBase):
         return purge_all(self, before)
 
     def oldest_pending_age(self, now: float) -> float | None:
-        from .admin import oldest_pending_age
-
         return oldest_pending_age(self, now)
 
     def close(self) -> None:

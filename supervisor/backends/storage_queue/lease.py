@@ -8,7 +8,7 @@ storage_queue.py on why no client is shared between threads).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import Any, Callable, Protocol, TypeVar
 
 from azure.storage.queue import QueueClient, QueueMessage
 
@@ -23,19 +23,50 @@ from .errors import (
     message_text,
 )
 
-if TYPE_CHECKING:
-    from .backend import StorageQueueBackend
-
 LOG = logging.getLogger("supervisor.backends.storage_queue_lease")  # pinned (layout move)
 T = TypeVar("T")
+
+
+class Clients(Protocol):
+    """What a lease uses of StorageQueueBackend (which hands itself in: no import of it
+    here).  Any thread."""
+
+    @property
+    def queue_name(self) -> str: ...
+
+    @property
+    def failed_queue_name(self) -> str: ...
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def connect_timeout(self) -> float: ...
+
+    def lease_client(self) -> QueueClient:
+        """A client of the queue for one call, given back with ``return_client``."""
+        ...
+
+    def return_client(self, client: QueueClient, ok: bool) -> None: ...
+
+    def new_client(self, queue_name: str) -> QueueClient: ...
+
+    def recreate_if_missing(self, exc: BaseException, client: QueueClient) -> bool: ...
+
+    def translate(self, exc: BaseException, what: str) -> Exception:
+        """An SDK error as the seam's (errors.translate)."""
+        ...
+
+    def translate_lease(self, exc: BaseException, what: str) -> Exception:
+        """The same about this one message: "gone" is LeaseLost."""
+        ...
 
 
 class StorageQueueLease:
     """One received message.  Made on the main thread; renewed and settled by its
     LeaseKeeper thread, which alone uses the lease's clients."""
 
-    def __init__(self, backend: StorageQueueBackend, message: QueueMessage,
-                 visibility: int) -> None:
+    def __init__(self, backend: Clients, message: QueueMessage, visibility: int) -> None:
         self._backend = backend
         self.queue = backend.queue_name
         self.message_id: str = message.id
