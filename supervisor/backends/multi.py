@@ -23,9 +23,10 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import NoReturn
 
+from ..core.task import Task
 from .base import Backend, BackendBase, BackendConfigError, FailedRecord, Lease, QueueStatus
 
 log = logging.getLogger("jobq.worker")
@@ -153,16 +154,27 @@ class MultiQueueBackend(BackendBase):
         return sum(b.size() for b in self.backends.values())
 
     # The queue commands are jobq-ctl's, and it opens one queue at a time (ctl_cli.py).
-    def _one_queue(self, *_args: Any) -> Any:
+    @staticmethod
+    def _one_queue() -> NoReturn:
         raise BackendConfigError("--queue: this command takes one queue")
 
-    push = peek = requeue = clear = _one_queue
+    def push(self, tasks: Sequence[Task]) -> list[str]:
+        self._one_queue()
+
+    def peek(self, n: int) -> list[Task | str]:
+        self._one_queue()
+
+    def requeue(self, ids: Sequence[str] | None) -> int:
+        self._one_queue()
+
+    def clear(self, failed: bool) -> int:
+        self._one_queue()
 
     def status(self) -> QueueStatus:
-        return self._one_queue()
+        self._one_queue()
 
     def failed(self) -> list[FailedRecord]:
-        return self._one_queue()
+        self._one_queue()
 
     def close(self) -> None:
         for b in self.backends.values():

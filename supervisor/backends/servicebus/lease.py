@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
+from typing import TYPE_CHECKING, Callable, Protocol, TypeVar
 
-from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
+from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage, ServiceBusReceiver
 
 from ...core.task import Task, TaskFormatError
 from ..base import BackendError
@@ -105,7 +105,7 @@ class ServiceBusLease:
     def __repr__(self) -> str:
         return f"ServiceBusLease(message_id={self.message_id!r}, attempt={self.attempt})"
 
-    def _call(self, what: str, fn: Callable[[Any, float], T],
+    def _call(self, what: str, fn: Callable[[ServiceBusReceiver, float], T],
               timeout: float | None = None) -> T:
         """``fn(receiver, seconds left)`` on the shared receiver, errors mapped."""
         what = f"{what} {self.message_id}"
@@ -183,7 +183,7 @@ class ServiceBusLease:
         self._settled()
 
 
-def _bound(receiver: Any, seconds: float) -> Any:
+def _bound(receiver: ServiceBusReceiver, seconds: float) -> ServiceBusReceiver:
     """Cap the receiver's next calls at ``seconds`` (under its lock: the receiver is shared):
     a settlement waits for the outcome on the receive link up to ``_config.timeout``, then
     falls back to the management link for up to ``_config.try_timeout`` -- neither can be

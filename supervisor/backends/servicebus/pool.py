@@ -25,7 +25,9 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
+
+from azure.servicebus import ServiceBusReceiver
 
 from ..azure_common import Scrubber
 from ..base import BackendConfigError, BackendError
@@ -45,7 +47,7 @@ T = TypeVar("T")
 class SharedReceiver:
     """One open receiver and the leases whose messages it received (thread-safe)."""
 
-    def __init__(self, pool: ReceiverPool, receiver: Any) -> None:
+    def __init__(self, pool: ReceiverPool, receiver: ServiceBusReceiver) -> None:
         self.pool = pool
         self.receiver = receiver
         self.lock = threading.Lock()  # held around every SDK call on ``receiver``
@@ -60,7 +62,7 @@ class SharedReceiver:
         with self._state:
             self._holders.add(id(lease))
 
-    def call(self, timeout: float, fn: Callable[[Any, float], T]) -> T:
+    def call(self, timeout: float, fn: Callable[[ServiceBusReceiver, float], T]) -> T:
         """``fn(receiver, seconds left)`` alone on the receiver, if the lock comes within
         ``timeout`` s, else BackendError, which the keeper retries (keeper threads)."""
         start = time.monotonic()
@@ -103,11 +105,11 @@ class ReceiverPool:
     """Thread-safe.  ``take`` and ``give_back`` are called by the main thread, ``discard``
     by any."""
 
-    def __init__(self, factory: Callable[[], Any], scrub: Scrubber) -> None:
+    def __init__(self, factory: Callable[[], ServiceBusReceiver], scrub: Scrubber) -> None:
         self._factory = factory  # makes an unopened receiver (opener thread only)
         self._scrub = scrub
         self._ready: collections.deque[SharedReceiver] = collections.deque()
-        self._doomed: list[Any] = []
+        self._doomed: list[ServiceBusReceiver] = []
         self._want = 1  # receivers to keep open: ready ones and the one taken
         self._cap = 2  # receivers kept at most (more are retired)
         self._out = 0  # taken by the main thread, not given back yet
@@ -182,7 +184,7 @@ class ReceiverPool:
         if retire:
             shared.retire()
 
-    def discard(self, receiver: Any) -> None:
+    def discard(self, receiver: ServiceBusReceiver) -> None:
         """Close ``receiver`` on the opener thread (or now, when there is none)."""
         with self._cond:
             if self._thread is not None and not self._stopped:
@@ -277,7 +279,7 @@ class ReceiverPool:
             thread.join(max(0.0, start + min(timeout, EXIT_CLOSE_WAIT) - time.monotonic()))
 
 
-def _close(receiver: Any) -> None:
+def _close(receiver: ServiceBusReceiver) -> None:
     try:
         receiver.close()
     except Exception as exc:  # closing is best effort; the broker drops the link anyway

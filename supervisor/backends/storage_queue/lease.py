@@ -8,7 +8,7 @@ storage_queue.py on why no client is shared between threads).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Callable, Protocol, TypeVar
 
 from azure.storage.queue import QueueClient, QueueMessage
 
@@ -118,16 +118,14 @@ class StorageQueueLease:
         if timeout <= 0:
             raise BackendError(f"renew {self.message_id}: no time left")
         connect = min(self._backend.connect_timeout, timeout / 2)
-        per_call: dict[str, Any] = {
-            "connection_timeout": connect, "read_timeout": timeout - connect,
-            "timeout": min(30, max(1, int(timeout))),  # server side: whole s, max 30
-        }
+        server = min(30, max(1, int(timeout)))  # server side: whole s, max 30
         visibility = int(self.lock_duration)
         # After a settlement call without an answer, a refused renewal may mean that call was
         # applied: the lease stays open for the settlement's retry to tell (``_settle``).
         updated = self._call("renew", lambda c: c.update_message(
             self.message_id, pop_receipt=self._pop_receipt, visibility_timeout=visibility,
-            **per_call), finish=not self._unanswered)
+            connection_timeout=connect, read_timeout=timeout - connect, timeout=server),
+            finish=not self._unanswered)
         self._pop_receipt = updated.pop_receipt
         return float(visibility)
 
@@ -144,7 +142,7 @@ class StorageQueueLease:
         self._settle(what, lambda c: c.delete_message(self.message_id, self._pop_receipt),
                      MessageGone)
 
-    def _settle(self, what: str, fn: Callable[[QueueClient], Any],
+    def _settle(self, what: str, fn: Callable[[QueueClient], object],
                 applied: type[LeaseLost]) -> None:
         """One settlement call, then the lease is over (LeaseKeeper thread).
 
