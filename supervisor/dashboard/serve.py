@@ -10,11 +10,11 @@ import logging
 import queue
 import signal
 import sys
-import threading
 from dataclasses import replace
 from typing import Any
 
 from ..core.options import UsageError
+from ..core.threads import start_thread
 
 EXTRA = "pip install 'jobq-supervisor[dashboard]'"
 DEFAULT_BIND = "127.0.0.1:8080"
@@ -112,8 +112,7 @@ def run(ns: Any, settings: Any) -> int:
     print(f"dashboard on {bound} ({'actions need a login' if token else 'read-only'})",
           file=sys.stderr, flush=True)
     sampler.start()
-    thread = threading.Thread(target=server.run, name="dashboard-server", daemon=True)
-    thread.start()
+    thread = start_thread(server.run, "dashboard-server")
     try:
         while thread.is_alive():
             try:

@@ -25,10 +25,12 @@ import collections
 import logging
 import threading
 import time
+from functools import partial
 from typing import Callable, TypeVar
 
 from azure.servicebus import ServiceBusReceiver
 
+from ...core.threads import start_thread
 from ..azure_common import Scrubber
 from ..base import BackendConfigError, BackendError
 from .errors import translate
@@ -136,8 +138,7 @@ class ReceiverPool:
             self._want = max(keep, self._want)  # grown by contention below: kept
             self._cap = max(self._cap, self._want)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="sb-opener", daemon=True)
-                self._thread.start()
+                self._thread = start_thread(self._run, "sb-opener")
             self._cond.notify_all()
             deadline = time.monotonic() + wait
             grown = False
@@ -263,10 +264,8 @@ class ReceiverPool:
             opening = self._opening  # then what it opens and closes never received
         # A receiver with leases not over is closed by its last lease, not here.
         closing = [shared for shared in ready if shared.retire(close=False)]
-        closers = [threading.Thread(target=_close, args=(shared.receiver,),
-                                    name="sb-close", daemon=True) for shared in closing]
-        for closer in closers:
-            closer.start()
+        closers = [start_thread(partial(_close, shared.receiver), "sb-close")
+                   for shared in closing]
         start = time.monotonic()
         for shared, closer in zip(closing, closers):
             if shared.credit_left:  # else nothing can come in for the close to release
