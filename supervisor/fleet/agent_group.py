@@ -19,8 +19,9 @@ import queue
 import threading
 from collections import ChainMap
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Union, cast
 
+from ..backends.base import Lease
 from ..backends.multi import MultiQueueBackend
 from ..core.outcome_counts import OutcomeCounts
 from ..worker.events import ControlRequest, Event
@@ -32,8 +33,17 @@ if TYPE_CHECKING:
     from ..worker.task_guard import SigningKey
 
 ZERO: dict[str, int] = {}
-# What the worker's view gives (ControlAgent's View, with the counts of each queue)
-WorkerView = tuple[str, Sequence[Any], int, OutcomeCounts]
+
+
+class Running(Protocol):
+    """What a queue's view reads of a running task (the worker's RunningTask)."""
+
+    @property
+    def lease(self) -> Lease: ...
+
+
+# What the worker's view gives: ControlAgent's View, with the counts of each queue
+WorkerView = tuple[str, Sequence[Running], int, OutcomeCounts]
 
 
 class _Events:
