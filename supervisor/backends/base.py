@@ -135,6 +135,9 @@ class Lease(Protocol):
     attempt: int  # 1 on the first delivery; counted when the lease is taken
     message_id: str
     lock_duration: float  # seconds of lock granted at receive time
+    # The queue it was received from: the backend's own (one of a worker's several queues:
+    # multi.py), so that each lease's outcome and record go to its queue.
+    queue: str
 
     def renew(self, timeout: float) -> float:
         """Extend the lock; return the seconds of lock granted from the time the call was sent.

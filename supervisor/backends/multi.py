@@ -11,7 +11,7 @@ Backend.  ``receive`` asks the queues in ``--queue-order``:
   that order, so that the tasks started alternate between the queues that have work.
 
 Each lease is the queue's own (it renews and settles on its queue's backend, and fails into
-its queue's failed place); ``queue_of`` tells its queue.  An idle poll costs one receive per
+its queue's failed place); ``Lease.queue`` tells its queue.  An idle poll costs one receive per
 queue (no backend has a receive over several queues; SQLite's change probe spares most).
 
 Main thread only, like every Backend (the leases are used by their keeper threads).
@@ -23,9 +23,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Callable, NoReturn
+from typing import Callable, NoReturn
 
 from ..core.backoff import Outage
+from ..core.task import Task
 from .base import (
     Backend,
     BackendBase,
@@ -41,13 +42,6 @@ from .base import (
 log = logging.getLogger("jobq.worker")
 ERROR_LOG_EVERY = 60.0  # s between two lines about a failing queue beside working ones
 FAILED_BESIDE = "receive from queue %(call)s failed (the other queues go on): %(error)s"
-# The attribute a lease of several queues carries its queue name in (set at receive).
-QUEUE_ATTR = "jobq_queue"
-
-
-def queue_of(lease: Any, default: str) -> str:
-    """The queue ``lease`` was received from (any thread): ``default`` for a single queue."""
-    return getattr(lease, QUEUE_ATTR, default)
 
 
 class MultiQueueBackend(BackendBase):
@@ -121,15 +115,12 @@ class MultiQueueBackend(BackendBase):
         """One queue's receive.  A queue that fails is skipped for this receive: leases
         already taken from another must reach the worker, or they would sit out their lock."""
         try:
-            leases = list(self.backends[name].receive(want, lock_duration))
+            return list(self.backends[name].receive(want, lock_duration))
         except BackendConfigError:
             raise
         except Exception as exc:  # what the worker retries: BackendError, an SDK's bug
             self._errors.append((name, exc))
             return []
-        for lease in leases:
-            setattr(lease, QUEUE_ATTR, name)
-        return leases
 
     def _outcome(self, leases: list[Lease]) -> list[Lease]:
         """The leases; when there are none and a queue failed, its error for the worker's
@@ -181,16 +172,27 @@ class MultiQueueBackend(BackendBase):
         return MultiQueueAdmin(every) if len(every) == len(admins) else None
 
     # The queue commands are jobq-ctl's, and it opens one queue at a time (ctl_cli.py).
-    def _one_queue(self, *_args: object, **_kwargs: object) -> NoReturn:
+    @staticmethod
+    def _one_queue() -> NoReturn:
         raise BackendConfigError("--queue: this command takes one queue")
 
-    push = peek = requeue = clear = _one_queue
+    def push(self, tasks: Sequence[Task]) -> list[str]:
+        self._one_queue()
+
+    def peek(self, n: int) -> list[Task | str]:
+        self._one_queue()
+
+    def requeue(self, ids: Sequence[str] | None) -> int:
+        self._one_queue()
+
+    def clear(self, failed: bool) -> int:
+        self._one_queue()
 
     def status(self) -> QueueStatus:
-        return self._one_queue()
+        self._one_queue()
 
     def failed(self) -> list[FailedRecord]:
-        return self._one_queue()
+        self._one_queue()
 
     def close(self) -> None:
         for b in self.backends.values():

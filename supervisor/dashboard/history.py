@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ..core.threads import start_thread
 from .data import DataSource, Unavailable
 
 log = logging.getLogger("jobq.dashboard")
@@ -102,15 +103,15 @@ class Sampler:
         self.interval = interval
         self.clock = clock
         self.stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dashboard-sampler",
-                                        daemon=True)
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread.start()
+        self._thread = start_thread(self._run, "dashboard-sampler")
 
     def close(self, timeout: float = 5.0) -> None:
         self.stop.set()
-        self._thread.join(timeout)
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     def sample_once(self) -> None:
         """One sample of every queue (the sampler thread; tests call it directly)."""

@@ -11,7 +11,6 @@ import logging
 import queue
 import signal
 import sys
-import threading
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,7 @@ from ..core.settings import Settings
 
 if TYPE_CHECKING:
     from .data import DataSource
+from ..core.threads import start_thread
 
 EXTRA = "pip install 'jobq-supervisor[dashboard]'"
 DEFAULT_BIND = "127.0.0.1:8080"
@@ -118,8 +118,7 @@ def run(ns: argparse.Namespace, settings: Settings) -> int:
     print(f"dashboard on {bound} ({'actions need a login' if token else 'read-only'})",
           file=sys.stderr, flush=True)
     sampler.start()
-    thread = threading.Thread(target=server.run, name="dashboard-server", daemon=True)
-    thread.start()
+    thread = start_thread(server.run, "dashboard-server")
     try:
         while thread.is_alive():
             try:

@@ -18,10 +18,12 @@ from __future__ import annotations
 import threading
 from collections import ChainMap
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Callable, Union
+from typing import TYPE_CHECKING, Callable, Protocol, Union
 
-from ..backends.multi import MultiQueueBackend, queue_of
-from .agent import ControlAgent, View
+from ..backends.base import Lease
+from ..backends.multi import MultiQueueBackend
+from ..core.outcome_counts import OutcomeCounts
+from .agent import ControlAgent, RunningTaskView, View
 from .control.records import Cancel, Command, ResultRecord
 
 if TYPE_CHECKING:
@@ -30,6 +32,17 @@ if TYPE_CHECKING:
     from ..core.signing import SigningKey
 
 ZERO: dict[str, int] = {}
+
+
+class Running(RunningTaskView, Protocol):
+    """What a queue's view reads of a running task (the worker's RunningTask): its lease too."""
+
+    @property
+    def lease(self) -> Lease: ...
+
+
+# What the worker's view gives: ControlAgent's View, with the counts of each queue
+WorkerView = tuple[str, Sequence[Running], int, OutcomeCounts]
 
 
 class AgentGroup:
@@ -50,7 +63,7 @@ class AgentGroup:
     @classmethod
     def for_worker(cls, settings: Settings, on_paused: Callable[[bool], None],
                    on_command: Callable[[Command], None],
-                   wake_watchdog: Callable[[], None], view: Callable[[], View],
+                   wake_watchdog: Callable[[], None], view: Callable[[], WorkerView],
                    keys: Sequence[SigningKey],
                    backend: Backend) -> Union[ControlAgent, AgentGroup, None]:
         """One agent (one queue), a group (several), or None with ``--control off`` (main
@@ -106,12 +119,11 @@ class AgentGroup:
             agent.stop(clean)
 
 
-def _view_of(view: Callable[[], View], name: str) -> Callable[[], View]:
+def _view_of(view: Callable[[], WorkerView], name: str) -> Callable[[], View]:
     """The worker's view as one queue's record shows it: its tasks and its outcome counts
     only (control thread)."""
     def queue_view() -> View:
         state, tasks, slots, totals = view()
-        mine = tuple(rt for rt in tasks if queue_of(rt.lease, name) == name)
-        per_queue = getattr(totals, "per_queue", {})  # an OutcomeCounts (settlement.py)
-        return state, mine, slots, per_queue.get(name, ZERO)
+        mine = tuple(rt for rt in tasks if rt.lease.queue == name)
+        return state, mine, slots, totals.per_queue.get(name, ZERO)
     return queue_view

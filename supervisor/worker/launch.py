@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..backends.base import Lease
-from ..backends.multi import queue_of
 from ..core.settings import Settings
 from ..core.task import Task
 from ..fleet.output.base import AttemptKey
@@ -197,7 +196,7 @@ class Launcher:
         """Submit a spawn for ``lease``, or dead-letter it if it must not run (main thread)."""
         task = lease.task
         task_id = _task_id(lease)
-        if (name := queue_of(lease, self.s.queue)) != self.s.queue:  # one of several queues
+        if (name := lease.queue) != self.s.queue:  # one of several queues
             self.settlement.results.note_queue(task_id, name)
         self.settlement.returned(task_id)
         keeper = self._keeper(lease, task_id, t_sent)
@@ -220,7 +219,7 @@ class Launcher:
         env.update(self.guard.environment())
         env.update(task.env)
         # after the message's env: a task cannot pose as another (issue 14)
-        env.update(JOBQ_TASK_ID=task.id, JOBQ_QUEUE_NAME=queue_of(lease, self.s.queue),
+        env.update(JOBQ_TASK_ID=task.id, JOBQ_QUEUE_NAME=lease.queue,
                    JOBQ_ATTEMPT=str(lease.attempt))
         marker = f"{self.token}:{self._seq}"
         job = SpawnJob(task.cmd, env, task.cwd, marker,
@@ -303,7 +302,7 @@ class Launcher:
             # The id comes from the message: never let it name a path outside the directory.
             safe_id = re.sub(r"[^A-Za-z0-9_-]", "_", task.id)[:128]
             log_file = os.path.join(self.s.task_log_dir, f"{safe_id}.{lease.attempt}.log")
-        name = queue_of(lease, self.s.queue)
+        name = lease.queue
         output = TaskOutput(task.id, proc.popen.stdout, self._output_closed, task_log, log_file,
                             key=AttemptKey(name, task.id, lease.attempt))
         log_fast(log, logging.INFO, "started pid=%d pgid=%d (attempt %d of %d)%s: %s", proc.pid,

@@ -43,10 +43,11 @@ import re
 import shutil
 import signal
 import subprocess
-import threading
 from dataclasses import dataclass, replace
+from functools import partial
 
 from ..core.sizes import format_size
+from ..core.threads import start_thread
 
 log = logging.getLogger("jobq.limits")
 
@@ -284,8 +285,7 @@ class TaskLimits:
         result = res.stdout.strip()
         if result not in ("success", ""):
             # A failed scope stays loaded (that is how its Result survived): unload it.
-            threading.Thread(target=self._reset_failed, args=(unit,), daemon=True,
-                             name="reset-failed").start()
+            start_thread(partial(self._reset_failed, unit), "reset-failed")
         return result == "oom-kill"
 
     def _systemctl(self, *args: str) -> list[str]:

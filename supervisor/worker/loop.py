@@ -43,6 +43,7 @@ from .task_guard import TaskGuard
 from .watchdog import RunningTask, Watchdog
 
 if TYPE_CHECKING:
+    from ..core.outcome_counts import OutcomeCounts
     from ..fleet.agent import ControlAgent
     from ..fleet.agent_group import AgentGroup
 
@@ -161,7 +162,7 @@ class Worker:
     def _helper_pids(self) -> set[int]:
         return {self.lifeline.pid} if self.lifeline is not None else set()
 
-    def _control_view(self) -> tuple[str, tuple[RunningTask, ...], int, dict[str, int]]:
+    def _control_view(self) -> tuple[str, tuple[RunningTask, ...], int, OutcomeCounts]:
         """State, snapshots (copies) of the tasks and the outcome counts, slots: the worker
         record (control thread)."""
         state = self.state.value if self.state is not State.PREEMPTING else "stopping"

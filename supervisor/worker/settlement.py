@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..backends.base import Backend, Lease
-from ..backends.multi import queue_of
+from ..core.outcome_counts import OutcomeCounts
 from ..core.settings import Settings
 from ..core.task import Task
 from .keeper import LeaseKeeper
@@ -47,14 +47,6 @@ SETTLING_PER_SLOT = 4
 SETTLING_MIN = 8
 
 PER_QUEUE = ("succeeded", "failed", "dead_lettered")  # what a worker record shows
-
-
-class OutcomeCounts(dict[str, int]):
-    """The worker's outcome counts (Settlement.snapshot), and ``per_queue``: the counts of
-    PER_QUEUE by the queue the task came from (control/group.py gives each queue's record
-    its own)."""
-
-    per_queue: dict[str, dict[str, int]]
 
 
 # What a settlement's description counted, undone when the broker refuses it.
@@ -140,15 +132,13 @@ class Settlement:
                        "lock_lost": 0, "dead_lettered": 0, "cancelled": 0}
         # queue -> the counts a worker record shows (PER_QUEUE), for a worker's several queues
         self.per_queue: dict[str, dict[str, int]] = {}
-        self._queue = settings.queue
 
     # ------------------------------------------------------------------- bookkeeping
     def _count(self, keeper: LeaseKeeper, name: str, delta: int = 1) -> None:
         """Count an outcome of ``keeper``'s task, in all and for its queue (main thread)."""
         self.counts[name] += delta
         if name in PER_QUEUE:
-            per = self.per_queue.setdefault(queue_of(keeper.lease, self._queue),
-                                            dict.fromkeys(PER_QUEUE, 0))
+            per = self.per_queue.setdefault(keeper.lease.queue, dict.fromkeys(PER_QUEUE, 0))
             per[name] = max(0, per[name] + delta)
 
     def snapshot(self) -> OutcomeCounts:

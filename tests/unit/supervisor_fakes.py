@@ -72,6 +72,7 @@ class FakeLease:
         self.raw_body = raw_body
         self.format_error = format_error
         self.message_id = "msg-1"
+        self.queue = "default"  # the queue of Settings() (a worker's single queue)
         self.lock_duration = 2700.0
         self.calls: list[tuple[Any, ...]] = []
         self.refuse: Exception | None = None  # raised by every settlement call when set

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from supervisor.backends.base import BackendBase
-from supervisor.backends.multi import QUEUE_ATTR, MultiQueueBackend
+from supervisor.backends.multi import MultiQueueBackend
 from supervisor.core.settings import Settings
 from supervisor.fleet.agent import ControlAgent
 from supervisor.fleet.agent_group import AgentGroup, _view_of
@@ -66,12 +66,10 @@ def test_results_and_acknowledgements_go_to_their_queues_agent() -> None:
 
 
 def test_each_record_shows_its_queues_tasks_and_counts() -> None:
-    from supervisor.worker.settlement import OutcomeCounts
+    from supervisor.core.outcome_counts import OutcomeCounts
 
     def lease(name: str) -> Any:
-        obj = SimpleNamespace()
-        setattr(obj, QUEUE_ATTR, name)
-        return obj
+        return SimpleNamespace(queue=name)
     tasks = (SimpleNamespace(lease=lease("high")), SimpleNamespace(lease=lease("low")),
              SimpleNamespace(lease=lease("low")))
     totals = OutcomeCounts(succeeded=7, failed=2)
@@ -82,6 +80,9 @@ def test_each_record_shows_its_queues_tasks_and_counts() -> None:
     assert mine == tasks[1:] and slots == 4 and counts == {"succeeded": 2, "failed": 2}
     assert _view_of(view, "high")()[1:] == (tasks[:1], 4, {"succeeded": 5, "failed": 0})
     assert _view_of(view, "idle")()[3] == {}  # nothing finished from it yet
+    # per_queue is a field every OutcomeCounts has (typed; no getattr with a default)
+    fresh = lambda: ("idle", (), 1, OutcomeCounts(succeeded=1))  # noqa: E731
+    assert OutcomeCounts().per_queue == {} and _view_of(fresh, "low")()[3] == {}
 
 
 def test_for_worker_one_agent_per_queue_or_none() -> None:

@@ -11,13 +11,14 @@ import pytest
 from supervisor_fakes import FakeClock
 
 from supervisor.backends.base import BackendBase, BackendConfigError
-from supervisor.backends.multi import ERROR_LOG_EVERY, MultiQueueBackend, queue_of
+from supervisor.backends.multi import ERROR_LOG_EVERY, MultiQueueBackend
 from supervisor.core.settings import Settings, SettingsError
 
 
 class FakeLease:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, queue: str) -> None:
         self.message_id = name
+        self.queue = queue
 
 
 class FakeQueue(BackendBase):
@@ -27,6 +28,7 @@ class FakeQueue(BackendBase):
     change_probe = True
 
     def __init__(self, prefix: str, n: int) -> None:
+        self.queue = prefix
         self.items = [f"{prefix}{i}" for i in range(n)]
         self.calls: list[int] = []
         self.closed = False
@@ -34,7 +36,7 @@ class FakeQueue(BackendBase):
     def receive(self, max_messages: int, lock_duration: float) -> list[Any]:
         self.calls.append(max_messages)
         taken, self.items = self.items[:max_messages], self.items[max_messages:]
-        return [FakeLease(x) for x in taken]
+        return [FakeLease(x, self.queue) for x in taken]
 
     def size(self) -> int:
         return len(self.items)
@@ -77,11 +79,29 @@ def test_round_robin_gives_an_empty_queues_share_to_the_others() -> None:
     assert ids(b.receive(6, 60)) == ["b0", "c0", "b1", "b2", "b3", "b4"]
 
 
-def test_every_lease_carries_its_queue() -> None:
-    b = multi("strict", high=1, low=1)
-    leases = b.receive(2, 60)
-    assert [queue_of(lease, "x") for lease in leases] == ["high", "low"]
-    assert queue_of(FakeLease("single"), "default") == "default"
+def test_every_lease_carries_its_queue(tmp_path) -> None:
+    """``Lease.queue``: a backend's leases name its queue, so that a worker's several queues
+    (real SQLite backends behind the MultiQueueBackend) hand out leases that say where each
+    came from, and a single queue's lease names the worker's queue."""
+    from dataclasses import replace
+
+    from supervisor.backends import open_backend
+    from supervisor.core.task import Task
+
+    base = Settings(sqlite_path=str(tmp_path / "q.db"), worker_id="w")
+    for name in ("high", "low", "default"):
+        ctl = open_backend(replace(base, queue=name), for_ctl=True)
+        ctl.push([Task(cmd=f"echo {name}")])
+        ctl.close()
+    several = open_backend(replace(base, queue="high,low"))
+    assert isinstance(several, MultiQueueBackend)
+    leases = several.receive(3, 60)
+    assert [(lease.queue, lease.task and lease.task.cmd) for lease in leases] == [
+        ("high", "echo high"), ("low", "echo low")]
+    several.close()
+    one = open_backend(base)
+    assert [lease.queue for lease in one.receive(3, 60)] == ["default"]
+    one.close()
 
 
 def test_a_paused_queue_is_skipped() -> None:

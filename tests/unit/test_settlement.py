@@ -106,15 +106,13 @@ def test_a_refused_settlement_counts_as_a_lost_lease_not_a_success() -> None:
 
 def test_outcomes_are_counted_per_queue_too() -> None:
     """A worker with several queues: each queue's worker record shows what came from it."""
-    from supervisor.backends.multi import QUEUE_ATTR
-
     h = Harness()
 
     def conclude(rc: int, queue: str | None, attempt: int = 1,
                  refuse: Exception | None = None) -> None:
         rt = h.finished(rc, attempt=attempt)
         if queue is not None:
-            setattr(rt.keeper.lease, QUEUE_ATTR, queue)
+            rt.keeper.lease.queue = queue
         rt.keeper.lease.refuse = refuse
         h.settlement.conclude(rt, h.clock.now, stopping=False)
         settled(rt.keeper)

@@ -30,12 +30,14 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta, timezone
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from azure.servicebus import (
     ServiceBusClient,
     ServiceBusMessage,
+    ServiceBusReceivedMessage,
     ServiceBusReceiveMode,
+    ServiceBusReceiver,
     ServiceBusSubQueue,
 )
 
@@ -46,6 +48,10 @@ from ..common import held_until, mapped_errors
 from .errors import SDK_ERRORS, LockCheck, failed_record, message_text, translate
 from .lease import ServiceBusLease
 from .pool import ReceiverPool
+
+if TYPE_CHECKING:
+    from azure.core.credentials import TokenCredential
+    from azure.servicebus.management import ServiceBusAdministrationClient
 
 __all__ = ["ServiceBusBackend", "ServiceBusLease"]
 LOG = logging.getLogger("supervisor.backends.servicebus")  # pinned (layout move)
@@ -79,7 +85,8 @@ class ServiceBusBackend(BackendBase):
     unique_tasks = True  # by message id, with the queue's duplicate detection (push)
 
     def __init__(self, queue: str, *, connection_string: str | None = None,
-                 namespace: str | None = None, credential: Any = None, worker_id: str = "",
+                 namespace: str | None = None, credential: TokenCredential | None = None,
+                 worker_id: str = "",
                  lock_duration: float = 60.0, receivers: int = 0,
                  receive_wait: float = 1.0) -> None:
         """``receivers`` > 0 (the worker): read the queue's LockDuration, then open that many
@@ -137,19 +144,20 @@ class ServiceBusBackend(BackendBase):
     def new_client(self) -> ServiceBusClient:
         """Any thread: a new client (no I/O until used), for one thread's use.  No SDK
         retries and bounded attempts: callers retry BackendError themselves."""
-        options: dict[str, Any] = {"retry_total": 0, "try_timeout": CALL_TIMEOUT}
         try:
             if self._connection_string:
-                return ServiceBusClient.from_connection_string(self._connection_string,
-                                                               **options)
-            assert self._namespace is not None
-            return ServiceBusClient(self._namespace, self._credential, **options)
+                return ServiceBusClient.from_connection_string(
+                    self._connection_string, retry_total=0, try_timeout=CALL_TIMEOUT)
+            # a namespace: with the given credential, or DefaultAzureCredential (__init__)
+            assert self._namespace is not None and self._credential is not None
+            return ServiceBusClient(self._namespace, self._credential, retry_total=0,
+                                    try_timeout=CALL_TIMEOUT)
         except (ValueError, TypeError) as exc:  # malformed connection string
             raise BackendConfigError(
                 f"servicebus: bad connection string or namespace: {self.scrub(str(exc))}"
             ) from None
 
-    def _new_pool_receiver(self) -> Any:
+    def _new_pool_receiver(self) -> ServiceBusReceiver:
         """Opener thread: a PeekLock receiver, prefetch 0, on a client of its own."""
         return self.new_client().get_queue_receiver(
             self.queue_name, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, prefetch_count=0,
@@ -174,13 +182,14 @@ class ServiceBusBackend(BackendBase):
                      props.max_delivery_count)
         return seconds
 
-    def _admin(self) -> Any:
+    def _admin(self) -> ServiceBusAdministrationClient:
         """An administration client (HTTPS; needs Manage rights to be of use), no retries."""
         from azure.servicebus.management import ServiceBusAdministrationClient
 
         if self._connection_string:
             return ServiceBusAdministrationClient.from_connection_string(
                 self._connection_string, retry_total=0)
+        assert self._credential is not None  # with a namespace (__init__)
         return ServiceBusAdministrationClient(str(self._namespace), self._credential,
                                               retry_total=0)
 
@@ -286,14 +295,15 @@ class ServiceBusBackend(BackendBase):
                 self._call("push", lambda: sender.send_messages(batch))
         return ids
 
-    def _peek_all(self, sub_queue: Any, limit: int) -> list[Any]:
-        out: list[Any] = []
+    def _peek_all(self, sub_queue: ServiceBusSubQueue | None,
+                  limit: int) -> list[ServiceBusReceivedMessage]:
+        out: list[ServiceBusReceivedMessage] = []
         with self._sdk("peek"), self._main.get_queue_receiver(self.queue_name, sub_queue=sub_queue,
                                            prefetch_count=0) as receiver:
             seq = 0
             while len(out) < limit:
                 count = min(PEEK_PAGE, limit - len(out))
-                page: list[Any] = self._call("peek", partial(
+                page = self._call("peek", partial(
                     receiver.peek_messages, max_message_count=count, sequence_number=seq))
                 if not page:
                     break

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, Protocol, TypeVar
 
-from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
+from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage, ServiceBusReceiver
 
 from ...core.task import Task, TaskFormatError
 from ..base import BackendError
@@ -38,13 +38,13 @@ from .errors import (
     MAX_DEAD_LETTER_TEXT,
     PRIOR_ATTEMPTS,
     SDK_ERRORS,
+    LockCheck,
     describe,
     message_text,
     prior_attempts,
 )
 
 if TYPE_CHECKING:
-    from .backend import ServiceBusBackend
     from .pool import SharedReceiver
 
 LOG = logging.getLogger("supervisor.backends.servicebus_lease")  # pinned (layout move)
@@ -52,12 +52,39 @@ T = TypeVar("T")
 MIN_CALL = 0.5  # s: a settlement call gets at least this long
 
 
+class Home(Protocol):
+    """What a lease uses of the ServiceBusBackend that received it (which hands itself in:
+    no import of it here).  Any thread."""
+
+    @property
+    def queue_name(self) -> str: ...
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def lock_check(self) -> LockCheck: ...
+
+    def translate_lease(self, exc: BaseException, what: str) -> Exception:
+        """An SDK error about this one message as the seam's: "gone" is LeaseLost."""
+        ...
+
+    def forget(self, lease: ServiceBusLease) -> None:
+        """The lease is over: no longer one of the backend's unsettled leases."""
+        ...
+
+    def send(self, messages: list[ServiceBusMessage], what: str, timeout: float) -> None:
+        """Send on a sender of its own (errors mapped like the backend's calls)."""
+        ...
+
+
 class ServiceBusLease:
     """One received message.  Made on the main thread; used by its LeaseKeeper thread."""
 
-    def __init__(self, backend: ServiceBusBackend, shared: SharedReceiver,
+    def __init__(self, backend: Home, shared: SharedReceiver,
                  message: ServiceBusReceivedMessage, granted: float, t_sent: float) -> None:
         self._backend = backend
+        self.queue = backend.queue_name
         self._shared = shared
         shared.hold(self)
         self._message = message
@@ -78,7 +105,7 @@ class ServiceBusLease:
     def __repr__(self) -> str:
         return f"ServiceBusLease(message_id={self.message_id!r}, attempt={self.attempt})"
 
-    def _call(self, what: str, fn: Callable[[Any, float], T],
+    def _call(self, what: str, fn: Callable[[ServiceBusReceiver, float], T],
               timeout: float | None = None) -> T:
         """``fn(receiver, seconds left)`` on the shared receiver, errors mapped."""
         what = f"{what} {self.message_id}"
@@ -156,7 +183,7 @@ class ServiceBusLease:
         self._settled()
 
 
-def _bound(receiver: Any, seconds: float) -> Any:
+def _bound(receiver: ServiceBusReceiver, seconds: float) -> ServiceBusReceiver:
     """Cap the receiver's next calls at ``seconds`` (under its lock: the receiver is shared):
     a settlement waits for the outcome on the receive link up to ``_config.timeout``, then
     falls back to the management link for up to ``_config.try_timeout`` -- neither can be

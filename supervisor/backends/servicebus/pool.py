@@ -25,8 +25,12 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Callable, TypeVar
+from functools import partial
+from typing import Callable, TypeVar
 
+from azure.servicebus import ServiceBusReceiver
+
+from ...core.threads import start_thread
 from ..azure_common import Scrubber
 from ..base import BackendConfigError, BackendError
 from .errors import translate
@@ -45,7 +49,7 @@ T = TypeVar("T")
 class SharedReceiver:
     """One open receiver and the leases whose messages it received (thread-safe)."""
 
-    def __init__(self, pool: ReceiverPool, receiver: Any) -> None:
+    def __init__(self, pool: ReceiverPool, receiver: ServiceBusReceiver) -> None:
         self.pool = pool
         self.receiver = receiver
         self.lock = threading.Lock()  # held around every SDK call on ``receiver``
@@ -60,7 +64,7 @@ class SharedReceiver:
         with self._state:
             self._holders.add(id(lease))
 
-    def call(self, timeout: float, fn: Callable[[Any, float], T]) -> T:
+    def call(self, timeout: float, fn: Callable[[ServiceBusReceiver, float], T]) -> T:
         """``fn(receiver, seconds left)`` alone on the receiver, if the lock comes within
         ``timeout`` s, else BackendError, which the keeper retries (keeper threads)."""
         start = time.monotonic()
@@ -103,11 +107,11 @@ class ReceiverPool:
     """Thread-safe.  ``take`` and ``give_back`` are called by the main thread, ``discard``
     by any."""
 
-    def __init__(self, factory: Callable[[], Any], scrub: Scrubber) -> None:
+    def __init__(self, factory: Callable[[], ServiceBusReceiver], scrub: Scrubber) -> None:
         self._factory = factory  # makes an unopened receiver (opener thread only)
         self._scrub = scrub
         self._ready: collections.deque[SharedReceiver] = collections.deque()
-        self._doomed: list[Any] = []
+        self._doomed: list[ServiceBusReceiver] = []
         self._want = 1  # receivers to keep open: ready ones and the one taken
         self._cap = 2  # receivers kept at most (more are retired)
         self._out = 0  # taken by the main thread, not given back yet
@@ -134,8 +138,7 @@ class ReceiverPool:
             self._want = max(keep, self._want)  # grown by contention below: kept
             self._cap = max(self._cap, self._want)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="sb-opener", daemon=True)
-                self._thread.start()
+                self._thread = start_thread(self._run, "sb-opener")
             self._cond.notify_all()
             deadline = time.monotonic() + wait
             grown = False
@@ -182,7 +185,7 @@ class ReceiverPool:
         if retire:
             shared.retire()
 
-    def discard(self, receiver: Any) -> None:
+    def discard(self, receiver: ServiceBusReceiver) -> None:
         """Close ``receiver`` on the opener thread (or now, when there is none)."""
         with self._cond:
             if self._thread is not None and not self._stopped:
@@ -261,10 +264,8 @@ class ReceiverPool:
             opening = self._opening  # then what it opens and closes never received
         # A receiver with leases not over is closed by its last lease, not here.
         closing = [shared for shared in ready if shared.retire(close=False)]
-        closers = [threading.Thread(target=_close, args=(shared.receiver,),
-                                    name="sb-close", daemon=True) for shared in closing]
-        for closer in closers:
-            closer.start()
+        closers = [start_thread(partial(_close, shared.receiver), "sb-close")
+                   for shared in closing]
         start = time.monotonic()
         for shared, closer in zip(closing, closers):
             if shared.credit_left:  # else nothing can come in for the close to release
@@ -277,7 +278,7 @@ class ReceiverPool:
             thread.join(max(0.0, start + min(timeout, EXIT_CLOSE_WAIT) - time.monotonic()))
 
 
-def _close(receiver: Any) -> None:
+def _close(receiver: ServiceBusReceiver) -> None:
     try:
         receiver.close()
     except Exception as exc:  # closing is best effort; the broker drops the link anyway

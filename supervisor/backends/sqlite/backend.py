@@ -209,7 +209,7 @@ class SqliteBackend(BackendBase):
         finally:
             self._quick.on = False
 
-    def _lease_write(self, sql: str, args: tuple, timeout: float) -> int:
+    def lease_write(self, sql: str, args: tuple, timeout: float) -> int:
         """One UPDATE on the shared lease connection, bounded by timeout (lease threads, or
         the main thread inside ``quick_writes``)."""
         if getattr(self._quick, "on", False):

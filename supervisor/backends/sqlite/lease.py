@@ -10,23 +10,32 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ...core.task import Task
 from ..base import LeaseLost
 from ..common import parse_body
 
-if TYPE_CHECKING:
-    from .backend import SqliteBackend
+
+class Writer(Protocol):
+    """What a lease uses of SqliteBackend (which hands itself in: no import of it here)."""
+
+    queue: str
+    settle_timeout: float  # s a settlement's write may wait for the database
+
+    def lease_write(self, sql: str, args: tuple, timeout: float) -> int:
+        """One fenced UPDATE on the shared lease connection; the rows it changed."""
+        ...
 
 
 class SqliteLease:
     """A running job held by this worker.  Used from its LeaseKeeper thread only."""
 
-    def __init__(self, backend: SqliteBackend, row: tuple[int, str, str, int, int, int | None],
+    def __init__(self, backend: Writer, row: tuple[int, str, str, int, int, int | None],
                  lock_duration: float) -> None:
         """``row``: what RECEIVE_SQL returns for one job (sqlite.py)."""
         self._backend = backend
+        self.queue = backend.queue
         self.lock_duration = lock_duration
         seq, self.message_id, self.raw_body, self.attempt, self._token, max_attempts = row
         self._fence = (seq, self._token)  # appended to every write's arguments
@@ -43,7 +52,7 @@ class SqliteLease:
     def _write(self, sql: str, args: tuple, timeout: float) -> None:
         """One fenced UPDATE.  Raises LeaseLost when the token no longer matches (the lease
         was reaped, perhaps handed out again), BackendError on a busy database."""
-        n = self._backend._lease_write(sql, args + self._fence, timeout)
+        n = self._backend.lease_write(sql, args + self._fence, timeout)
         if n == 0:
             raise LeaseLost(f"job {self.message_id}: lease token {self._token} no longer valid")
 

@@ -24,7 +24,7 @@ import re
 import time
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar, Union
 
 from azure.core.exceptions import ResourceExistsError
 from azure.storage.queue import QueueClient, QueueMessage
@@ -49,6 +49,12 @@ from .errors import (
     translate,
 )
 from .lease import StorageQueueLease
+
+if TYPE_CHECKING:
+    from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential, TokenCredential
+
+    # what QueueClient takes beside a connection string (none: a SAS in the URL)
+    Credential = Union[AzureNamedKeyCredential, AzureSasCredential, TokenCredential, None]
 
 __all__ = ["StorageQueueBackend", "StorageQueueLease"]
 LOG = logging.getLogger("supervisor.backends.storage_queue")  # pinned (layout move)
@@ -82,7 +88,7 @@ class StorageQueueBackend(BackendBase):
 
     def __init__(self, queue: str, *, connection_string: str | None = None,
                  account_url: str | None = None, worker_id: str = "",
-                 credential: Any = None, connect_timeout: float = 5.0,
+                 credential: Credential = None, connect_timeout: float = 5.0,
                  read_timeout: float = 20.0, create: bool = True,
                  create_failed: bool = True) -> None:
         """Connect and create ``queue`` and ``queue-failed`` when missing.
@@ -117,7 +123,7 @@ class StorageQueueBackend(BackendBase):
         self.translate = partial(translate, scrub=self.scrub)
         self.translate_lease = partial(translate, scrub=self.scrub, lease=True)  # any thread
         self.connect_timeout = connect_timeout
-        self._timeouts = {"connection_timeout": connect_timeout, "read_timeout": read_timeout}
+        self._read_timeout = read_timeout
         self._credential = credential
         if account_url and credential is None and "?" not in account_url:
             from azure.identity import DefaultAzureCredential  # only this path needs it
@@ -144,14 +150,15 @@ class StorageQueueBackend(BackendBase):
 
     def new_client(self, queue_name: str) -> QueueClient:
         """Any thread: a new client, to be used by one thread only."""
-        options: dict[str, Any] = {"retry_total": 0, **self._timeouts}
+        connect, read = self.connect_timeout, self._read_timeout
         try:
             if self._connection_string:
                 return QueueClient.from_connection_string(
-                    self._connection_string, queue_name, **options)
+                    self._connection_string, queue_name, retry_total=0,
+                    connection_timeout=connect, read_timeout=read)
             assert self._account_url is not None
             return QueueClient(self._account_url, queue_name, credential=self._credential,
-                               **options)
+                               retry_total=0, connection_timeout=connect, read_timeout=read)
         except ValueError as exc:  # malformed connection string or URL
             raise BackendConfigError(
                 f"storage-queue: bad connection string or account URL: {self.scrub(str(exc))}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import Any
 
 from azure.core.exceptions import (
     AzureError,
@@ -35,7 +34,7 @@ RECORD_MARK = "jobq_failed_record"  # a key only our dead-letter records carry
 _MAX_REASON = 4000
 
 
-def message_text(content: Any) -> str:
+def message_text(content: object) -> str:
     # The SDK's default (no-op) decode policy hands out the XML text as str; its requests
     # transport already decoded the HTTP body with errors="replace", so bytes that are not
     # UTF-8 arrive as U+FFFD and the body is poison rather than a crash.  bytes only appear
@@ -101,7 +100,7 @@ def make_record(body: str, task: Task | None, reason: str, attempts: int, exit_s
     reason, then the body itself (marked ``body_truncated``; such a record cannot be
     requeued).
     """
-    record: dict[str, Any] = {
+    record: dict[str, object] = {
         RECORD_MARK: 1,
         "id": task.id if task is not None else message_id,
         "reason": reason[:_MAX_REASON],
@@ -124,13 +123,13 @@ def make_record(body: str, task: Task | None, reason: str, attempts: int, exit_s
     if len(json.dumps(record)) > MAX_BODY_BYTES and output_tail:
         _fit(record, "output_tail", output_tail, keep_end=True)
     if len(json.dumps(record)) > MAX_BODY_BYTES:
-        raw = json.dumps(record.pop("task")) if "task" in record else record.pop("body")
+        raw = json.dumps(record.pop("task")) if "task" in record else str(record.pop("body"))
         record["body_truncated"] = True
         _fit(record, "body", raw, keep_end=False)
     return json.dumps(record)
 
 
-def _fit(record: dict[str, Any], key: str, value: str, keep_end: bool) -> None:
+def _fit(record: dict[str, object], key: str, value: str, keep_end: bool) -> None:
     """Set record[key] to the longest head (or tail) of value that keeps the record small
     enough.  Binary search, as JSON escaping makes the encoded size non-linear."""
 
@@ -186,11 +185,11 @@ def parse_record(text: str, message_id: str) -> tuple[FailedRecord, str | None]:
     return record, body
 
 
-def _str_id(data: Any, fallback: str) -> str:
+def _str_id(data: object, fallback: str) -> str:
     if isinstance(data, dict) and isinstance(data.get("id"), str) and data["id"]:
         return data["id"]
     return fallback
 
 
-def _int(value: Any) -> int:
+def _int(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -8,7 +8,7 @@ storage_queue.py on why no client is shared between threads).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import Callable, Protocol, TypeVar
 
 from azure.storage.queue import QueueClient, QueueMessage
 
@@ -23,20 +23,52 @@ from .errors import (
     message_text,
 )
 
-if TYPE_CHECKING:
-    from .backend import StorageQueueBackend
-
 LOG = logging.getLogger("supervisor.backends.storage_queue_lease")  # pinned (layout move)
 T = TypeVar("T")
+
+
+class Clients(Protocol):
+    """What a lease uses of StorageQueueBackend (which hands itself in: no import of it
+    here).  Any thread."""
+
+    @property
+    def queue_name(self) -> str: ...
+
+    @property
+    def failed_queue_name(self) -> str: ...
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def connect_timeout(self) -> float: ...
+
+    def lease_client(self) -> QueueClient:
+        """A client of the queue for one call, given back with ``return_client``."""
+        ...
+
+    def return_client(self, client: QueueClient, ok: bool) -> None: ...
+
+    def new_client(self, queue_name: str) -> QueueClient: ...
+
+    def recreate_if_missing(self, exc: BaseException, client: QueueClient) -> bool: ...
+
+    def translate(self, exc: BaseException, what: str) -> Exception:
+        """An SDK error as the seam's (errors.translate)."""
+        ...
+
+    def translate_lease(self, exc: BaseException, what: str) -> Exception:
+        """The same about this one message: "gone" is LeaseLost."""
+        ...
 
 
 class StorageQueueLease:
     """One received message.  Made on the main thread; renewed and settled by its
     LeaseKeeper thread, which alone uses the lease's clients."""
 
-    def __init__(self, backend: StorageQueueBackend, message: QueueMessage,
-                 visibility: int) -> None:
+    def __init__(self, backend: Clients, message: QueueMessage, visibility: int) -> None:
         self._backend = backend
+        self.queue = backend.queue_name
         self.message_id: str = message.id
         self._pop_receipt: str | None = message.pop_receipt
         self.dequeue_count: int = message.dequeue_count or 1
@@ -86,16 +118,14 @@ class StorageQueueLease:
         if timeout <= 0:
             raise BackendError(f"renew {self.message_id}: no time left")
         connect = min(self._backend.connect_timeout, timeout / 2)
-        per_call: dict[str, Any] = {
-            "connection_timeout": connect, "read_timeout": timeout - connect,
-            "timeout": min(30, max(1, int(timeout))),  # server side: whole s, max 30
-        }
+        server = min(30, max(1, int(timeout)))  # server side: whole s, max 30
         visibility = int(self.lock_duration)
         # After a settlement call without an answer, a refused renewal may mean that call was
         # applied: the lease stays open for the settlement's retry to tell (``_settle``).
         updated = self._call("renew", lambda c: c.update_message(
             self.message_id, pop_receipt=self._pop_receipt, visibility_timeout=visibility,
-            **per_call), finish=not self._unanswered)
+            connection_timeout=connect, read_timeout=timeout - connect, timeout=server),
+            finish=not self._unanswered)
         self._pop_receipt = updated.pop_receipt
         return float(visibility)
 
@@ -112,7 +142,7 @@ class StorageQueueLease:
         self._settle(what, lambda c: c.delete_message(self.message_id, self._pop_receipt),
                      MessageGone)
 
-    def _settle(self, what: str, fn: Callable[[QueueClient], Any],
+    def _settle(self, what: str, fn: Callable[[QueueClient], object],
                 applied: type[LeaseLost]) -> None:
         """One settlement call, then the lease is over (LeaseKeeper thread).
 
