@@ -20,9 +20,8 @@ from typing import Any, Callable
 from ..backends.base import Lease
 from ..backends.multi import queue_of
 from ..core.settings import Settings
-from ..core.task import Task
 from ..fleet.output.base import AttemptKey
-from .events import WAKE, Event
+from .events import WAKE, Event, TaskStart
 from .keeper import LeaseKeeper
 from .lifeline import Lifeline
 from .logs import escape_controls, log_fast
@@ -41,16 +40,6 @@ task_log = logging.getLogger("jobq.task")
 
 SPAWN_THREADS = 2
 KEEPER_START_AHEAD = 1.0
-
-
-@dataclass(frozen=True)
-class TaskStart:
-    """The launcher's own bookkeeping on a spawn job (``SpawnJob.context``)."""
-
-    lease: Lease
-    task: Task  # lease.task, known not to be None
-    keeper: LeaseKeeper
-    max_attempts: int
 
 
 @dataclass(eq=False)

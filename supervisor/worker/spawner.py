@@ -36,7 +36,7 @@ class SpawnJob(Generic[C]):
     """Everything the main thread prepared for one task; ``proc``/``error`` are the result.
 
     ``context`` is the submitter's own bookkeeping, carried through untouched (the launcher's
-    is a ``launch.TaskStart``: the lease, its keeper, the task, the attempts allowed)."""
+    is an ``events.TaskStart``: the lease, its keeper, the task, the attempts allowed)."""
 
     cmd: str
     env: dict[str, str]
