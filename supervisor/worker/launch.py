@@ -29,7 +29,6 @@ from .metrics import Metrics
 from .output_pump import OutputPump, TaskOutput
 from .process import task_environment
 from .receive_ahead import LOST, START, Held, ReceiveAhead
-from .settle_steps import Release
 from .settlement import Settlement, attempts_allowed, cancel_reason, spawn_not_retried
 from .spawner import Spawner, SpawnJob
 from .task_guard import TaskGuard
@@ -158,15 +157,10 @@ class Launcher:
             log.warning("received ahead, not started: its lease deadline passed while it was "
                         "held; not settled, the broker hands it out again",
                         extra={"task_id": task_id})
-            keeper.finish(None, "not started: lease deadline passed")  # no thread, no call
-            self.settlement.awaiting_return[task_id] = (
-                keeper, self.settlement.backend.lost_lease_return_delay + self.s.poll_interval,
-                "lost")
-            return
-        log.debug("received ahead, not started: back to the queue (%s)", why,
-                  extra={"task_id": task_id})
-        self.settlement.settle(keeper, Release(count_attempt=False), "returned unstarted")
-        self.settlement.awaiting_return[task_id] = (keeper, 0.0, "released")
+        else:
+            log.debug("received ahead, not started: back to the queue (%s)", why,
+                      extra={"task_id": task_id})
+        self.settlement.unstarted(keeper, task_id, lost=verdict == LOST)
 
     def cancel_starting(self) -> None:
         """The worker stops: spawns submitted and not yet forked never start (main thread).
@@ -247,8 +241,7 @@ class Launcher:
         if proc is None and job.error is None:  # cancelled before its fork
             log.info("not started (the worker is stopping): back to the queue, attempt not "
                      "counted", extra={"task_id": task_id, "attempt": lease.attempt})
-            self.settlement.settle(keeper, Release(count_attempt=False), "returned unstarted")
-            self.settlement.awaiting_return[task_id] = (keeper, 0.0, "released")
+            self.settlement.unstarted(keeper, task_id)
             return None
         if proc is None:
             exc = job.error
