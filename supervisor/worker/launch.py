@@ -15,7 +15,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..backends.base import Lease
 from ..backends.multi import queue_of
@@ -33,6 +33,9 @@ from .settlement import Settlement, attempts_allowed, cancel_reason, spawn_not_r
 from .spawner import Spawner, SpawnJob
 from .task_guard import TaskGuard
 from .watchdog import RunningTask, Watchdog
+
+if TYPE_CHECKING:  # a worker with --control off loads none of fleet/control
+    from ..fleet.control.records import Cancel
 
 log = logging.getLogger("jobq.worker")
 task_log = logging.getLogger("jobq.task")
@@ -75,7 +78,7 @@ class Launcher:
                                  max_receive=backend.max_receive, clock=clock)
         # task id -> Cancel, kept by the control thread (control/agent.py; several queues:
         # a ChainMap over their agents' caches, control/group.py); read only here
-        self.cancels: Mapping[str, Any] = {}
+        self.cancels: Mapping[str, Cancel] = {}
 
     def start(self) -> None:
         self.spawner.start()

@@ -12,7 +12,7 @@ import logging
 import os
 import queue
 import sys
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from .. import __version__
 from ..core.options import (
@@ -51,10 +51,10 @@ def _per_backend(index: int, otherwise: str) -> str:
                      else f"{name} {otherwise}" for name, value in LOCK_DEFAULTS.items())
 
 
-def _add_backend_options(p: Any, suppress: bool = False) -> None:
+def _add_backend_options(p: _Parser, suppress: bool = False) -> None:
     """Options shared by both commands (on jobq-ctl sub-commands with SUPPRESS defaults,
     so that they do not hide the values given before the sub-command)."""
-    kw: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
+    kw: dict[str, object] = {"default": argparse.SUPPRESS} if suppress else {}
     p.add_argument("--backend", choices=BACKENDS, help="queue backend", **kw)
     p.add_argument("--queue", help="queue name; a worker takes a comma-separated list "
                    "(high,default,low: see --queue-order); of jobq-ctl's commands only "
@@ -176,7 +176,7 @@ def worker_parser() -> _Parser:
     return p
 
 
-def _add_security_options(p: Any) -> None:
+def _add_security_options(p: _Parser) -> None:
     """The worker's issue-7 options (security.py checks them at start)."""
     p.add_argument("--signing-key-file", action="append", metavar="PATH", path=True,
                    help="accept only tasks signed with this HMAC key (repeatable for key "

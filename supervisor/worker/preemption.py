@@ -22,7 +22,7 @@ import time
 from collections.abc import Collection, Mapping
 from datetime import timezone
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable, Union
 
 from ..core.settings import (
     SCHEDULED_EVENTS_URL as SCHEDULED_EVENTS_URL,  # the one copy; re-exported
@@ -42,7 +42,9 @@ class SignalQueue:
 
     def __init__(self, events: queue.SimpleQueue[Event]) -> None:
         self.events = events
-        self._previous: dict[int, Any] = {}
+        # signal number -> the disposition it had: a handler, SIG_DFL/SIG_IGN, or None
+        self._previous: dict[int, Union[Callable[[int, FrameType | None], object], int,
+                                        None]] = {}
         # Started under nohup, we inherit SIGHUP ignored: it stays ignored (logged by the
         # main loop), while a task gets it at its default.
         self.inherited_ignored: frozenset[int] = frozenset()
@@ -278,7 +280,7 @@ class ScheduledEventsPoller:
             return  # stopped while the request was in flight: nobody is listening any more
         self._transition(event)
 
-    def relevant(self, doc: Any) -> PreemptEvent | None:
+    def relevant(self, doc: object) -> PreemptEvent | None:
         """The first Preempt/Terminate for this VM in a document; ValueError if malformed."""
         if not isinstance(doc, dict) or not isinstance(doc.get("Events"), list):
             raise ValueError("not a Scheduled Events document (no Events list)")
