@@ -13,6 +13,9 @@
 
 A lost lock does not come through here: the keeper wakes the watchdog, which kills the task;
 the main loop hears of the exit as a SIGCHLD and reaps it.
+
+Plain data: whoever puts an event on the queue imports this module, never the other way
+round (``PreemptEvent`` and ``TaskStart`` live here for that reason).
 """
 
 from __future__ import annotations
@@ -21,10 +24,37 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:
+    from ..backends.base import Lease
+    from ..core.task import Task
     from ..fleet.control.records import Command
-    from .launch import TaskStart
-    from .preemption import PreemptEvent
+    from .keeper import LeaseKeeper
     from .spawner import SpawnJob
+
+
+@dataclass(frozen=True)
+class PreemptEvent:
+    """A Preempt/Terminate for this VM, as the Scheduled Events poller read it
+    (preemption.py)."""
+
+    event_id: str
+    event_type: str
+    not_before_wall: float | None  # epoch seconds; None: no time given
+
+    def seconds_left(self, now_wall: float) -> float | None:
+        """Seconds until NotBefore (never negative), or None when the event gave no time."""
+        if self.not_before_wall is None:
+            return None
+        return max(0.0, self.not_before_wall - now_wall)
+
+
+@dataclass(frozen=True)
+class TaskStart:
+    """The launcher's own bookkeeping on a spawn job (``SpawnJob.context``, launch.py)."""
+
+    lease: Lease
+    task: Task  # lease.task, known not to be None
+    keeper: LeaseKeeper
+    max_attempts: int
 
 
 @dataclass(frozen=True)
@@ -50,5 +80,4 @@ class ControlRequest:
 
 WAKE = Wake()
 
-# Names only, not imports: this module is imported by the modules it names.
 Event = Union[int, "SpawnJob[TaskStart]", ScheduledEventChanged, ControlRequest, Wake]

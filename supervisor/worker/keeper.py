@@ -11,9 +11,10 @@ What the keeper does at the end is one settlement step it is handed -- ``Complet
 ``Release`` or ``DeadLetter`` (settle_steps.py), each one broker call on the lease, or None for
 "settle nothing".  The keeper decides when and whether to run it (not after a lost lease,
 retried after a BackendError while the lease lasts, renewing it meanwhile), never what it is:
-that is settlement.py's business.  A settlement that did not happen says why in
-``unsettled_reason``: refused (a definitive LeaseLost) or the service unreachable until the
-lease ended -- the result record and the log repeat it.
+that is settlement.py's business, which tells it how the attempt ended (``outcomes.Ended``).
+What became of the settlement is ``result`` (``outcomes.SettleResult``): a settlement that did
+not happen says why -- refused (a definitive LeaseLost), the lease lost, or the service
+unreachable until the lease ended -- and the result record and the log repeat it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Callable
 from ..backends.base import BackendError, Lease, LeaseLost
 from ..core.settings import safety_margin
 from ..core.threads import Flag, start_fast
+from .outcomes import Ended, SettleResult, Unsettled
 from .settle_steps import SettleStep
 
 log = logging.getLogger("jobq.lease")
@@ -44,9 +46,6 @@ SETTLE_LAST_TRY = 1.0
 # black-holed call must not eat the time left for the settlement's own last try.
 RENEW_WHILE_SETTLING = 5.0
 MIN_RENEW_CALL = 0.5  # a renewal is not worth sending with less time than this for it
-# settle_result of a settlement that failed because the service could not be reached
-UNREACHABLE = "not settled: service unreachable"
-
 
 def lease_deadline(t_sent: float, granted: float) -> float:
     """The kill deadline of a lock of ``granted`` seconds sent at ``t_sent`` (any thread)."""
@@ -101,9 +100,8 @@ class LeaseKeeper:
         self.failures = 0
         self.done = Flag()
         self.finished_at: float | None = None  # clock() when the settlement call returned
-        self.settle_result = ""  # what happened at the end, for logs and tests
-        self.requested = ""  # the settlement asked for (its description)
-        self.unsettled_reason = ""  # why the settlement did not happen, for the result record
+        # What became of the settlement (set by ``finish``; read once ``done`` is set).
+        self.result: SettleResult | None = None
         self._gone = ""  # what a renewal while settling said when the broker refused it
         self._on_lost = on_lost
         self._on_renewal = on_renewal
@@ -130,14 +128,15 @@ class LeaseKeeper:
             self.started = True
             start_fast(self._run)
 
-    def finish(self, step: SettleStep | None, description: str = "") -> None:
-        """Stop renewing and apply ``step`` on the keeper thread (None: settle nothing).
+    def finish(self, step: SettleStep | None, ended: Ended) -> None:
+        """Stop renewing and apply ``step`` on the keeper thread (None: settle nothing) for an
+        attempt that ``ended`` so.
 
         The caller then ``start``s the thread if it has not run yet (tests drive ``settle``
         directly instead).  A keeper with nothing to settle that never started is done here,
         without a thread."""
         self._step = step
-        self.settle_result = self.requested = description
+        self.result = SettleResult(ended)
         self._finish_requested = True
         if not self.started and step is None:
             self.started = True  # nothing to renew or settle: no thread at all
@@ -146,9 +145,9 @@ class LeaseKeeper:
             return
         self._wake.put(None)
 
-    def settle_here(self) -> bool:
-        """Apply the requested step on the calling thread, once; True if the keeper is
-        done (main thread, for a keeper whose thread never started).
+    def settle_here(self) -> SettleResult | None:
+        """Apply the requested step on the calling thread, once; its result if the keeper
+        is done, else None (main thread, for a keeper whose thread never started).
 
         For a backend that settles in a moment (SQLite, inside its ``quick_writes``) a
         short task's lease needs no thread at all: a thread hand-off per task was a good
@@ -156,13 +155,13 @@ class LeaseKeeper:
         leaves everything to the thread, which retries and logs as usual."""
         step = self._step
         if self.started or step is None or self.lost():
-            return False
+            return None
         if self._attempt(step) is not None:  # busy, or a bug: the thread retries, logs
-            return False
+            return None
         self.started = True
         self.finished_at = self.clock()
         self.done.set()
-        return True
+        return self.result
 
     def join(self, timeout: float) -> bool:
         return self.done.wait(timeout)
@@ -321,21 +320,25 @@ class LeaseKeeper:
     def _not_settled(self, error: Exception | None) -> None:
         """The settlement did not happen and will not (keeper thread): say why, truthfully --
         ``error`` is the last failed call's, None when it was never tried or refused."""
-        if self.settle_result.startswith("not settled"):
+        if self.result is not None and self.result.refused:
             return  # _attempt said so already: the broker refused it (LeaseLost)
         if error is not None:
-            self.settle_result = UNREACHABLE
-            self.unsettled_reason = ("could not settle: the service was unreachable until the "
-                                     f"lease ended ({error})")
-            log.warning("%s; the broker will hand the message out again",
-                        self.unsettled_reason, extra={"task_id": self.task_id})
-            return
-        self.settle_result = "not settled: lease lost"
-        self.unsettled_reason = (
-            f"not settled: the lease was lost ({self.lost_reason})" if self.lost_reason
-            else "not settled: the lease deadline passed before the settlement could be tried")
-        log.warning("%s; the broker will hand the message out again", self.unsettled_reason,
+            reason = self._unsettle(Unsettled.UNREACHABLE, (
+                f"could not settle: the service was unreachable until the lease ended ({error})"))
+        else:
+            reason = self._unsettle(Unsettled.LEASE_LOST, (
+                f"not settled: the lease was lost ({self.lost_reason})" if self.lost_reason
+                else "not settled: the lease deadline passed before the settlement could be "
+                     "tried"))
+        log.warning("%s; the broker will hand the message out again", reason,
                     extra={"task_id": self.task_id})
+
+    def _unsettle(self, why: Unsettled, reason: str) -> str:
+        """The settlement will not happen, ``why`` in ``reason`` (keeper thread, or the main
+        thread in ``settle_here``); returns ``reason``."""
+        assert self.result is not None  # set by ``finish``, before any settlement
+        self.result = SettleResult(self.result.ended, why, reason)
+        return reason
 
     def _attempt(self, step: SettleStep) -> Exception | None:
         """One settlement call: None when it is over (done, or refused: the lease is lost),
@@ -344,8 +347,7 @@ class LeaseKeeper:
             step.apply(self.lease)
         except LeaseLost as exc:
             self._lose(f"broker refused the settlement: {exc}")
-            self.settle_result = "not settled: lease lost"
-            self.unsettled_reason = f"the broker refused the settlement: {exc}"
+            self._unsettle(Unsettled.REFUSED, f"the broker refused the settlement: {exc}")
         except Exception as exc:  # BackendError; or a client library's bug, retried too:
             # a race in the Storage Queue SDK's model cache raised RuntimeError here once
             # and, uncaught, left the message unsettled until its lock ran out

@@ -15,13 +15,12 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..backends.base import Lease
 from ..core.settings import Settings
-from ..core.task import Task
 from ..fleet.output.base import AttemptKey
-from .events import WAKE, Event
+from .events import WAKE, Event, TaskStart
 from .keeper import LeaseKeeper
 from .lifeline import Lifeline
 from .logs import escape_controls, log_fast
@@ -29,27 +28,19 @@ from .metrics import Metrics
 from .output_pump import OutputPump, TaskOutput
 from .process import task_environment
 from .receive_ahead import LOST, START, Held, ReceiveAhead
-from .settle_steps import Release
 from .settlement import Settlement, attempts_allowed, cancel_reason, spawn_not_retried
 from .spawner import Spawner, SpawnJob
 from .task_guard import TaskGuard
 from .watchdog import RunningTask, Watchdog
+
+if TYPE_CHECKING:  # a worker with --control off loads none of fleet/control
+    from ..fleet.control.records import Cancel
 
 log = logging.getLogger("jobq.worker")
 task_log = logging.getLogger("jobq.task")
 
 SPAWN_THREADS = 2
 KEEPER_START_AHEAD = 1.0
-
-
-@dataclass(frozen=True)
-class TaskStart:
-    """The launcher's own bookkeeping on a spawn job (``SpawnJob.context``)."""
-
-    lease: Lease
-    task: Task  # lease.task, known not to be None
-    keeper: LeaseKeeper
-    max_attempts: int
 
 
 @dataclass(eq=False)
@@ -86,7 +77,7 @@ class Launcher:
                                  max_receive=backend.max_receive, clock=clock)
         # task id -> Cancel, kept by the control thread (control/agent.py; several queues:
         # a ChainMap over their agents' caches, control/group.py); read only here
-        self.cancels: Mapping[str, Any] = {}
+        self.cancels: Mapping[str, Cancel] = {}
 
     def start(self) -> None:
         self.spawner.start()
@@ -168,15 +159,10 @@ class Launcher:
             log.warning("received ahead, not started: its lease deadline passed while it was "
                         "held; not settled, the broker hands it out again",
                         extra={"task_id": task_id})
-            keeper.finish(None, "not started: lease deadline passed")  # no thread, no call
-            self.settlement.awaiting_return[task_id] = (
-                keeper, self.settlement.backend.lost_lease_return_delay + self.s.poll_interval,
-                "lost")
-            return
-        log.debug("received ahead, not started: back to the queue (%s)", why,
-                  extra={"task_id": task_id})
-        self.settlement.settle(keeper, Release(count_attempt=False), "returned unstarted")
-        self.settlement.awaiting_return[task_id] = (keeper, 0.0, "released")
+        else:
+            log.debug("received ahead, not started: back to the queue (%s)", why,
+                      extra={"task_id": task_id})
+        self.settlement.unstarted(keeper, task_id, lost=verdict == LOST)
 
     def cancel_starting(self) -> None:
         """The worker stops: spawns submitted and not yet forked never start (main thread).
@@ -257,8 +243,7 @@ class Launcher:
         if proc is None and job.error is None:  # cancelled before its fork
             log.info("not started (the worker is stopping): back to the queue, attempt not "
                      "counted", extra={"task_id": task_id, "attempt": lease.attempt})
-            self.settlement.settle(keeper, Release(count_attempt=False), "returned unstarted")
-            self.settlement.awaiting_return[task_id] = (keeper, 0.0, "released")
+            self.settlement.unstarted(keeper, task_id)
             return None
         if proc is None:
             exc = job.error

@@ -19,11 +19,10 @@ from typing import Callable
 from ..core.settings import EXIT_FAILURES, EXIT_OK, Settings
 from ..core.signals import DRAIN_SIGNAL, STOP_ONCE_SIGNALS, STOP_SIGNALS, on_other_signal
 from ..core.signals import name as signal_name
-from .events import Event, ScheduledEventChanged
+from .events import Event, PreemptEvent, ScheduledEventChanged
 from .keeper import LeaseKeeper
 from .notify import Notifier
 from .preemption import (
-    PreemptEvent,
     ScheduledEventsPoller,
     imds_base,
     local_vm_names,

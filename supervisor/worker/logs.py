@@ -19,7 +19,7 @@ import re
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from typing import TextIO
 
 from ..core.threads import start_thread
 
@@ -314,8 +314,8 @@ class OutputSink:
 _FAST: list[tuple[_QueueHandler, queue.SimpleQueue, OutputSink]] = []
 
 
-def log_fast(logger: logging.Logger, level: int, msg: str, *args: Any,
-             extra: dict[str, Any]) -> None:
+def log_fast(logger: logging.Logger, level: int, msg: str, *args: object,
+             extra: dict[str, object]) -> None:
     """``logger.log(level, msg, *args, extra=extra)`` for the lines every task logs (main
     thread).  With our writer the only handler, the record is built on the writer thread:
     ~1 us here instead of ~10 us through ``Logger._log`` (two such lines per task were a
@@ -348,7 +348,7 @@ def dropped_lines() -> int:
 
 
 def _record(created: float, name: str, level: int, msg: str, args: tuple,
-            extra: dict[str, Any]) -> logging.LogRecord:
+            extra: dict[str, object]) -> logging.LogRecord:
     """The LogRecord of a ``log_fast`` line, as ``Logger.makeRecord`` would build it then
     (writer thread)."""
     record = logging.LogRecord(name, level, "(unknown file)", 0, msg, args, None)
@@ -373,14 +373,15 @@ def json_logging() -> bool:
     return bool(_WRITERS) and isinstance(_WRITERS[-1].formatter, JsonFormatter)
 
 
-def _thread_died(args: Any) -> None:
+def _thread_died(args: threading.ExceptHookArgs) -> None:
     """``threading.excepthook``: a thread's uncaught exception is a log record (the default
     hook prints a bare traceback on stderr, not a line of the log's format)."""
     if args.exc_type is not SystemExit:
         name = args.thread.name if args.thread is not None else "?"
+        exc = args.exc_value  # None only for an exception raised without a value
         logging.getLogger("jobq").error(
             "unexpected error on thread %s", name,
-            exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+            exc_info=(args.exc_type, exc, args.exc_traceback) if exc is not None else True)
 
 
 def setup_logging(level: str, fmt: str) -> None:
@@ -395,7 +396,8 @@ def setup_logging(level: str, fmt: str) -> None:
     logging.logProcesses = False
     logging.logMultiprocessing = False
     logging._srcfile = None  # no caller lookup: our lines do not print file or line
-    records: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    # log records, ``log_fast``'s tuples and task output lines, for the writer thread
+    records: queue.SimpleQueue[object] = queue.SimpleQueue()
     writer = LogWriter(records, sys.stderr,
                        JsonFormatter() if fmt == "json" else TextFormatter())
     writer.start()

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Callable, Union
 
 from ..backends.base import Backend, BackendConfigError, BackendError
 from ..core.settings import EXIT_TASKS_FAILED, Settings
-from .events import ControlRequest, Event, ScheduledEventChanged
+from .events import ControlRequest, Event, ScheduledEventChanged, TaskStart
 from .keeper import LeaseKeeper
-from .launch import Launcher, TaskStart
+from .launch import Launcher
 from .lifecycle import Lifecycle, State
 from .lifeline import Lifeline
 from .metrics import Metrics

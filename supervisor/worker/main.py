@@ -13,7 +13,7 @@ import logging
 import os
 import queue
 import sys
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from .. import __version__
 from ..core.options import (
@@ -144,7 +144,7 @@ def worker_parser() -> _Parser:
     return p
 
 
-def _add_security_options(p: Any) -> None:
+def _add_security_options(p: _Parser) -> None:
     """The worker's issue-7 options (security.py checks them at start)."""
     p.add_argument("--signing-key-file", action="append", metavar="PATH", path=True,
                    help="accept only tasks signed with this HMAC key (repeatable for key "

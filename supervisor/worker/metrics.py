@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from functools import partialmethod
-from typing import Any, Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Callable
 
 import psutil
+
+if TYPE_CHECKING:  # names only: the library is imported only for a metrics file
+    from prometheus_client.core import CounterMetricFamily
 
 log = logging.getLogger("jobq.metrics")
 
@@ -46,18 +51,18 @@ class Metrics:
             import prometheus_client
         except ImportError as exc:
             raise MetricsUnavailable(INSTALL_HINT) from exc
-        self._pc: Any = prometheus_client
+        self._pc: ModuleType = prometheus_client
         self.registry = prometheus_client.CollectorRegistry()
         labels = {"backend": backend, "queue": queue}
         names = list(labels)
 
         # prometheus-client has no const labels: every metric gets the same two label names
         # and we keep the one child per metric that carries our values.
-        def counter(name: str, doc: str) -> Any:
+        def counter(name: str, doc: str) -> prometheus_client.Counter:
             return prometheus_client.Counter(name, doc, names,
                                              registry=self.registry).labels(**labels)
 
-        def gauge(name: str, doc: str) -> Any:
+        def gauge(name: str, doc: str) -> prometheus_client.Gauge:
             return prometheus_client.Gauge(name, doc, names,
                                            registry=self.registry).labels(**labels)
 
@@ -86,7 +91,7 @@ class Metrics:
                                 "(running, or exited and being settled).")
         # The queue's gauges have no child until the first sample: before it (and on Service
         # Bus for the age, which it cannot tell) the series is absent, not a misleading 0.
-        def family(name: str, doc: str) -> Any:
+        def family(name: str, doc: str) -> prometheus_client.Gauge:
             return prometheus_client.Gauge(name, doc, names, registry=self.registry)
 
         self._depth = family("jobq_queue_depth", "Tasks in the queue (SQLite: pending; "
@@ -207,7 +212,7 @@ class OutputDropped:
     def __init__(self, labels: dict[str, str]) -> None:
         self.labels = labels
 
-    def collect(self) -> Any:
+    def collect(self) -> Iterator[CounterMetricFamily]:
         from prometheus_client.core import CounterMetricFamily
 
         from .logs import dropped_lines

@@ -20,7 +20,6 @@ import socket
 import threading
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from datetime import timezone
 from types import FrameType
 from typing import TYPE_CHECKING, Callable, Optional, Union
@@ -31,7 +30,7 @@ from ..core.settings import (
 )
 from ..core.signals import CAUGHT_SIGNALS, INHERITED_IGNORED
 from ..core.threads import start_thread
-from .events import Event
+from .events import Event, PreemptEvent
 
 if TYPE_CHECKING:  # imported where used: a worker off Azure never loads http/email/ssl
     import urllib.request
@@ -133,19 +132,6 @@ def parse_not_before(text: str) -> float | None:
     if when.tzinfo is None:  # "-0000" means UTC with an unknown local zone
         when = when.replace(tzinfo=timezone.utc)
     return when.timestamp()
-
-
-@dataclass(frozen=True)
-class PreemptEvent:
-    event_id: str
-    event_type: str
-    not_before_wall: float | None  # epoch seconds; None: no time given
-
-    def seconds_left(self, now_wall: float) -> float | None:
-        """Seconds until NotBefore (never negative), or None when the event gave no time."""
-        if self.not_before_wall is None:
-            return None
-        return max(0.0, self.not_before_wall - now_wall)
 
 
 def imds_base(url: str) -> str:

@@ -24,6 +24,7 @@ import signal
 import subprocess
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 import psutil
 
@@ -54,6 +55,16 @@ def task_environment(base: dict[str, str], extra: dict[str, str],
     env = without_secrets(base, pass_env)
     env.update(extra)
     return env
+
+
+class SpawnOptions(TypedDict, total=False):
+    """The keywords of ``TaskProcess.spawn`` that follow from the task user and limits
+    (``TaskGuard.spawn_options``)."""
+
+    argv_prefix: Sequence[str]
+    user: int
+    group: int
+    extra_groups: Sequence[int]
 
 
 @dataclass

@@ -10,18 +10,21 @@ thread writes it, batched, so nothing here ever waits for a store.  Without a co
 
 A settlement that did not happen after the end record was handed over -- the broker refused
 it, or the service could not be reached until the lease ended -- leaves the message to come
-back.  ``settled`` then hands over the same record again as ``lock-lost``, not final (an
-upsert of the same key), its reason saying what was decided and why it was not settled.
+back.  Settlement tells ``settled`` so (the keeper's ``SettleResult``), which then hands over
+the same record again as ``lock-lost``, not final (an upsert of the same key), its reason
+saying what was decided and why it was not settled.  The result log is only told: it decides
+nothing and asks nobody.
 See docs/architecture.rst, "The fleet layer".
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Union
 
-from .keeper import LeaseKeeper
+from .outcomes import SettleResult
 
 if TYPE_CHECKING:  # imported at the first record: a worker without a control store needs none
     from ..fleet.control.records import ResultRecord
@@ -49,7 +52,8 @@ class ResultLog:
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
     sink: Union[Callable[[ResultRecord], None], None] = field(default=None, init=False)
-    _unsettled: dict[LeaseKeeper, ResultRecord] = field(default_factory=dict, init=False)
+    # the end records whose settlement is not known yet, by settlement (its keeper)
+    _unsettled: dict[Hashable, ResultRecord] = field(default_factory=dict, init=False)
     # task id -> its queue, when not ``queue``
     _queues: dict[str, str] = field(default_factory=dict, init=False)
 
@@ -95,28 +99,28 @@ class ResultLog:
                             started=self.epoch(started), finished=now, final=final,
                             max_attempts=max_attempts, cancelled_by=cancelled_by)
 
-    def hand_over(self, record: Union[ResultRecord, None], keeper: LeaseKeeper,
-                  pending: bool) -> None:
-        """Give ``record`` to the sink; ``pending``: the keeper's settlement is not known
-        yet (its outcome comes to ``settled``)."""
+    def hand_over(self, record: Union[ResultRecord, None], unique_key: Union[str, None],
+                  settlement: Hashable) -> None:
+        """Give ``record`` to the sink, as its attempt's settlement (its keeper) is under way:
+        what became of it comes to ``settled``.  ``unique_key``: the task's, released with
+        a final record."""
         if record is None or self.sink is None:
             return
-        task = keeper.lease.task
-        if record.final and task is not None and task.unique_key:
+        if record.final and unique_key:
             # the control thread releases the key's claim (control/unique.py)
-            record = replace(record, unique_key=task.unique_key)
+            record = replace(record, unique_key=unique_key)
         self.sink(record)
-        if pending and record.outcome != "lock-lost":
-            self._unsettled[keeper] = record
+        if record.outcome != "lock-lost":
+            self._unsettled[settlement] = record
 
-    def settled(self, keeper: LeaseKeeper, refused: bool) -> None:
-        """``keeper`` is done; ``refused``: its settlement did not happen (the message comes
-        back), so the end record says lock-lost, with what was decided and the keeper's
-        ``unsettled_reason``."""
-        record = self._unsettled.pop(keeper, None)
-        if record is None or not refused or self.sink is None:
+    def settled(self, settlement: Hashable, result: SettleResult) -> None:
+        """``settlement`` (handed over with its record) is over with ``result``; when it was
+        refused (the message comes back) the end record says lock-lost, with what was
+        decided and why it did not happen."""
+        record = self._unsettled.pop(settlement, None)
+        if record is None or not result.refused or self.sink is None:
             return
-        why = keeper.unsettled_reason or "the broker refused the settlement"
+        why = result.reason or "the broker refused the settlement"
         self.sink(replace(record, outcome="lock-lost", final=False, when=self.wall(),
                           reason=f"{record.outcome}, then {why}; the message comes back and "
                                  f"the task runs again"

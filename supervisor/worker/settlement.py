@@ -1,13 +1,15 @@
 """What happens to a lease once its task is over, or once it must not run at all.
 
-Main thread only.  ``Settlement`` decides the outcome (complete, retry, dead-letter, requeue,
-leave a lost lease alone), counts it, and hands it as one step (``Complete``, ``Release``,
-``DeadLetter`` from lease.py, or None) to the lease's keeper, which applies it on its thread
-and never calls back here (on a backend with ``quick_settle``, SQLite, a short task's lease is
-settled right here when the write is instant: see ``LeaseKeeper.settle_here``).
-It also remembers what this worker released and when it comes back (``--exit-when-empty``),
-and hands each attempt's end to ``results`` (results.py: the attempt's result record, corrected
-to lock-lost when the broker refuses the settlement).
+Main thread only.  ``Settlement`` is the one owner of how an attempt ended: it decides the
+outcome (``outcomes.Ended``: complete, retry, dead-letter, requeue, leave a lost lease alone),
+counts it, and hands it as one step (``Complete``, ``Release``, ``DeadLetter`` from
+settle_steps.py, or None) to the lease's keeper, which applies it on its thread and never
+calls back here (on a backend with ``quick_settle``, SQLite, a short task's lease is settled
+on this thread when the write is instant: see ``LeaseKeeper.settle_here``).  The keeper's
+typed ``SettleResult`` comes back once it is done; a refused settlement is then counted as a
+lost lease, and the result log is told (result_log.py: the attempt's record, corrected to
+lock-lost).  It also remembers what this worker released and when it comes back
+(``--exit-when-empty``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import functools
 import logging
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..backends.base import Backend, Lease
 from ..core.outcome_counts import OutcomeCounts
@@ -26,6 +28,7 @@ from ..core.task import Task
 from .keeper import LeaseKeeper
 from .logs import log_fast
 from .metrics import Metrics
+from .outcomes import Ended, SettleResult
 from .process import describe_exit
 from .result_log import ResultLog
 from .settle_steps import Complete, DeadLetter, Release, SettleStep
@@ -33,7 +36,7 @@ from .task_guard import TaskGuard
 from .watchdog import RunningTask
 
 if TYPE_CHECKING:  # built only with a control store: not imported without one
-    from ..fleet.control.records import ResultRecord
+    from ..fleet.control.records import Cancel, ResultRecord
 
 log = logging.getLogger("jobq.worker")
 
@@ -49,9 +52,6 @@ SETTLING_MIN = 8
 PER_QUEUE = ("succeeded", "failed", "dead_lettered")  # what a worker record shows
 
 
-# What a settlement's description counted, undone when the broker refuses it.
-_COUNT_OF = {"completed": "succeeded", "retry": "retried", "failed": "failed",
-             "dead-lettered": "dead_lettered", "requeued": "requeued", "cancelled": "cancelled"}
 
 
 def attempts_allowed(task: Task | None, settings: Settings) -> int:
@@ -59,7 +59,7 @@ def attempts_allowed(task: Task | None, settings: Settings) -> int:
     return (task.max_attempts if task is not None else None) or settings.max_attempts
 
 
-def cancel_reason(cancel: Any) -> str:
+def cancel_reason(cancel: Cancel) -> str:
     """The failed-state reason of a cancelled task (any thread): the words of
     ``control.records.cancel_reason``, which jobq-ctl uses too.  Imported here, not at the top:
     a cancel comes only from a control store, and a worker with ``--control off`` loads none
@@ -208,11 +208,11 @@ class Settlement:
         """Forget the keepers that are done settling (main thread)."""
         # A keeper whose lease deadline passed will not settle (and may be stuck in a hung
         # call): its message comes back through the broker, so nobody waits for it -- but
-        # how it ended is still counted once it is done (``_count_refused``).
+        # how it ended is still counted once it is done (``_settled``).
         still = []
         for k in self.settling:
             if k.done.is_set():
-                self._count_refused(k)
+                self._settled(k)
             elif k.lost():
                 self.overdue.append(k)
             else:
@@ -221,40 +221,55 @@ class Settlement:
         if self.overdue:
             for k in [k for k in self.overdue if k.done.is_set()]:
                 self.overdue.remove(k)
-                self._count_refused(k)
+                self._settled(k)
 
-    def _count_refused(self, keeper: LeaseKeeper) -> None:
-        """A settlement the broker refused (or the deadline overtook) did not happen: the
-        message comes back, so the run counts as a lost lease, not as what was decided (and its
-        result record says so)."""
-        refused = keeper.settle_result.startswith("not settled")
-        self.results.settled(keeper, refused)
-        if not refused:
+    def _settled(self, keeper: LeaseKeeper, result: SettleResult | None = None) -> None:
+        """``keeper`` is done, with ``result`` (default: its own); tell the result log.  A
+        settlement the broker refused (or the deadline overtook) did not happen: the message
+        comes back, so the run counts as a lost lease, not as what was decided (and its result
+        record says so)."""
+        result = result or keeper.result
+        assert result is not None  # ``finish`` set it before the keeper was handed here
+        self.results.settled(keeper, result)
+        if not result.refused:
             return
-        decided = _COUNT_OF.get(keeper.requested)
+        decided = result.ended.count
         if decided is not None and self.counts[decided] > 0:
             self._count(keeper, decided, -1)
         self.counts["lock_lost"] += 1
         self.metrics.lock_lost()
 
     # ------------------------------------------------------------------- outcomes
-    def settle(self, keeper: LeaseKeeper, step: SettleStep | None, description: str,
+    def settle(self, keeper: LeaseKeeper, step: SettleStep | None, ended: Ended,
                record: ResultRecord | None = None) -> None:
-        """Hand ``step`` to ``keeper`` (None: settle nothing) and see it applied, and
-        ``record`` (the attempt's end) to the result log (main thread)."""
-        keeper.finish(step, description)
+        """The attempt ``ended`` so: count it, hand ``step`` to ``keeper`` (None: settle
+        nothing) and see it applied, and ``record`` (the attempt's end) to the result log
+        (main thread).  What became of the step comes back in ``_settled``."""
+        keeper.finish(step, ended)
+        if ended.count is not None:
+            self._count(keeper, ended.count)
+        task = keeper.lease.task
+        self.results.hand_over(record, task.unique_key if task is not None else None, keeper)
         if self.quick_settle and not keeper.started:
             with self.backend.quick_writes():
-                if keeper.settle_here():
-                    refused = keeper.settle_result.startswith("not settled")
-                    if refused:
-                        self.overdue.append(keeper)  # counted at the next prune: the
-                        # caller counts what it decided after this returns
-                    self.results.hand_over(record, keeper, pending=refused)
-                    return
+                result = keeper.settle_here()
+            if result is not None:
+                self._settled(keeper, result)
+                return
         keeper.start()  # no-op if it runs already (or was done without a thread)
         self.settling.append(keeper)
-        self.results.hand_over(record, keeper, pending=True)
+
+    def unstarted(self, keeper: LeaseKeeper, task_id: str, lost: bool = False) -> None:
+        """A lease received and never started goes back to the queue, attempt not counted --
+        or, ``lost`` (its deadline passed while it was held), is left to the broker, with no
+        call (main thread)."""
+        if lost:
+            keeper.finish(None, Ended.EXPIRED)  # no thread, no call
+            self.awaiting_return[task_id] = (
+                keeper, self.backend.lost_lease_return_delay + self.s.poll_interval, "lost")
+            return
+        self.settle(keeper, Release(count_attempt=False), Ended.RETURNED)
+        self.awaiting_return[task_id] = (keeper, 0.0, "released")
 
     def reject(self, lease: Lease, keeper: LeaseKeeper, task_id: str,
                max_attempts: int) -> bool:
@@ -271,16 +286,14 @@ class Settlement:
         if lease.attempt > max_attempts:
             reason = f"attempts exhausted ({lease.attempt - 1} of {max_attempts} used)"
             log.error("%s; failing it without a run", reason, extra={"task_id": task_id})
-            self.settle(keeper, DeadLetter(reason), "failed", self.results.ended(
+            self.settle(keeper, DeadLetter(reason), Ended.FAILED, self.results.ended(
                 task_id, lease.attempt, "failed", max_attempts=max_attempts, final=True,
                 reason=reason))
-            self._count(keeper, "failed")
             return True
         return False
 
     def dead_letter(self, keeper: LeaseKeeper, reason: str, detail: str) -> bool:
-        self.settle(keeper, DeadLetter(reason, detail), "dead-lettered")
-        self._count(keeper, "dead_lettered")
+        self.settle(keeper, DeadLetter(reason, detail), Ended.DEAD_LETTERED)
         self.metrics.task_dead_lettered()
         return True
 
@@ -300,38 +313,38 @@ class Settlement:
         if rt.lock_loss_handled or keeper.lost():
             log.error("finished after lock loss (%s, %.1fs, %s); not settled: the message "
                       "comes back through the broker", status, duration, of, extra=extra)
-            self.settle(keeper, None, "lock lost", self.results.ended(
+            self.settle(keeper, None, Ended.LOCK_LOST, self.results.ended(
                 rt.task_id, rt.attempt, "lock-lost", max_attempts=max_attempts, rc=rc,
                 reason=keeper.lost_reason or "lock lost", started=rt.started))
-            self.counts["lock_lost"] += 1
             self.metrics.lock_lost()
             # Read when asked, not now: a renewal still in flight may yet extend the lock.
             self.awaiting_return[rt.task_id] = (
                 keeper, self.backend.lost_lease_return_delay + self.s.poll_interval, "lost")
             return
-        if rt.cancel_handled:  # carried out while it ran: whatever the exit, it is cancelled
+        if rt.cancel_handled and (cancel := rt.cancel) is not None:
+            # carried out while it ran: whatever the exit, it is cancelled
             self.cancelled(keeper, rt.task_id, rt.attempt,
-                           f"{cancel_reason(rt.cancel)} ({status}, {of})", tail, rc,
-                           by=rt.cancel.who, started=rt.started)
+                           f"{cancel_reason(cancel)} ({status}, {of})", tail, rc,
+                           by=cancel.who, started=rt.started)
             return
         preempted = rt.stop_reason is not None or (
             stopping and rc in (-signal.SIGTERM, 128 + signal.SIGTERM))
         if preempted:
             log.warning("preempted (%s, %.1fs): back to the queue, attempt not counted",
                         status, duration, extra=extra)
-            self.settle(keeper, Release(count_attempt=False), "requeued", self.results.ended(
-                rt.task_id, rt.attempt, "requeued", max_attempts=max_attempts, rc=rc,
-                reason=rt.stop_reason or "the worker stopped", started=rt.started))
-            self.counts["requeued"] += 1
+            self.settle(keeper, Release(count_attempt=False), Ended.REQUEUED,
+                        self.results.ended(rt.task_id, rt.attempt, "requeued",
+                                           max_attempts=max_attempts, rc=rc,
+                                           reason=rt.stop_reason or "the worker stopped",
+                                           started=rt.started))
             self.metrics.task_requeued()
             return
         if rc == 0 and rt.term_reason is None:
             log_fast(log, logging.INFO, "finished: %s in %.1fs (%s)", status, duration, of,
                      extra=extra)
-            self.settle(keeper, Complete(), "completed", self.results.ended(
+            self.settle(keeper, Complete(), Ended.SUCCEEDED, self.results.ended(
                 rt.task_id, rt.attempt, "succeeded", max_attempts=max_attempts, rc=rc,
                 final=True, started=rt.started))
-            self._count(keeper, "succeeded")
             self.metrics.task_succeeded()
             self.consecutive_failures = 0
             return
@@ -357,11 +370,10 @@ class Settlement:
         None if it never ran): to the failed state, never retried, counted as neither success
         nor failure (main thread)."""
         log.warning("%s: not retried", reason, extra={"task_id": task_id, "attempt": attempt})
-        self.settle(keeper, DeadLetter(reason, tail, rc), "cancelled", self.results.ended(
+        self.settle(keeper, DeadLetter(reason, tail, rc), Ended.CANCELLED, self.results.ended(
             task_id, attempt, "cancelled", rc=rc, final=True, reason=reason, tail=tail,
             cancelled_by=by, started=started,
             max_attempts=attempts_allowed(keeper.lease.task, self.s)))
-        self.counts["cancelled"] += 1
         self.metrics.task_cancelled()
 
     def failed(self, keeper: LeaseKeeper, task_id: str, attempt: int, max_attempts: int,
@@ -379,9 +391,8 @@ class Settlement:
             full = f"{reason}; attempt {attempt} of {max_attempts}" + (
                 ", giving up" if retry else "")
             log.error("failed for good: %s", full, extra={"task_id": task_id})
-            self.settle(keeper, DeadLetter(full, tail, rc), "failed",
+            self.settle(keeper, DeadLetter(full, tail, rc), Ended.FAILED,
                         record(final=True, reason=full))
-            self._count(keeper, "failed")
             self.metrics.task_dead_lettered()
         else:
             delay = retry_delay(self.s, attempt)
@@ -393,10 +404,9 @@ class Settlement:
             else:
                 log.info("will retry in %.0fs (attempt %d of %d failed)", delay, attempt,
                          max_attempts, extra={"task_id": task_id})
-            self.settle(keeper, Release(count_attempt=True, delay=delay), "retry",
+            self.settle(keeper, Release(count_attempt=True, delay=delay), Ended.RETRIED,
                         record(reason=f"{reason}; {when}"))
             self.awaiting_return[task_id] = (keeper, delay, "released")
-            self.counts["retried"] += 1
         self.consecutive_failures += 1
         limit = self.s.max_consecutive_failures
         if limit and self.consecutive_failures >= limit:

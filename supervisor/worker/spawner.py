@@ -21,10 +21,10 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, TypeVar
+from typing import Callable, Generic, TypeVar
 
 from ..core.threads import Flag, start_thread
-from .process import TaskProcess
+from .process import SpawnOptions, TaskProcess
 
 log = logging.getLogger("jobq.spawner")
 
@@ -36,14 +36,14 @@ class SpawnJob(Generic[C]):
     """Everything the main thread prepared for one task; ``proc``/``error`` are the result.
 
     ``context`` is the submitter's own bookkeeping, carried through untouched (the launcher's
-    is a ``launch.TaskStart``: the lease, its keeper, the task, the attempts allowed)."""
+    is an ``events.TaskStart``: the lease, its keeper, the task, the attempts allowed)."""
 
     cmd: str
     env: dict[str, str]
     cwd: str | None
     marker: str
     context: C
-    options: dict[str, Any] = field(default_factory=dict)  # TaskProcess.spawn keywords
+    options: SpawnOptions = field(default_factory=SpawnOptions)  # TaskProcess.spawn keywords
     # Run on the spawner thread once the shell started (its output goes to the pump).
     after_spawn: Callable[[SpawnJob[C]], None] | None = None
     proc: TaskProcess | None = None

@@ -25,12 +25,15 @@ import re
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..core.settings import Settings
 from ..core.signing import SecurityConfigError, SigningKey, load_keys, verify
 from ..core.task import Task
 from .limits import TaskLimits, TaskUserIds
+
+if TYPE_CHECKING:  # a name only: the dashboard reads this module without process.py
+    from .process import SpawnOptions
 
 log = logging.getLogger("jobq.security")
 
@@ -160,14 +163,14 @@ class TaskGuard:
         return None
 
     # -- spawning --------------------------------------------------------------------------
-    def spawn_options(self, marker: str) -> dict[str, Any]:
+    def spawn_options(self, marker: str) -> SpawnOptions:
         """Keyword arguments for TaskProcess.spawn of the task with ``marker`` (main thread)."""
         ids = None
         if self.user is not None:
             ids = TaskUserIds(self.user.uid, self.user.gid, self.user.groups)
-        opts: dict[str, Any] = {"argv_prefix": self.limits.argv_prefix(marker, ids)}
+        opts: SpawnOptions = {"argv_prefix": self.limits.argv_prefix(marker, ids)}
         if ids is not None and not self.limits.switches_user:
-            opts.update(user=ids.uid, group=ids.gid, extra_groups=list(ids.groups))
+            opts.update({"user": ids.uid, "group": ids.gid, "extra_groups": list(ids.groups)})
         return opts
 
     def environment(self) -> dict[str, str]:

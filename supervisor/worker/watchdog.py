@@ -19,11 +19,16 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..core.threads import Flag, start_thread
 from .keeper import LeaseKeeper
 from .process import Signaller, TaskProcess
+
+if TYPE_CHECKING:  # names only: a worker without a control store loads none of fleet/
+    from ..backends.base import Lease
+    from ..core.task import Task
+    from ..fleet.control.records import Cancel
 
 log = logging.getLogger("jobq.watchdog")
 
@@ -47,18 +52,18 @@ class RunningTask:
     proc: TaskProcess
     keeper: LeaseKeeper
     started: float
+    lease: Lease
     time_limit_at: float | None = None
     time_limit: float | None = None  # s: min(the task's timeout, --task-time-limit)
-    lease: Any = None
-    task: Any = None
+    task: Task | None = None  # lease.task (None only in tests)
     # requests (main)
     stop_reason: str | None = None  # e.g. "preempted": SIGTERM, escalate after kill_timeout
     stop_kill_timeout: float | None = None  # escalate after this instead (Scheduled Events)
     kill_reason: str | None = None  # e.g. "second signal": SIGKILL now
     exited_at: float | None = None  # the shell was reaped
-    # request (control thread, set once): a control.records.Cancel -- SIGTERM to the tree,
-    # SIGKILL after its grace (0: at once); settled as "cancelled"
-    cancel: Any = None
+    # request (control thread, set once): SIGTERM to the tree, SIGKILL after its grace (0: at
+    # once); settled as "cancelled"
+    cancel: Cancel | None = None
     # state (watchdog)
     state: Escalation = Escalation.RUNNING
     term_reason: str | None = None
@@ -175,7 +180,7 @@ class Watchdog:
                     self._terminating(rt, now, "lock lost")
                     term.append(rt)
             if rt.cancel is not None and not rt.cancel_handled:
-                self._cancel(rt, now, term, kill)
+                self._cancel(rt, rt.cancel, now, term, kill)
             if rt.kill_reason and rt.state is not Escalation.KILLED and rt not in kill:
                 kill.append(rt)
             if rt.stop_reason and rt.state is Escalation.RUNNING:
@@ -213,11 +218,12 @@ class Watchdog:
             next_check = min(next_check, now + 0.1)
         return max(0.0, next_check - self.clock())
 
-    def _cancel(self, rt: RunningTask, now: float, term: list[RunningTask],
+    def _cancel(self, rt: RunningTask, cancel: Cancel, now: float, term: list[RunningTask],
                 kill: list[RunningTask]) -> None:
-        """Carry out a cancel: SIGTERM now and SIGKILL after its grace, or SIGKILL now."""
+        """Carry out ``rt``'s ``cancel``: SIGTERM now and SIGKILL after its grace, or SIGKILL
+        now."""
         rt.cancel_handled = True
-        grace = max(0.0, float(rt.cancel.grace))
+        grace = max(0.0, float(cancel.grace))
         if grace == 0:
             if rt.state is not Escalation.KILLED and rt not in kill:
                 log.warning("cancelled: sending SIGKILL to the task's process tree",

@@ -90,6 +90,8 @@ class FakeLease:
     def release(self, count_attempt: bool, delay: float = 0.0) -> None:
         with self._lock:
             self.calls.append(("release", count_attempt, delay))
+        if self.refuse is not None:
+            raise self.refuse
 
     def dead_letter(self, reason: str, output_tail: str, exit_status: int | None = None) -> None:
         with self._lock:

@@ -15,11 +15,11 @@ from supervisor.worker.keeper import (
     RETRY_AFTER_FAILURE,
     SETTLE_LAST_TRY,
     SETTLE_RETRY_MAX,
-    UNREACHABLE,
     LeaseKeeper,
     lease_deadline,
     next_renewal,
 )
+from supervisor.worker.outcomes import Ended, SettleResult, Unsettled
 from supervisor.worker.settle_steps import Complete, DeadLetter, Release
 
 pytestmark = pytest.mark.timeout(10)
@@ -254,7 +254,7 @@ def _settle_completed(keeper: LeaseKeeper, lease: FakeLease, errors: list | None
     if errors is not None:
         lease.settle_errors = errors
     lease.settle_duration = duration
-    keeper.finish(Complete(), "completed")
+    keeper.finish(Complete(), Ended.SUCCEEDED)
     keeper.settle()
     return lease.settle_calls
 
@@ -262,7 +262,7 @@ def _settle_completed(keeper: LeaseKeeper, lease: FakeLease, errors: list | None
 def test_settle_runs_the_settlement(keeper, lease) -> None:
     _settle_completed(keeper, lease)
     assert lease.settled == ["complete"]
-    assert keeper.settle_result == "completed"
+    assert keeper.result == SettleResult(Ended.SUCCEEDED)
 
 
 @pytest.mark.parametrize("step, call", [
@@ -273,7 +273,7 @@ def test_settle_runs_the_settlement(keeper, lease) -> None:
     (DeadLetter("bad message: not JSON"), "dead_letter(bad message: not JSON, , None)"),
 ])
 def test_each_step_is_one_call_on_the_lease(keeper, lease, step, call) -> None:
-    keeper.finish(step, "described")
+    keeper.finish(step, Ended.FAILED)
     keeper.settle()
     assert lease.settled == [call]
     assert lease.renews == []
@@ -287,14 +287,14 @@ def test_settle_skipped_when_lost_or_past_the_deadline(keeper, lease, clock, why
         clock.now = keeper.deadline + 0.5
     _settle_completed(keeper, lease)
     assert lease.settled == []
-    assert keeper.settle_result.startswith("not settled")
+    assert keeper.result is not None and keeper.result.refused
 
 
 def test_settle_retries_backend_errors_until_success(keeper, lease, clock) -> None:
     attempts = _settle_completed(keeper, lease, [BackendError("busy")] * 3, duration=0.5)
     assert len(attempts) == 4
     assert lease.settled == ["complete"]
-    assert keeper.settle_result == "completed"
+    assert keeper.result == SettleResult(Ended.SUCCEEDED)
     assert not keeper.lock_lost.is_set()
 
 
@@ -304,8 +304,8 @@ def test_settle_gives_up_when_the_deadline_passes_while_retrying(keeper, lease, 
     # each call takes 10 s; the waits between them double from 1 s and never pass the last
     # try, SETTLE_LAST_TRY before the deadline at T0+54: calls at T0, +11, +23, +37, +53
     assert attempts == [T0, T0 + 11, T0 + 23, T0 + 37, T0 + 54 - SETTLE_LAST_TRY]
-    assert keeper.settle_result == UNREACHABLE
-    assert "unreachable" in keeper.unsettled_reason and "refused" not in keeper.unsettled_reason
+    assert keeper.result is not None and keeper.result.unsettled is Unsettled.UNREACHABLE
+    assert "unreachable" in keeper.result.reason and "refused" not in keeper.result.reason
 
 
 class OutageLease(FakeLease):
@@ -344,14 +344,15 @@ def test_settle_retry_schedule_never_sleeps_past_the_deadline(clock) -> None:
     sleeps: list[tuple[float, float]] = []
     keeper = _outage_keeper(clock, lease, sleeps)
     deadline = keeper.deadline
-    keeper.finish(Complete(), "completed")
+    keeper.finish(Complete(), Ended.SUCCEEDED)
     keeper.settle()
     assert sleeps and all(at + d <= deadline - SETTLE_LAST_TRY for at, d in sleeps)
     assert lease.settle_calls[:6] == [T0, T0 + 1, T0 + 3, T0 + 7, T0 + 15, T0 + 31]
     assert lease.settle_calls[-1] == deadline - SETTLE_LAST_TRY  # one last try just before
     assert lease.renews, "the lease was not renewed while the settlement waited"
-    assert keeper.settle_result == UNREACHABLE and not keeper.lock_lost.is_set()
-    assert keeper.unsettled_reason.startswith(
+    assert keeper.result is not None and keeper.result.unsettled is Unsettled.UNREACHABLE
+    assert not keeper.lock_lost.is_set()
+    assert keeper.result.reason.startswith(
         "could not settle: the service was unreachable until the lease ended")
 
 
@@ -360,10 +361,10 @@ def test_a_waiting_settlement_renews_and_goes_through_when_the_service_answers(c
     lease, and the settlement is tried at once -- it goes through (issue 26)."""
     lease = OutageLease(clock, back_at=T0 + 50)
     keeper = _outage_keeper(clock, lease, [])
-    keeper.finish(Complete(), "completed")
+    keeper.finish(Complete(), Ended.SUCCEEDED)
     keeper.settle()
     assert lease.settled == ["complete"]
-    assert keeper.settle_result == "completed"
+    assert keeper.result == SettleResult(Ended.SUCCEEDED)
     assert T0 + 50 <= lease.settle_calls[-1] < T0 + 50 + RETRY_AFTER_FAILURE
     assert keeper.renewals == 1 and keeper.deadline > T0 + 100
 
@@ -377,11 +378,11 @@ def test_a_renewal_refused_while_settling_leaves_the_last_word_to_the_settlement
     errors: list = [BackendError("timed out")] * 5
     _settle_completed(keeper, lease, errors + ([None] if applied else [LeaseLost("gone")]))
     if applied:
-        assert lease.settled == ["complete"] and keeper.settle_result == "completed"
+        assert lease.settled == ["complete"] and keeper.result == SettleResult(Ended.SUCCEEDED)
     else:
         assert keeper.lock_lost.is_set()
-        assert keeper.settle_result == "not settled: lease lost"
-        assert "refused" in keeper.unsettled_reason
+        assert keeper.result is not None and keeper.result.unsettled is Unsettled.REFUSED
+        assert "refused" in keeper.result.reason
 
 
 def test_settle_retries_back_off_up_to_a_cap(lease, clock, on_lost) -> None:
@@ -400,11 +401,11 @@ def test_settle_lease_lost_is_not_retried(keeper, lease, on_lost) -> None:
     assert len(attempts) == 1
     assert keeper.lock_lost.is_set()
     assert on_lost.calls == 1
-    assert keeper.settle_result.startswith("not settled")
+    assert keeper.result is not None and keeper.result.refused
 
 
 def test_finish_none_settles_nothing(keeper, lease) -> None:
-    keeper.finish(None)
+    keeper.finish(None, Ended.LOCK_LOST)
     keeper.settle()
     assert lease.settled == []
     assert lease.renews == []
@@ -453,17 +454,17 @@ def test_keeper_thread_renews_and_settles() -> None:
         assert all(0 < t <= 30.0 for t in lease.timeouts)
         assert keeper.deadline > time.monotonic()
     finally:
-        keeper.finish(Complete(), "completed")
+        keeper.finish(Complete(), Ended.SUCCEEDED)
         assert keeper.join(5.0)
     assert lease.settled == ["complete"]
     assert keeper.done.is_set()
-    assert keeper.settle_result == "completed"
+    assert keeper.result == SettleResult(Ended.SUCCEEDED)
 
 
 @pytest.mark.timeout(15)
 def test_keeper_thread_finish_none_stops_without_settling() -> None:
     lease, keeper = _keeper_thread(wanted=1, renew_interval=60.0)
-    keeper.finish(None)
+    keeper.finish(None, Ended.LOCK_LOST)
     assert keeper.join(5.0)
     assert lease.settled == []
     assert lease.timeouts == []
@@ -471,20 +472,20 @@ def test_keeper_thread_finish_none_stops_without_settling() -> None:
 
 # ------------------------------------------------- settling on the calling thread (SQLite)
 def test_settle_here_settles_without_a_thread(keeper, lease, clock) -> None:
-    keeper.finish(Complete(), "completed")
+    keeper.finish(Complete(), Ended.SUCCEEDED)
     clock.advance(1.0)
-    assert keeper.settle_here()
+    assert keeper.settle_here() == SettleResult(Ended.SUCCEEDED)
     assert lease.settled == ["complete"]
     assert keeper.done.is_set() and keeper.started  # start() is a no-op from now on
     assert keeper.finished_at == T0 + 1.0
-    assert keeper.settle_result == "completed"
+    assert keeper.result == SettleResult(Ended.SUCCEEDED)
 
 
 def test_settle_here_leaves_a_busy_backend_to_the_thread(keeper, lease) -> None:
     lease.settle_errors = [BackendError("database is locked")]
 
-    keeper.finish(Complete(), "completed")
-    assert not keeper.settle_here()
+    keeper.finish(Complete(), Ended.SUCCEEDED)
+    assert keeper.settle_here() is None
     assert not keeper.started and not keeper.done.is_set()
     keeper.settle()  # what the keeper thread then does: it retries
     assert lease.settled == ["complete"]
@@ -493,24 +494,25 @@ def test_settle_here_leaves_a_busy_backend_to_the_thread(keeper, lease) -> None:
 def test_settle_here_lease_lost(keeper, lease, on_lost) -> None:
     lease.settle_errors = [LeaseLost("token mismatch")]
 
-    keeper.finish(Complete(), "completed")
-    assert keeper.settle_here()
+    keeper.finish(Complete(), Ended.SUCCEEDED)
+    result = keeper.settle_here()
+    assert result is not None and result.unsettled is Unsettled.REFUSED
     assert keeper.lock_lost.is_set() and on_lost.calls == 1
-    assert keeper.settle_result.startswith("not settled")
+    assert keeper.result is not None and keeper.result.refused
     assert keeper.done.is_set()
 
 
 def test_settle_here_not_past_the_deadline_nor_beside_a_running_thread(
         keeper, lease, clock) -> None:
-    keeper.finish(Complete(), "completed")
+    keeper.finish(Complete(), Ended.SUCCEEDED)
     clock.advance(LOCK)  # past the deadline: the thread logs it and settles nothing
-    assert not keeper.settle_here()
+    assert keeper.settle_here() is None
     assert lease.settled == []
     other = LeaseKeeper(FakeLease(clock), "task-2", t_sent=clock.now, granted=LOCK,
                         renew_interval=INTERVAL, clock=clock)
     other.started = True  # its thread runs: only that thread may touch the lease
-    other.finish(Complete(), "completed")
-    assert not other.settle_here()
+    other.finish(Complete(), Ended.SUCCEEDED)
+    assert other.settle_here() is None
 
 
 def test_an_unexpected_error_in_a_settlement_is_retried(keeper, lease, clock) -> None:
@@ -519,16 +521,16 @@ def test_an_unexpected_error_in_a_settlement_is_retried(keeper, lease, clock) ->
     lease.settle_errors = [RuntimeError("dictionary changed size during iteration")]
     calls = lease.settle_calls
 
-    keeper.finish(Complete(), "completed")
+    keeper.finish(Complete(), Ended.SUCCEEDED)
     keeper.settle()  # the keeper thread's part: the error is logged and the call retried
     assert lease.settled == ["complete"] and len(calls) == 2
-    assert keeper.settle_result == "completed"
+    assert keeper.result == SettleResult(Ended.SUCCEEDED)
     lease2 = FakeLease(clock)
     lease2.settle_errors = [RuntimeError("dictionary changed size during iteration")]
     keeper2 = LeaseKeeper(lease2, "task-2", t_sent=clock.now, granted=LOCK,
                           renew_interval=INTERVAL, clock=clock)
-    keeper2.finish(Complete(), "completed")
-    assert not keeper2.settle_here()  # on the main loop: left to the thread, which retries
+    keeper2.finish(Complete(), Ended.SUCCEEDED)
+    assert keeper2.settle_here() is None  # on the main loop: left to the thread, which retries
 
 
 def test_an_unexpected_error_in_a_renewal_counts_as_a_failed_renewal(keeper, lease, clock):

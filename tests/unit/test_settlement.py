@@ -6,6 +6,7 @@ Driven through its public surface with a fake clock, a real Settings, TaskGuard 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 from typing import Any
@@ -19,6 +20,7 @@ from supervisor.core.task import Task
 from supervisor.worker.keeper import LeaseKeeper
 from supervisor.worker.limits import TaskLimits
 from supervisor.worker.metrics import Metrics
+from supervisor.worker.outcomes import Ended, SettleResult, Unsettled
 from supervisor.worker.settlement import Settlement, cancel_reason
 from supervisor.worker.task_guard import TaskGuard
 from supervisor.worker.watchdog import RunningTask
@@ -102,6 +104,47 @@ def test_a_refused_settlement_counts_as_a_lost_lease_not_a_success() -> None:
     assert h.settlement.counts == h.counts(lock_lost=1)
     h.settlement.prune()  # counted once
     assert h.settlement.counts == h.counts(lock_lost=1)
+
+
+class QuickBackend(FakeBackend):
+    """A backend whose leases the main thread settles itself (SQLite's ``quick_settle``)."""
+
+    quick_settle = True
+
+    def quick_writes(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("rc, requests, decided", [
+    (0, {}, Ended.SUCCEEDED),
+    (1, {}, Ended.RETRIED),
+    (1, {"attempt": 3}, Ended.FAILED),
+    (-signal.SIGTERM, {"stop_reason": "preempted"}, Ended.REQUEUED),
+])
+def test_a_settlement_refused_on_the_quick_path_is_counted_at_once(
+        rc: int, requests: dict[str, Any], decided: Ended) -> None:
+    """Issue 27: the settlement is told the keeper's typed result as soon as it is known --
+    on the quick path, at once, not at a later prune reading the keeper's words back.  The
+    decided outcome is undone by its enum, whatever it was."""
+    h = Harness()
+    h.settlement.backend = QuickBackend()
+    h.settlement.quick_settle = True
+    rt = h.finished(rc, **requests)
+    rt.keeper.lease.refuse = LeaseLost("404 QueueNotFound")
+    h.settlement.conclude(rt, h.clock.now, stopping=False)
+    assert rt.keeper.done.is_set() and not h.settlement.settling  # no thread, nothing left
+    assert rt.keeper.result == SettleResult(
+        decided, Unsettled.REFUSED, "the broker refused the settlement: 404 QueueNotFound")
+    assert h.settlement.counts == h.counts(lock_lost=1)
+    h.settlement.prune()  # counted once
+    assert h.settlement.counts == h.counts(lock_lost=1)
+
+
+def test_each_outcome_names_its_count() -> None:
+    h = Harness()
+    counted = {e.count for e in Ended} - {None}
+    assert counted == set(h.settlement.counts)
+    assert Ended.RETURNED.count is None and Ended.EXPIRED.count is None
 
 
 def test_outcomes_are_counted_per_queue_too() -> None:
