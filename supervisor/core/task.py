@@ -256,7 +256,9 @@ def _validate(cmd: object, env: object, cwd: object, max_attempts: object,
         if not isinstance(key, str) or not key or "=" in key or "\x00" in key:
             raise TaskFormatError(f"bad environment variable name {key!r}")
         if not isinstance(value, str) or "\x00" in value:
-            raise TaskFormatError(f"environment variable {key} must be a string without NUL")
+            # the name escaped: a lone surrogate in it cannot be stored or logged as text
+            shown = key.encode("utf-8", "backslashreplace").decode("utf-8")
+            raise TaskFormatError(f"environment variable {shown} must be a string without NUL")
         if not _os_encodable(key) or not _os_encodable(value):
             raise TaskFormatError(f"environment variable {key!r} contains characters no OS "
                                   "string can hold (lone UTF-16 surrogates)")

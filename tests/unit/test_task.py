@@ -271,3 +271,13 @@ def test_task_id_shapes():
     assert id_problem("job-17") is None  # a hand-written body may carry it
     assert id_problem("") and id_problem("x" * (MAX_ID + 1))
     assert id_problem("x" * MAX_ID) is None
+
+
+def test_a_refusal_naming_an_env_name_with_a_lone_surrogate_is_storable_text() -> None:
+    # Found by the SQLite fuzz test: the reason quoted the name raw, SQLite could not store it,
+    # and the dead-letter write failed for ever. The reason must encode as UTF-8.
+    body = json.dumps({"cmd": "true", "env": {"\udc85": 1}})
+    with pytest.raises(TaskFormatError) as err:
+        Task.parse(body)
+    str(err.value).encode("utf-8")
+    assert "\\udc85" in str(err.value)
