@@ -276,7 +276,7 @@ def test_task_id_shapes():
 def test_a_refusal_naming_an_env_name_with_a_lone_surrogate_is_storable_text() -> None:
     # Found by the SQLite fuzz test: the reason quoted the name raw, SQLite could not store it,
     # and the dead-letter write failed for ever. The reason must encode as UTF-8.
-    body = json.dumps({"cmd": "true", "env": {"\udc85": 1}})
+    body = json.dumps({"cmd": "true", "env": {"\udc85": "a\x00b"}})
     with pytest.raises(TaskFormatError) as err:
         Task.parse(body)
     str(err.value).encode("utf-8")
