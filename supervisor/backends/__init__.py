@@ -51,7 +51,7 @@ def open_backend(settings: Settings, for_ctl: bool = False, create: bool = True,
             reaper_interval=settings.reaper_interval,
             busy_timeout=CTL_BUSY_TIMEOUT if for_ctl else MAIN_BUSY_TIMEOUT,
             create=create,
-            serve=not for_ctl,  # a worker starts on the queue (sqlite_queues.py)
+            serve=not for_ctl,  # a worker starts on the queue (backends/sqlite/queues.py)
             retention=settings.retention,
         )
     # An option of the other Azure backend is a mistake worth one clear line.

@@ -16,7 +16,7 @@ FAILED_SUFFIX = "-failed"  # Storage Queue: failed tasks of queue Q go to Q-fail
 def failed_queue_of(backend: str, queue: str) -> str | None:
     """The queue whose failed tasks ``queue`` holds, when it is such a queue (so no task may be
     pushed into it: a worker would read a failure record, not a task); else None.  Service
-    Bus's dead-letter sub-queue (``Q/$DeadLetterQueue``) never gets here: settings.py refuses a
+    Bus's dead-letter sub-queue (``Q/$DeadLetterQueue``) never gets here: core/settings.py refuses a
     queue name with ``/`` or ``$``."""
     if backend == "storage-queue" and queue.endswith(FAILED_SUFFIX) \
             and len(queue) > len(FAILED_SUFFIX):

@@ -178,7 +178,7 @@ class Backend(Protocol):
     # (SQLite: its reaper's delay; Azure: 0).  --exit-when-empty waits that long.
     lost_lease_return_delay: float
     # Holding a received lease a moment is cheap: the worker may receive ahead for short
-    # tasks (ahead.py).  Default False.
+    # tasks (worker/receive_ahead.py).  Default False.
     receive_ahead: bool
     # The most messages one receive may return (Storage Queue: 32, the service's limit);
     # receive-ahead asks up to that many.  None (the default): no limit of the backend's own,
@@ -198,7 +198,7 @@ class Backend(Protocol):
     # takes (None: no limit); ``unique_tasks`` -- push skips a task whose unique_key matches
     # a pending or running one and returns that one's id in its place;
     # ``unique_by_control`` -- without that, unique keys work through the control store
-    # (control/unique.py) when there is one.  Defaults: none.
+    # (fleet/control/unique.py) when there is one.  Defaults: none.
     priorities: bool
     max_delay: float | None
     unique_tasks: bool

@@ -54,7 +54,7 @@ class MultiQueueBackend(BackendBase):
         self.round_robin = order == "round-robin"
         self._start = 0  # round-robin: the queue asked first by the next receive
         # Paused queues (jobq-ctl pause --queue NAME): receive skips them.  Replaced whole by
-        # the control thread (control/group.py), read by the main thread.
+        # the control thread (fleet/agent_group.py), read by the main thread.
         self.paused: frozenset[str] = frozenset()
         self._errors: list[tuple[str, Exception]] = []  # of the receive under way
         # Nothing to pace here (the worker paces a receive that raised): only the line.
@@ -171,7 +171,7 @@ class MultiQueueBackend(BackendBase):
         every = [a for a in admins if a is not None]
         return MultiQueueAdmin(every) if len(every) == len(admins) else None
 
-    # The queue commands are jobq-ctl's, and it opens one queue at a time (ctl_cli.py).
+    # The queue commands are jobq-ctl's, and it opens one queue at a time (ctl/main.py).
     @staticmethod
     def _one_queue() -> NoReturn:
         raise BackendConfigError("--queue: this command takes one queue")

@@ -1,5 +1,5 @@
 """The ``--config`` INI file, read the same way by ``jobq-supervisor`` and ``jobq-ctl``
-(usage.py's parsers; main thread).
+(core/options.py's parsers; main thread).
 
 * One section, ``[jobq-supervisor]``; keys before any section count as its.  Another section
   or a broken header line is refused.

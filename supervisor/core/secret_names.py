@@ -13,7 +13,8 @@ A name is a secret when
 and it is not in ``NOT_SECRET`` (``PWD``: the shell's working directory) nor let through by
 the operator (``--pass-env NAME,NAME``).
 
-Called by launch.py (the main thread, once at start); README "Security model" lists the words.
+Called by worker/launch.py (the main thread, once at start); README "Security model" lists the
+words.
 """
 
 from __future__ import annotations

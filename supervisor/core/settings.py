@@ -1,6 +1,7 @@
 """Settings: the worker's configuration as one frozen value, with defaults and validation.
 
-``cli.py`` parses flags/environment/config file into a Namespace; ``Settings.from_namespace``
+``worker/main.py`` parses flags/environment/config file into a Namespace;
+``Settings.from_namespace``
 turns it into this value and raises SettingsError -- one clear line naming the option -- for
 anything that cannot work.  Everything after start-up reads Settings, never argv or os.environ.
 """
@@ -14,7 +15,8 @@ import socket
 import uuid
 from dataclasses import dataclass, fields
 
-# Exit statuses of jobq-supervisor (README "Exit status"): one table for cli.py and worker.py.
+# Exit statuses of jobq-supervisor (README "Exit status"): one table for worker/main.py and
+# worker/loop.py.
 EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_FAILURES, EXIT_TASKS_FAILED = 0, 1, 2, 3, 4
 
 BACKENDS = ("sqlite", "storage-queue", "servicebus")
@@ -24,11 +26,11 @@ LOCK_LOST_BEHAVIORS = ("sigkill", "sigterm")
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SCHEDULED_EVENTS_MODES = ("auto", "on", "off")
-TASK_LIMITS = ("auto", "systemd", "rlimit")  # how task limits are applied (limits.py)
-CONTROL_MODES = ("auto", "off")  # the fleet control store (control/open.py)
-# Where task output goes (outstore/): auto = store when an output store exists, else local.
+TASK_LIMITS = ("auto", "systemd", "rlimit")  # how task limits are applied (worker/limits.py)
+CONTROL_MODES = ("auto", "off")  # the fleet control store (fleet/control/open.py)
+# Where task output goes (fleet/output/): auto = store when an output store exists, else local.
 TASK_OUTPUT_MODES = ("auto", "store", "local", "off")
-# The Instance Metadata Service's Scheduled Events endpoint (preemption.py polls it).
+# The Instance Metadata Service's Scheduled Events endpoint (worker/preemption.py polls it).
 SCHEDULED_EVENTS_URL = "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
 
 # Per-backend defaults for the lease: (lock duration, renew interval or None = lock/3).
@@ -97,10 +99,10 @@ class Settings:
     kill_timeout: float = 600.0
     lock_lost_behavior: str = "sigkill"
     max_attempts: int = 5
-    # exit statuses of a task that are final at once, never retried (settlement.py); bash's
+    # exit statuses of a task that are final at once, never retried (worker/settlement.py); bash's
     # own "cannot execute" and "command not found" by default
     no_retry_exit_codes: tuple[int, ...] = (126, 127)
-    # inherited variables a task sees although their names look like secrets (secret_names.py)
+    # inherited variables a task sees although their names look like secrets (core/secret_names.py)
     pass_env: tuple[str, ...] = ()
     retry_delay: float = 10.0
     retry_delay_max: float = 600.0
@@ -121,7 +123,7 @@ class Settings:
     log_level: str = "INFO"
     log_format: str = "text"
     worker_id: str = ""
-    # security (see security.py; checked there, at start, by TaskGuard.from_settings)
+    # security (see worker/task_guard.py; checked there, at start, by TaskGuard.from_settings)
     signing_key_file: list[str] | None = None  # paths, each maybe a comma-separated list
     max_task_age: float | None = None
     allowed_commands: str | None = None
@@ -132,13 +134,13 @@ class Settings:
     task_max_procs: int | None = None
     task_limits: str = "auto"  # one of TASK_LIMITS
     config_file: str | None = None  # the --config file, for the world-readable warning
-    # fleet control (control/open.py; the control thread)
+    # fleet control (fleet/control/open.py; the control thread)
     control: str = "auto"  # one of CONTROL_MODES
     control_account_url: str | None = None
     control_connection_string: str | None = None
     heartbeat_interval: float = 15.0
     control_interval: float = 5.0
-    # task output (outstore/): the output store beside the control store
+    # task output (fleet/output/): the output store beside the control store
     task_output: str = "auto"  # one of TASK_OUTPUT_MODES
     task_log_container: str = "jobq-logs"  # Azure: the blob container
     task_log_buffer: int = 64 << 20  # bytes held for the store per worker, then dropped

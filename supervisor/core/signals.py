@@ -1,9 +1,10 @@
 """What jobq-supervisor does with each signal whose default action would end it.
 
 The table (docs/architecture.rst, "Signals to the worker") in one place, stdlib only: the
-signal queue (preemption.py) installs handlers for these, helper threads block them
-(threads.py), a task's shell gets them back at their defaults (shell.py), and the lifeline
-helper ignores them (lifeline.py).  Handlers only enqueue the number; the main loop calls
+signal queue (worker/preemption.py) installs handlers for these, helper threads block them
+(core/threads.py), a task's shell gets them back at their defaults (worker/shell.py), and the
+lifeline
+helper ignores them (worker/lifeline.py).  Handlers only enqueue the number; the main loop calls
 ``on_other_signal`` for everything that is not a stop or a drain.
 """
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 from .signals import CAUGHT_SIGNALS
 
-HANDLED_SIGNALS = CAUGHT_SIGNALS  # every signal the worker catches (signals.py)
+HANDLED_SIGNALS = CAUGHT_SIGNALS  # every signal the worker catches (core/signals.py)
 
 
 def start_thread(target: Callable[[], None], name: str) -> threading.Thread:

@@ -31,7 +31,7 @@ from ..ops.times import iso, iso_or_none, iso_times
 from .output_commands import after_push
 from .stdout import print_or_drop
 
-# set by the worker for every task (launch.py); a task's env cannot override them
+# set by the worker for every task (worker/launch.py); a task's env cannot override them
 WORKER_SET = ("JOBQ_TASK_ID", "JOBQ_QUEUE_NAME", "JOBQ_ATTEMPT")
 def dumps(obj: object) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, default=str)

@@ -3,7 +3,7 @@ output goes nowhere, quietly -- no BrokenPipeError traceback, and the exit statu
 command's own (main thread of jobq-ctl).
 
 Not by giving SIGPIPE its default back: that would end the command at any write, half done,
-and cli.py is shared with the worker, which must go on ignoring SIGPIPE.  Every command
+and worker/main.py is shared with the worker, which must go on ignoring SIGPIPE.  Every command
 acts before it prints (``push`` pushes every task, then prints the ids), so a closed stdout
 cannot stop one half way: ``push ... | head -1`` pushed them all and exits 0.
 """

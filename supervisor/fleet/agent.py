@@ -12,10 +12,10 @@ loss; a pause flag or a drain/stop command is handed to the worker's ``on_paused
 imports the worker).  Cancels seen are kept in ``cancels`` (task id -> Cancel), which the
 launcher reads at claim time with a dict lookup: no store call on the main thread, ever.
 
-Result records of attempts (settlement.py) wait in an ``Outbox`` and are written in batches,
+Result records of attempts (worker/settlement.py) wait in an ``Outbox`` and are written in batches,
 one store call each.  A store that is slow, down or black-holed only delays this thread:
 each failure backs off (doubling, up to BACKOFF_MAX), is logged at most once a minute, and
-the recovery once, by the first store call that answers again (outage.py).
+the recovery once, by the first store call that answers again (core/backoff.py).
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ class ControlAgent:
         self._wake.put(None)
 
     def result(self, record: ResultRecord) -> None:
-        """Queue ``record`` for the next batch (outbox.py); never waits (main thread)."""
+        """Queue ``record`` for the next batch (fleet/outbox.py); never waits (main thread)."""
         if self.outbox.put(record):
             self._wake.put(None)
 

@@ -1,5 +1,5 @@
 """Which Azure storage account the fleet stores live in, and where each store's service is in
-it: the one rule for the control store's table (control/open.py) and the output store's
+it: the one rule for the control store's table (fleet/control/open.py) and the output store's
 blob container (output/open.py).
 
 The account: the one named for the fleet stores (``--control-account-url``,

@@ -132,7 +132,7 @@ def cancel_tasks(backend: Backend | None, store: ControlStore, queue: str, ids: 
     taken: set[str] = set()
     admin = backend.admin() if backend is not None else None
     if states is not None and live and admin is not None:
-        # worded as a worker words a cancel it finds at claim time (task_ends.py)
+        # worded as a worker words a cancel it finds at claim time (ops/task_ends.py)
         text = cancel_reason(Cancel(queue=queue, task_id="", reason=reason, who=by,
                                     when=now)) + NEVER_RAN
         taken = admin.cancel_pending(live, text, now)

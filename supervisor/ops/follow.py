@@ -1,5 +1,6 @@
 """Following a task's attempts for ``jobq-ctl logs -f`` and ``push --wait/--follow``
-(ctl_output.py): its output from the output store (outstore/), how each attempt ended from
+(ctl/output_commands.py): its output from the output store (fleet/output/), how each attempt ended
+from
 the result records of the control store.  Main thread of jobq-ctl; nothing here starts a
 thread, and every wait is the injected ``Clock.sleep`` (tests run it on a fake clock).
 
@@ -20,7 +21,7 @@ store's RERUN marker.  While it waits for an attempt's result and the record say
 new bytes take it back to reading too.
 
 A task cancelled before an attempt ran (pending, or backing off before a retry) has no
-worker to write its end: its end is derived from its cancel record (task_ends.py) and printed
+worker to write its end: its end is derived from its cancel record (ops/task_ends.py) and printed
 like a worker's, ``cancelled by WHO at WHEN: WHY (before it started)``.  On SQLite the
 queue's own table is a fallback besides: a task whose job row is succeeded or failed and
 which gets no final result record within RESULT_GRACE (``--control off``) ends with the job
@@ -78,7 +79,7 @@ class Sources:
 
     def pending_cancel(self, task_id: str,
                        records: Sequence[ResultRecord]) -> Union[ResultRecord, None]:
-        """The derived end of a task cancelled before an attempt ran (task_ends.py), or
+        """The derived end of a task cancelled before an attempt ran (ops/task_ends.py), or
         None; ``records``: the task's, just read."""
         if self.control is None:
             return None

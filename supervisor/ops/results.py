@@ -11,7 +11,7 @@ An attempt's record stays ``running`` when its worker died (SIGKILL, a lost VM) 
 wrote the end.  Readers show such an attempt as ``worker-lost`` (``shown_state``): its worker
 record is gone or its heartbeat stale, or a later attempt of the task has a record, so it
 cannot still be running.  A task cancelled before an attempt ran shows that attempt as
-``cancelled`` (derived from its cancel record, task_ends.py), not as no result.
+``cancelled`` (derived from its cancel record, ops/task_ends.py), not as no result.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ def results_json(records: Sequence[ResultRecord], now: float,
 def task_results(store: ControlStore, queue: str, task_id: str,
                  job: Callable[[], str | None]) -> list[ResultRecord]:
     """The task's result records, and the derived end of a cancel that came before an
-    attempt ran (task_ends.py); ``job``: its row's state ("?" where the queue cannot tell).  Raises
+    attempt ran (ops/task_ends.py); ``job``: its row's state ("?" where the queue cannot tell).
+    Raises
     ControlStoreError (the caller's thread)."""
     records = store.results_of(queue, task_id)
     cancel = read_pending_cancel(store, queue, task_id, records, job, fleet.clock())

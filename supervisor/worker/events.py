@@ -1,11 +1,11 @@
-"""What goes on the main loop's event queue (worker.py), and who puts it there.
+"""What goes on the main loop's event queue (worker/loop.py), and who puts it there.
 
 * ``int`` -- a signal number, from the signal handlers (preemption.SignalQueue): a handler
   only ``put_nowait``\\s the number, nothing richer.
-* ``SpawnJob`` -- a spawner thread is done with a job (spawner.py, via the launcher).
+* ``SpawnJob`` -- a spawner thread is done with a job (worker/spawner.py, via the launcher).
 * ``ScheduledEventChanged`` -- the Scheduled Events poller thread saw a Preempt/Terminate
-  appear, change or go away (lifecycle.py).
-* ``ControlRequest`` -- the control thread (control/agent.py) saw the queue paused or
+  appear, change or go away (worker/lifecycle.py).
+* ``ControlRequest`` -- the control thread (fleet/agent.py) saw the queue paused or
   resumed, or a drain/stop command for this worker.  A cancel does not come through here: the
   control thread sets it on the task and wakes the watchdog, as a lost lock does.
 * ``Wake`` -- nothing to hand over, only "look again now": a task's output reached EOF (the
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class PreemptEvent:
     """A Preempt/Terminate for this VM, as the Scheduled Events poller read it
-    (preemption.py)."""
+    (worker/preemption.py)."""
 
     event_id: str
     event_type: str
@@ -49,7 +49,7 @@ class PreemptEvent:
 
 @dataclass(frozen=True)
 class TaskStart:
-    """The launcher's own bookkeeping on a spawn job (``SpawnJob.context``, launch.py)."""
+    """The launcher's own bookkeeping on a spawn job (``SpawnJob.context``, worker/launch.py)."""
 
     lease: Lease
     task: Task  # lease.task, known not to be None

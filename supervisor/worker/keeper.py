@@ -8,10 +8,11 @@ delay the kill.  A definitive LeaseLost sets ``lock_lost`` at once.
 The keeper never signals a process.
 
 What the keeper does at the end is one settlement step it is handed -- ``Complete``,
-``Release`` or ``DeadLetter`` (settle_steps.py), each one broker call on the lease, or None for
+``Release`` or ``DeadLetter`` (worker/settle_steps.py), each one broker call on the lease, or None
+for
 "settle nothing".  The keeper decides when and whether to run it (not after a lost lease,
 retried after a BackendError while the lease lasts, renewing it meanwhile), never what it is:
-that is settlement.py's business, which tells it how the attempt ended (``outcomes.Ended``).
+that is worker/settlement.py's business, which tells it how the attempt ended (``outcomes.Ended``).
 What became of the settlement is ``result`` (``outcomes.SettleResult``): a settlement that did
 not happen says why -- refused (a definitive LeaseLost), the lease lost, or the service
 unreachable until the lease ended -- and the result record and the log repeat it.

@@ -1,6 +1,7 @@
 """From a received lease to a running task: keeper, environment, spawn, registration.
 
-Main thread only.  The fork itself happens on the spawner's threads (spawner.py); the main loop
+Main thread only.  The fork itself happens on the spawner's threads (worker/spawner.py); the main
+loop
 hands each finished ``SpawnJob`` back to ``Launcher.spawned``.
 """
 
@@ -75,8 +76,8 @@ class Launcher:
         self.held = ReceiveAhead(lock=settings.lock, slots=settings.num_workers,
                                  can_hold=backend.receive_ahead,
                                  max_receive=backend.max_receive, clock=clock)
-        # task id -> Cancel, kept by the control thread (control/agent.py; several queues:
-        # a ChainMap over their agents' caches, control/group.py); read only here
+        # task id -> Cancel, kept by the control thread (fleet/agent.py; several queues:
+        # a ChainMap over their agents' caches, fleet/agent_group.py); read only here
         self.cancels: Mapping[str, Cancel] = {}
 
     def start(self) -> None:
@@ -85,7 +86,8 @@ class Launcher:
     def stop(self) -> None:
         self.spawner.stop()
 
-    # -- receive-ahead (the rules: ahead.py) -----------------------------------------------
+    # -- receive-ahead (the rules: worker/receive_ahead.py)
+    # -----------------------------------------------
     @property
     def ready(self) -> collections.deque[Held]:
         """The leases received ahead and not started yet."""
@@ -130,7 +132,8 @@ class Launcher:
     def take_ready(self, free: int) -> int:
         """Start up to ``free`` held leases; return how many slots they took (main thread).
 
-        A held lease is started only within its bounds (ahead.py), checked on the clock now:
+        A held lease is started only within its bounds (worker/receive_ahead.py), checked on the
+        clock now:
         the main loop may have been held up since the turn began."""
         taken = 0
         while taken < free and (item := self.held.pop(self.clock())) is not None:

@@ -83,7 +83,7 @@ class Lifecycle:
     def on_signal(self, signum: int, active: list[RunningTask],
                   inherited_ignored: bool = False) -> None:
         """A signal to the supervisor, drained from the signal queue (main thread); what each
-        does: signals.py.  ``inherited_ignored``: the worker was started with it ignored."""
+        does: core/signals.py.  ``inherited_ignored``: the worker was started with it ignored."""
         if inherited_ignored or signum not in (*STOP_SIGNALS, *STOP_ONCE_SIGNALS,
                                                DRAIN_SIGNAL, signal.SIGCHLD):
             on_other_signal(signum, inherited_ignored, log)

@@ -27,7 +27,7 @@ other.  One "lifeline" thread of the supervisor sends registrations within REGIS
 start and changed deadlines every FEED_EVERY seconds, independent of the main loop (a Storage
 Queue receive may hold that for seconds while the leases renew on their own threads).
 
-It ignores every signal the supervisor catches (signals.py: SIGTERM, SIGINT, SIGHUP, ...): a
+It ignores every signal the supervisor catches (core/signals.py: SIGTERM, SIGINT, SIGHUP, ...): a
 signal to the supervisor's process group (``timeout``, systemd) or one meant for the supervisor
 must not take the lifeline down before the supervisor has finished its shutdown.
 Stdlib only, so it starts fast.
@@ -352,7 +352,7 @@ def kill_everything(token: bytes, groups: set[int], budget: float = KILL_BUDGET)
 
 def say(log_format: str, message: str, **fields: object) -> None:
     """One WARNING line on the log stream, formatted as the supervisor's own lines are
-    (logs.py's formatters: in JSON every line is an object), written at once.  Imported here,
+    (worker/logs.py's formatters: in JSON every line is an object), written at once.  Imported here,
     not at the top: only after a kill, never on the helper's start."""
     import logging
 

@@ -389,7 +389,7 @@ def setup_logging(level: str, fmt: str) -> None:
     thread, so a busy main loop does not wait on stderr (stopped, and drained, at exit).
     Python's warnings and a thread's uncaught exception become records too: the writer is
     the one writer of the process's stderr, so with ``--log-format json`` every line is
-    JSON (the lifeline helper formats its few lines the same way: lifeline.py)."""
+    JSON (the lifeline helper formats its few lines the same way: worker/lifeline.py)."""
     # Attributes no formatter of ours prints; not collecting them makes every record cheaper
     # (the logging HOWTO's "Optimization" section lists these switches).
     logging.logThreads = False

@@ -3,14 +3,16 @@
 Main thread only.  It installs the signal handlers first, then blocks on one SimpleQueue of
 ``events.Event``: signal numbers (from the handlers), spawn jobs back from the spawner,
 Scheduled Events changes, the control thread's pause flag and drain/stop commands
-(control/agent.py), and plain wake-ups (a task's output closed), with a timeout no longer
+(fleet/agent.py), and plain wake-ups (a task's output closed), with a timeout no longer
 than the next thing it has to do.  A lost lock is not on it: the keeper wakes the watchdog,
 which kills the task, and the main loop reaps it on the SIGCHLD.  It never signals a task
 itself: it sets a request on the task and wakes the watchdog.
 
-The parts it drives live beside it: launch.py (lease -> running task), settlement.py (what
-happens to a lease once its task is over), lifecycle.py (running/preempting/draining/stopping),
-reporting.py (systemd, metrics file, summary).
+The parts it drives live beside it: worker/launch.py (lease -> running task), worker/settlement.py
+(what
+happens to a lease once its task is over), worker/lifecycle.py
+(running/preempting/draining/stopping),
+worker/reporting.py (systemd, metrics file, summary).
 """
 
 from __future__ import annotations
@@ -58,11 +60,11 @@ class Worker:
                  clock: Callable[[], float] = time.monotonic,
                  guard: TaskGuard | None = None, signals: SignalQueue | None = None) -> None:
         self.s = settings
-        # signature/allow-list checks, task user, resource limits (security.py)
+        # signature/allow-list checks, task user, resource limits (worker/task_guard.py)
         self.guard = guard if guard is not None else TaskGuard.from_settings(settings)
         self.backend = backend
         self.clock = clock
-        # ``signals``: installed before the backend was opened (cli.py), with what arrived
+        # ``signals``: installed before the backend was opened (worker/main.py), with what arrived
         # since still on its queue, which becomes the main loop's
         self.signals = signals if signals is not None else SignalQueue(queue.SimpleQueue())
         self.events: queue.SimpleQueue[Event] = self.signals.events

@@ -145,7 +145,7 @@ def worker_parser() -> _Parser:
 
 
 def _add_security_options(p: _Parser) -> None:
-    """The worker's issue-7 options (security.py checks them at start)."""
+    """The worker's issue-7 options (worker/task_guard.py checks them at start)."""
     p.add_argument("--signing-key-file", action="append", metavar="PATH", path=True,
                    help="accept only tasks signed with this HMAC key (repeatable for key "
                         "rotation; env/INI: comma-separated list)")
@@ -246,7 +246,7 @@ def worker_main(argv: list[str] | None = None) -> int:
                                f"--lock-file: cannot open {settings.lock_file}: {exc.strerror}")
     from .preemption import SignalQueue
 
-    # From here on no signal of the table (signals.py) ends the worker unseen: start-up and
+    # From here on no signal of the table (core/signals.py) ends the worker unseen: start-up and
     # then the worker's main loop read this queue; Worker.run restores the handlers.
     signals = SignalQueue(queue.SimpleQueue())
     signals.install()

@@ -1,4 +1,5 @@
-"""How an attempt ended, and what became of its settlement: the typed words that settlement.py
+"""How an attempt ended, and what became of its settlement: the typed words that
+worker/settlement.py
 (which decides), the lease keeper (which applies the step) and the result log (which records
 it) pass along, one way (docs/architecture.rst, "The settle path").
 

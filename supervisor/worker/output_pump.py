@@ -1,5 +1,5 @@
 """Task output: one pump thread reads every task's pipe, logs it line by line, keeps a tail,
-and hands the raw bytes to the output-store thread (outstore/shipper.py, never a store call
+and hands the raw bytes to the output-store thread (fleet/shipper.py, never a store call
 here: a slow store must not stop the pipe being read).
 
 One thread with epoll instead of a reader thread per task: starting a thread per task cost the
@@ -10,7 +10,7 @@ with a counted marker (``logs.OutputSink``), after its log file and tail have th
 is read at full speed, so the task never waits on the supervisor's stderr.  When a pipe
 reaches EOF (every holder of its write end is gone) ``on_eof`` runs on the pump thread.  The
 pump never blocks on a pipe: leftovers of a task that still hold it simply keep it open until
-they are killed, and the main loop does not wait for that (see worker.py).
+they are killed, and the main loop does not wait for that (see worker/loop.py).
 """
 
 from __future__ import annotations

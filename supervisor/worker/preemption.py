@@ -1,6 +1,6 @@
 """Signals to the supervisor itself: handlers only enqueue the signal number.
 
-The main loop reads the same SimpleQueue it uses for its other events (see events.py: a
+The main loop reads the same SimpleQueue it uses for its other events (see worker/events.py: a
 finished spawn, a task's output closed, a Scheduled Events change), so a signal wakes it at
 once.
 
@@ -40,7 +40,7 @@ PreviousHandler = Union[Callable[[int, Optional[FrameType]], object], int, None]
 
 class SignalQueue:
     """Installs handlers that put the signal number on ``events`` (main thread): every signal
-    of the table in signals.py, whose default action would end the worker without its
+    of the table in core/signals.py, whose default action would end the worker without its
     shutdown path.  Each is a handler, never SIG_IGN: exec resets a handler to the default,
     so a task starts with default dispositions whatever the worker does with them."""
 
@@ -56,7 +56,7 @@ class SignalQueue:
         self.events.put_nowait(signum)
 
     def install(self) -> None:
-        """Install the handlers; once only (cli.py installs them before the backend is
+        """Install the handlers; once only (worker/main.py installs them before the backend is
         opened, and the worker then takes the queue over)."""
         if self._previous:
             return

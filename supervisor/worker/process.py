@@ -6,8 +6,9 @@
 inherits in its environment; the marker carries a per-task sequence number, so a process
 spawned a moment ago but not yet registered is never mistaken for anybody's orphan.
 
-Who calls what: ``TaskProcess.spawn`` runs on the spawner threads (spawner.py; the shell is
-started by shell.py).  Reaping stays on the main thread, the only one that waits for children:
+Who calls what: ``TaskProcess.spawn`` runs on the spawner threads (worker/spawner.py; the shell is
+started by worker/shell.py).  Reaping stays on the main thread, the only one that waits for
+children:
 ``TaskProcess.poll``, ``exited_child`` and ``reap_orphans``.  The watchdog thread, the only one
 that signals, does so through a ``Signaller`` (``signal_group``, ``signal_pids``,
 ``task_trees``, ``adopted``, ``group_alive``), which unit tests replace with a fake.
@@ -50,7 +51,7 @@ def set_child_subreaper() -> bool:
 
 def task_environment(base: dict[str, str], extra: dict[str, str],
                      pass_env: Collection[str] = ()) -> dict[str, str]:
-    """Inherited environment minus secrets (secret_names.py; the names in ``pass_env`` kept
+    """Inherited environment minus secrets (core/secret_names.py; the names in ``pass_env`` kept
     anyway), plus ``extra`` (our variables, the message's env)."""
     env = without_secrets(base, pass_env)
     env.update(extra)
@@ -100,7 +101,7 @@ class TaskProcess:
             if shell is not None:  # the shell leads its own session and group
                 return cls(popen=shell, marker=marker, pgid=shell.pid)
         # A forked child inherits this thread's signal mask, which blocks the supervisor's
-        # signals (threads.py): the task must start with none blocked.
+        # signals (core/threads.py): the task must start with none blocked.
         blocked = signal.pthread_sigmask(signal.SIG_SETMASK, ())
         try:
             popen = popen_shell(argv_prefix, cmd, env, cwd, user, group, extra_groups)

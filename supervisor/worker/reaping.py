@@ -1,4 +1,4 @@
-"""Reaping task shells and the orphans they leave (moved out of worker.py, unchanged).
+"""Reaping task shells and the orphans they leave (moved out of worker/loop.py, unchanged).
 
 Main thread only.  Shells are reaped by pid, never with ``waitpid(-1)``: a child that is not a
 running shell of ours (an orphan adopted as subreaper, a helper) is left to ``reap_orphans``.

@@ -1,6 +1,6 @@
 """Result records of this worker's attempts, as settlement decides them (main thread).
 
-Each attempt gets a ``ResultRecord`` (control/records.py) when it starts (state ``running``)
+Each attempt gets a ``ResultRecord`` (fleet/control/records.py) when it starts (state ``running``)
 and one when it ends, under the same key (task id, attempt): ``succeeded``, ``failed``,
 ``cancelled``, ``lock-lost`` or ``requeued``, with the exit status or the signal that ended
 the shell, the wall-clock start and end, and ``final`` when the task ended for good.  A
@@ -107,7 +107,7 @@ class ResultLog:
         if record is None or self.sink is None:
             return
         if record.final and unique_key:
-            # the control thread releases the key's claim (control/unique.py)
+            # the control thread releases the key's claim (fleet/control/unique.py)
             record = replace(record, unique_key=unique_key)
         self.sink(record)
         if record.outcome != "lock-lost":

@@ -1,6 +1,7 @@
 """Settlement steps: what to do to a lease once its task is over.
 
-Any thread builds one (settlement.py, launch.py); the lease's keeper thread (lease.py), or the
+Any thread builds one (worker/settlement.py, worker/launch.py); the lease's keeper thread
+(worker/keeper.py), or the
 main thread in ``LeaseKeeper.settle_here``, applies it: each ``apply`` is exactly one broker
 call on the lease.  See docs/architecture.rst, "The settle path".
 """

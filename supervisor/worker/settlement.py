@@ -3,7 +3,7 @@
 Main thread only.  ``Settlement`` is the one owner of how an attempt ended: it decides the
 outcome (``outcomes.Ended``: complete, retry, dead-letter, requeue, leave a lost lease alone),
 counts it, and hands it as one step (``Complete``, ``Release``, ``DeadLetter`` from
-settle_steps.py, or None) to the lease's keeper, which applies it on its thread and never
+worker/settle_steps.py, or None) to the lease's keeper, which applies it on its thread and never
 calls back here (on a backend with ``quick_settle``, SQLite, a short task's lease is settled
 on this thread when the write is instant: see ``LeaseKeeper.settle_here``).  The keeper's
 typed ``SettleResult`` comes back once it is done; a refused settlement is then counted as a
@@ -63,7 +63,7 @@ def cancel_reason(cancel: Cancel) -> str:
     """The failed-state reason of a cancelled task (any thread): the words of
     ``control.records.cancel_reason``, which jobq-ctl uses too.  Imported here, not at the top:
     a cancel comes only from a control store, and a worker with ``--control off`` loads none
-    of control/ (docs/architecture.rst, "Modules")."""
+    of fleet/control/ (docs/architecture.rst, "Modules")."""
     from ..fleet.control.records import cancel_reason as words
 
     return words(cancel)

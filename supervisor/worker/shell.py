@@ -2,7 +2,8 @@
 ``os.posix_spawn``), ``subprocess.Popen`` else.
 
 Both start ``bash -c CMD`` as the leader of a new session, stdin on /dev/null, stdout and
-stderr on one pipe.  Called on the spawner threads (spawner.py) through ``TaskProcess.spawn``.
+stderr on one pipe.  Called on the spawner threads (worker/spawner.py) through
+``TaskProcess.spawn``.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class SpawnedShell:
 
 # Signals the supervisor ignores (Python ignores SIGPIPE) stay ignored across exec: a task gets
 # them back at their defaults, as Popen's restore_signals does.  The ones the worker catches
-# (signals.py) are reset by exec anyway; naming them too keeps a task's dispositions default
+# (core/signals.py) are reset by exec anyway; naming them too keeps a task's dispositions default
 # whatever the worker does with them.
 _RESTORED_SIGNALS = tuple(sorted({*PYTHON_IGNORED, *CAUGHT_SIGNALS}))
 

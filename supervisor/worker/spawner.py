@@ -1,7 +1,8 @@
 """Spawner: a few threads that start task shells, so that one slow start does not hold up
 the loop.
 
-Starting a shell (shell.py: glibc's posix_spawn through ctypes, which lets go of the GIL while
+Starting a shell (worker/shell.py: glibc's posix_spawn through ctypes, which lets go of the GIL
+while
 the child execs) takes a millisecond or more on these machines: two spawner threads start tasks
 faster than the main thread alone (measured 560 vs 457 tasks/s end to end). The main thread
 still decides everything: it submits a prepared job and, when the job comes back on its event

@@ -1,6 +1,6 @@
 """What runs before the worker's main loop: the task log directory, ``--task-output store``
 checked, and the backend opened with retry while it is unreachable (a stop signal meanwhile
-is a stop like any other; signals.py's table applies).
+is a stop like any other; core/signals.py's table applies).
 
 Main thread only, called by ``cli.worker_main``.
 """
@@ -69,7 +69,7 @@ def open_with_retry(settings: Settings, signals: SignalQueue) -> Backend | None:
 
     ``signals`` is installed already (its handlers only enqueue): a stop or a drain meanwhile
     (no task runs yet) is a stop like any other -- the summary line, then None (exit 0); the
-    other signals of the table (signals.py) do what they do in the main loop (SIGQUIT: the
+    other signals of the table (core/signals.py) do what they do in the main loop (SIGQUIT: the
     stacks; SIGUSR2 and the like: a log line).  What arrives once the backend is open stays
     on the queue for the worker's main loop."""
     log = logging.getLogger("jobq")

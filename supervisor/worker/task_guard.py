@@ -11,7 +11,7 @@ and the control records).
 
 Resource limits (``--task-memory-limit``, ``--task-cpu-limit``, ``--task-max-procs``) are
 applied by a launcher in front of the shell: a systemd scope (cgroups) or rlimits; see
-limits.py, which also words what a limit had to do with a failure.
+worker/limits.py, which also words what a limit had to do with a failure.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ..core.signing import SecurityConfigError, SigningKey, load_keys, verify
 from ..core.task import Task
 from .limits import TaskLimits, TaskUserIds
 
-if TYPE_CHECKING:  # a name only: the dashboard reads this module without process.py
+if TYPE_CHECKING:  # a name only: the dashboard reads this module without worker/process.py
     from .process import SpawnOptions
 
 log = logging.getLogger("jobq.security")
@@ -182,7 +182,7 @@ class TaskGuard:
     # -- after a run -----------------------------------------------------------------------
     def annotate_failure(self, status: str, returncode: int, tail: str,
                          marker: str | None = None) -> str:
-        """``status`` plus what a limit had to do with it (main thread); see limits.py."""
+        """``status`` plus what a limit had to do with it (main thread); see worker/limits.py."""
         return self.limits.annotate_failure(status, returncode, tail, marker)
 
 

@@ -5,7 +5,7 @@ never delays the kill), cancels (set on the task by the control thread), time li
 stop/kill requests from the main loop (preemption, shutdown), SIGTERM -> SIGKILL escalation,
 and leftovers of a task whose shell has exited.
 It never talks to the backend, and reaches processes only through its ``Signaller``
-(process.py), which unit tests replace with a fake.  Escalation is explicit state, each
+(worker/process.py), which unit tests replace with a fake.  Escalation is explicit state, each
 transition made once: RUNNING -> TERMINATING(deadline = now + kill_timeout) -> KILLED.
 """
 

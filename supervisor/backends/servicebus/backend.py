@@ -6,10 +6,11 @@ message id (so the queue's duplicate detection drops a producer's retried push).
 tasks go to the queue's dead-letter sub-queue with the reason and a description holding
 exit status, attempts, worker and the output's end.  Attempts: the wire's delivery count
 (0 on the first delivery) + 1 + ``jobq_prior_attempts`` (set when a preempted task is sent
-again, see servicebus_lease.py).
+again, see backends/servicebus/lease.py).
 
 Threads: the messages of one receive call come on one receiver, which their leases then share
-(each SDK call on it under its lock; see servicebus_pool.py); the receivers are opened by one
+(each SDK call on it under its lock; see backends/servicebus/pool.py); the receivers are opened by
+one
 opener thread.  The main thread
 has its own client for push/peek/ctl commands.
 
@@ -203,7 +204,7 @@ class ServiceBusBackend(BackendBase):
 
     def receive(self, max_messages: int, lock_duration: float) -> list[Lease]:
         """Up to ``max_messages`` in one call, on a receiver that their leases then share
-        with every other call on it (servicebus_pool.py); waits ``receive_wait`` s for the
+        with every other call on it (backends/servicebus/pool.py); waits ``receive_wait`` s for the
         first message, ``SHORT_RECEIVE_WAIT`` at most while any lease is not over.
 
         Prefetch stays 0: the call gives the broker credit for exactly ``max_messages`` (the

@@ -1,5 +1,5 @@
 """The embedded SQLite store: a jobs table, leases with fencing tokens, a stale-lock reaper,
-and a dead-owner pass that takes a dead worker's leases back in seconds (sqlite_owner.py).
+and a dead-owner pass that takes a dead worker's leases back in seconds (backends/sqlite/owner.py).
 
 Every lease write is ``... WHERE seq=? AND token=? AND status='running'``: the token changes
 on each receive, so a worker whose lease was reaped and handed out again can never write.
@@ -66,14 +66,14 @@ DEAD_OWNER_EVERY = 2.0  # s between two dead-owner passes of a busy worker (an i
 class SqliteBackend(BackendBase):
     name = "sqlite"
     # Holding a lease a moment costs nothing here (45-min locks, one host): the worker may
-    # receive ahead for short tasks (launch.py).
+    # receive ahead for short tasks (worker/launch.py).
     receive_ahead = True
     change_probe = True  # ``changed``: PRAGMA data_version, from shared memory
     quick_settle = True  # ``quick_writes``: a short task's lease is settled on the main thread
-    tells_age = True  # ``oldest_pending_age``: one index step (sqlite_fleet.py)
+    tells_age = True  # ``oldest_pending_age``: one index step (backends/sqlite/admin.py)
     priorities = True  # receive in (priority DESC, seq) order: jobs_by_priority
     unique_tasks = True  # jobs_unique: a partial unique index over live tasks' keys
-    keeps_succeeded = True  # until --retention: ``prune_succeeded`` (sqlite_retention.py)
+    keeps_succeeded = True  # until --retention: ``prune_succeeded`` (backends/sqlite/retention.py)
     requeue_chunk: int | None = 500  # ids per requeue statement: below SQLite's parameter limit
 
     def __init__(self, path: str, queue: str, worker_id: str, *, max_attempts: int = 5,
@@ -84,7 +84,7 @@ class SqliteBackend(BackendBase):
 
         ``create=False`` writes nothing: a missing file or one without the jobs table is a
         BackendError (``jobq-ctl size`` on a mistyped path must not make an empty queue).
-        ``serve``: a worker starts on the queue (recorded: sqlite_queues.py)."""
+        ``serve``: a worker starts on the queue (recorded: backends/sqlite/queues.py)."""
         self.path = path
         self.queue = queue
         self.worker_id = worker_id
@@ -113,7 +113,7 @@ class SqliteBackend(BackendBase):
         self._lease_busy_ms = 0
         self._quick = threading.local()  # .on: this thread's lease writes may not wait
         self.priorities_known = True  # False: an older database opened read-only
-        self.owners_known = True  # the same for the owner column (sqlite_owner.py)
+        self.owners_known = True  # the same for the owner column (backends/sqlite/owner.py)
         if not create and not os.path.isfile(path):
             raise BackendError(f"SQLite database {path} does not exist (nothing was pushed "
                                f"there yet?)")
@@ -147,7 +147,7 @@ class SqliteBackend(BackendBase):
                 raise
             if is_lock_error(exc):
                 raise BackendError(f"SQLite database {path} is busy: {exc}") from None
-            if is_transient_error(exc):  # retried by a worker at start (startup.py)
+            if is_transient_error(exc):  # retried by a worker at start (worker/startup.py)
                 raise BackendError(transient_text(path, exc)) from None
             if is_readonly_error(exc) or unwritable(path):
                 raise BackendConfigError(f"--sqlite-path: {path} cannot be written "
@@ -275,7 +275,7 @@ class SqliteBackend(BackendBase):
 
     def add_lease_holder(self, pid: int) -> None:
         """Our leases stay ours while process ``pid`` (the lifeline) lives (main thread,
-        before the first receive; sqlite_owner.py)."""
+        before the first receive; backends/sqlite/owner.py)."""
         self.dead_owners.add_holder(pid)
 
     def leases_coming_back(self) -> bool:
@@ -288,14 +288,15 @@ class SqliteBackend(BackendBase):
                 or self._back_since_receive)
 
     def take_back_dead(self) -> list[TakenBack]:
-        """The dead-owner pass (sqlite_owner.py); a failure is logged and takes nothing: the
+        """The dead-owner pass (backends/sqlite/owner.py); a failure is logged and takes nothing:
+        the
         next pass tries again (main thread)."""
         return self.dead_owners.run_quietly(self._conn, self._tx)
 
     def maintenance(self) -> None:
         """The dead-owner pass every DEAD_OWNER_EVERY, the stale-lock reaper every
         --reaper-interval, and the purge of succeeded tasks past --retention on its own
-        schedule (sqlite_retention.py) (main thread)."""
+        schedule (backends/sqlite/retention.py) (main thread)."""
         if self.clock() >= self._next_owner_pass:
             self._next_owner_pass = self.clock() + DEAD_OWNER_EVERY
             if self.take_back_dead():

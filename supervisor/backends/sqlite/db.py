@@ -1,4 +1,5 @@
-"""The SQLite queue's schema and how its connections are opened (sqlite.py, sqlite_lease.py).
+"""The SQLite queue's schema and how its connections are opened (sqlite.py,
+backends/sqlite/lease.py).
 
 Kept apart from the backend so that sqlite.py stays about receiving and settling jobs.
 """
@@ -41,7 +42,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 """
 # Added after the first release: a database made before them gets them (migrate), with
 # their defaults, so older jobs read as priority 5 without a key, and a job an older
-# worker runs names no owner (only the stale-lock reaper takes it back: sqlite_owner.py).
+# worker runs names no owner (only the stale-lock reaper takes it back: backends/sqlite/owner.py).
 COLUMNS = (("priority", "INTEGER NOT NULL DEFAULT 5"), ("unique_key", "TEXT"),
            ("owner", "TEXT"))
 INDEXES = """
@@ -57,7 +58,7 @@ CREATE INDEX IF NOT EXISTS jobs_by_priority
 -- any other write that would make a second one (a requeue) fails instead.
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_unique ON jobs (queue, unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('pending', 'running');
--- Succeeded jobs by age, for the purge past --retention (sqlite_retention.py): a pass with
+-- Succeeded jobs by age, for the purge past --retention (backends/sqlite/retention.py): a pass with
 -- nothing due is one probe instead of a scan of every succeeded job.  Partial: a receive never
 -- touches it, and a completion adds one entry (measured: +4 % on a bare receive + complete).
 CREATE INDEX IF NOT EXISTS jobs_done ON jobs (queue, updated_at) WHERE status = 'succeeded';
@@ -79,7 +80,7 @@ def set_up(conn: sqlite3.Connection) -> None:
             raise
         conn.execute("COMMIT")
     conn.executescript(INDEXES)
-    sqlite_queues.set_up(conn)  # the queues table (sqlite_queues.py)
+    sqlite_queues.set_up(conn)  # the queues table (backends/sqlite/queues.py)
 
 
 def missing_columns(conn: sqlite3.Connection) -> list[tuple[str, str]]:

@@ -123,7 +123,7 @@ def take_back(conn: sqlite3.Connection, queue: str, owners: Sequence[str], now: 
     """Inside the caller's write transaction: the running jobs of ``owners`` (all gone) go
     back to pending, visible now, their attempt counted -- or to failed on their last one.
     The next receive draws a new fencing token, so nothing the old owner wrote late could
-    touch them (sqlite_lease.py)."""
+    touch them (backends/sqlite/lease.py)."""
     marks = ",".join("?" * len(owners))
     where = f"WHERE queue=? AND status='running' AND owner IN ({marks})"
     args = (queue, *owners)

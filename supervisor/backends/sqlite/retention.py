@@ -12,7 +12,8 @@ on its maintenance pass (``SqliteBackend.maintenance``, the main thread, beside 
 reaper), at most ``PURGE_BUDGET`` seconds a pass: a backlog (the first run after an upgrade)
 goes on ``PURGE_AGAIN`` seconds later instead of holding the main loop.  ``jobq-ctl prune``
 purges everything due at once, batch after batch.  The rows are found through ``jobs_done``
-(sqlite_db.py), a partial index over succeeded rows only, so a pass with nothing due costs one
+(backends/sqlite/db.py), a partial index over succeeded rows only, so a pass with nothing due costs
+one
 index probe, not a scan of every succeeded row.
 """
 

@@ -1,6 +1,6 @@
 """Azure Storage Queue backend (azure-storage-queue), behind the Backend/Lease seam.
 
-Wire format: plain JSON text (the ai4s-jobq v1 envelope, see task.py), no base64, sent with
+Wire format: plain JSON text (the ai4s-jobq v1 envelope, see core/task.py), no base64, sent with
 ``time_to_live=-1`` (never expires).  A lease is the message's visibility timeout: renewing
 is ``update_message`` without content, which returns a new pop receipt that the next call
 must use.  Attempts are ``dequeue_count - jobq_preemptions``: a preemption rewrites the body
@@ -77,7 +77,8 @@ class StorageQueueBackend(BackendBase):
     name = "storage-queue"
     tells_age = True  # ``oldest_pending_age``: one peek
     # Receive-ahead: one call takes up to 32 messages, a call per task fewer; a held message
-    # goes back (visible at once, attempt unchanged) when it cannot start soon (ahead.py).
+    # goes back (visible at once, attempt unchanged) when it cannot start soon
+    # (worker/receive_ahead.py).
     receive_ahead = True
     max_receive: int | None = _PAGE
     # A lapsed visibility timeout makes the message visible; slack for a renewal in transit.

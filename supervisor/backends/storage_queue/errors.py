@@ -1,7 +1,8 @@
 """Helpers of the Storage Queue backend: error mapping, failed records (azure_common.py has
 what it shares with Service Bus).
 
-Kept apart from storage_queue.py so that module stays about the queue protocol itself.
+Kept apart from backends/storage_queue/backend.py so that module stays about the queue protocol
+itself.
 Nothing here talks to the network.
 """
 
@@ -55,7 +56,7 @@ def clamp_visibility(seconds: float, minimum: int) -> int:
 
 class MessageGone(LeaseLost):
     """404 MessageNotFound on a lease's call: the message no longer exists.  After a delete
-    whose answer never came, that is our own delete, applied (storage_queue_lease.py)."""
+    whose answer never came, that is our own delete, applied (backends/storage_queue/lease.py)."""
 
 
 def translate(exc: BaseException, what: str, scrub: Scrubber, lease: bool = False) -> Exception:

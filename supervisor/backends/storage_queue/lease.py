@@ -2,7 +2,7 @@
 
 Made on the main thread by StorageQueueBackend.receive; renewed and settled by its own
 LeaseKeeper thread, each call on a client it takes from the backend and gives back (see
-storage_queue.py on why no client is shared between threads).
+backends/storage_queue/backend.py on why no client is shared between threads).
 """
 
 from __future__ import annotations

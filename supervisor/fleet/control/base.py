@@ -87,7 +87,7 @@ class ControlSnapshot:
 @dataclass(frozen=True)
 class UniqueClaim:
     """``task_id`` holds unique key ``key`` on ``queue`` since ``when`` (epoch s): a push
-    with that key while the task is pending or running is skipped (control/unique.py).
+    with that key while the task is pending or running is skipped (fleet/control/unique.py).
     ``etag``: the store's version of the row as read (the condition of replace_claim)."""
 
     queue: str

@@ -1,6 +1,7 @@
 """The output store: every attempt's output, readable from any machine that reaches the queue.
 
-See base.py for the seam, files.py (SQLite queues) and azure_blob.py (Azure) for the stores,
+See base.py for the seam, files.py (SQLite queues) and fleet/output/azure_blob.py (Azure) for the
+stores,
 and docs/architecture.rst, "Task output".
 """
 

@@ -1,7 +1,8 @@
 """The output store of an Azure control store: append blobs in the same storage account.
 
 Layout: container ``--task-log-container`` (default ``jobq-logs``), one append blob per
-attempt named ``<queue>/<task id>/<attempt>.log`` (blob_names.py).  An append blob takes
+attempt named ``<queue>/<task id>/<attempt>.log`` (fleet/output/blob_names.py).  An append blob
+takes
 at most 50,000 blocks (and a block, here, at most 4 MiB): an attempt that fills one rolls
 over to ``<attempt>.log.1``, ``.log.2``... -- one logical byte stream, read by offset across
 its parts.  ``finish`` sets metadata ``complete=1`` on the last part; ``reopen`` (a run of an

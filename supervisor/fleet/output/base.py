@@ -9,9 +9,9 @@ An attempt released without counting it (preemption, a worker's stop) runs again
 the same key.  Each run's writer calls ``reopen`` before its first append: the output is no
 longer complete, and a run that finds earlier output writes ``RERUN`` before its own.  So
 ``complete`` is not forever: a reader that saw it may see the output grow again, behind that
-marker (ctl_follow.py keeps following an attempt whose result says it was requeued).
+marker (ops/follow.py keeps following an attempt whose result says it was requeued).
 
-Writers: one output-store thread per worker (shipper.py) -- never the main loop, never the
+Writers: one output-store thread per worker (fleet/shipper.py) -- never the main loop, never the
 pump that reads the task's pipe.  Readers: jobq-ctl, the dashboard.  One instance per thread.
 
 Every method may raise ``OutputStoreError`` (and only that) after at most a few seconds; the

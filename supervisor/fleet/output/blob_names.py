@@ -1,4 +1,5 @@
-"""Blob names of the Azure output store (azure_blob.py), and the scrubbing of its secrets.
+"""Blob names of the Azure output store (fleet/output/azure_blob.py), and the scrubbing of its
+secrets.
 
 ``<queue>/<task id>/<attempt>.log`` is an attempt's first part, ``.log.1``, ``.log.2``... its
 later ones; path parts are percent-escaped (``segment``), so no id holds a ``/`` or reaches

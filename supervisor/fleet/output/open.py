@@ -1,11 +1,12 @@
 """Which output store a worker or ``jobq-ctl`` uses, from its Settings (main thread).
 
-The output store lives beside the control store (control/open.py): a SQLite queue's in files
+The output store lives beside the control store (fleet/control/open.py): a SQLite queue's in files
 beside its database (files.py); an Azure control store's in blob container
-``--task-log-container`` of the same storage account (azure_blob.py).  No control store, no
+``--task-log-container`` of the same storage account (fleet/output/azure_blob.py).  No control
+store, no
 output store.
 
-The blob endpoint is derived by the rule control/open.py derives the table endpoint by
+The blob endpoint is derived by the rule fleet/control/open.py derives the table endpoint by
 (fleet/storage_account.py), and never guessed: an account URL's ``ACCOUNT.table`` or
 ``ACCOUNT.queue`` host becomes ``ACCOUNT.blob.core.windows.net`` (another host, such as an
 emulator's, gives no store); a connection string is used when it names a ``BlobEndpoint=`` or
