@@ -3,14 +3,14 @@
 Made on the main thread by ServiceBusBackend.receive; from then on its LeaseKeeper thread
 calls the receiver (renew, settle) -- as do the keepers of the other messages of the same
 receive call, and later receives, which share it: every call holds the receiver's lock
-(servicebus_pool.SharedReceiver), so no SDK object is used by two threads at once.  A lost
+(pool.SharedReceiver), so no SDK object is used by two threads at once.  A lost
 lease retires the receiver: no receive uses it again, and it is closed once its other leases
 are over.  A renewal's ``t_sent`` is taken before the wait for the lock: earlier, so the
 deadline it gives is never late.
 
 * renew: ``renew_message_lock`` with the keeper's timeout (the SDK does not retry).  The
   lock granted is the configured length (queue LockDuration or --lock-duration); the new
-  locked-until minus the local clock is only a cross-check (servicebus_util.LockCheck).
+  locked-until minus the local clock is only a cross-check (errors.LockCheck).
 * complete / dead-letter: the SDK's own calls; the dead-letter description holds exit
   status, attempts, worker and the output's end (4096 characters at most).
 * retry (release with count_attempt): abandon.  Service Bus cannot delay an abandoned

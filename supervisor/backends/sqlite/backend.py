@@ -128,7 +128,7 @@ class SqliteBackend(BackendBase):
                 self._check_writable()
                 if serve:
                     sqlite_queues.record_served(self._conn, queue, worker_id, time.time())
-            else:  # read-only, even where nothing may be written (sqlite_db.open_existing)
+            else:  # read-only, even where nothing may be written (db.open_existing)
                 self._conn, has_jobs, target = open_existing(path, busy_timeout)
                 if not has_jobs:
                     raise BackendError(f"SQLite database {path} holds no jobq queue (no jobs "

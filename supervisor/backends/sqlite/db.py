@@ -1,7 +1,7 @@
-"""The SQLite queue's schema and how its connections are opened (sqlite.py,
+"""The SQLite queue's schema and how its connections are opened (backend.py,
 backends/sqlite/lease.py).
 
-Kept apart from the backend so that sqlite.py stays about receiving and settling jobs.
+Kept apart from the backend so that backend.py stays about receiving and settling jobs.
 """
 
 from __future__ import annotations

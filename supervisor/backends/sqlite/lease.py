@@ -40,7 +40,7 @@ class SqliteLease:
         seq, self.message_id, self.raw_body, self.attempt, self._token, max_attempts = row
         self._fence = (seq, self._token)  # appended to every write's arguments
         if isinstance(self.raw_body, bytes):  # a BLOB (pushed as bytes by another tool):
-            # read as text like every other column (sqlite_db.connect), so it parses, or is
+            # read as text like every other column (db.connect), so it parses, or is
             # dead-lettered as poison with the same hint
             self.raw_body = self.raw_body.decode("utf-8", "replace")
         self.format_error: str | None

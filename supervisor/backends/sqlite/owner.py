@@ -1,4 +1,4 @@
-"""Who holds a SQLite lease, and whether that process is gone (the dead-owner pass of sqlite.py).
+"""Who holds a SQLite lease, and whether that process is gone (the dead-owner pass of backend.py).
 
 Every SQLite worker of a queue runs on one host (a database shared by several hosts over a
 network filesystem is not supported: README, "SQLite backend").  So a lease can name the

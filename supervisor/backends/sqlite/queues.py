@@ -1,4 +1,4 @@
-"""Which queues a SQLite database knows (sqlite.py; main thread of the process that opened
+"""Which queues a SQLite database knows (backend.py; main thread of the process that opened
 it).
 
 A SQLite "queue" is only a name in the ``jobs`` rows, so a mistyped ``--queue`` was an empty

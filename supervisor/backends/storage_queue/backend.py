@@ -5,7 +5,7 @@ Wire format: plain JSON text (the ai4s-jobq v1 envelope, see core/task.py), no b
 is ``update_message`` without content, which returns a new pop receipt that the next call
 must use.  Attempts are ``dequeue_count - jobq_preemptions``: a preemption rewrites the body
 with the count incremented, so giving the message back does not use up an attempt.
-Failed tasks go to ``<queue>-failed`` as JSON records (storage_queue_util.make_record).
+Failed tasks go to ``<queue>-failed`` as JSON records (errors.make_record).
 
 Threads: Azure SDK clients are not documented thread-safe, so no client is shared between
 threads.  The backend's own two clients are used by the main thread only.  A LeaseKeeper's
