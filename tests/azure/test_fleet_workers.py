@@ -22,7 +22,8 @@ from supervisor.fleet.control.sqlite import SqliteControlStore
 from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import Env, Supervisor, wait_for
 
-pytestmark = [pytest.mark.azure, pytest.mark.timeout(180)]
+# serial: asserts heartbeats within two intervals
+pytestmark = [pytest.mark.serial, pytest.mark.azure, pytest.mark.timeout(180)]
 
 INTERVAL = 1.0  # --heartbeat-interval
 FAST = ("--control-interval", "1", "--heartbeat-interval", str(INTERVAL), "--poll-interval",

@@ -15,7 +15,8 @@ from tests.conftest import marked_processes, wait_for
 from tests.integration.helpers import death_time
 from tests.integration.test_frozen_supervisor import beating_task, long_sleeps, runs, stopped
 
-pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
+# serial: times a frozen supervisor's lease deadline
+pytestmark = [pytest.mark.serial, pytest.mark.azure, pytest.mark.timeout(120)]
 
 FREEZE = 15.0
 

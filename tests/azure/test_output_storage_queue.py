@@ -129,6 +129,7 @@ def _printing_time(d) -> float:
     return t1 - t0
 
 
+@pytest.mark.serial  # compares task times
 def test_a_black_holed_blob_store_slows_neither_the_task_nor_its_lease(sq, stores):  # noqa: F811
     proxy = FaultProxy(("127.0.0.1", stores.blob_port))
     reader = stores.reader()

@@ -18,7 +18,8 @@ import pytest
 from tests.conftest import Env, Supervisor, marked_processes, wait_for
 from tests.integration.helpers import database_held, death_time
 
-pytestmark = pytest.mark.timeout(120)
+# serial: times a frozen supervisor's lease deadline
+pytestmark = [pytest.mark.serial, pytest.mark.timeout(120)]
 
 LEASE = ["--lock-duration", "6", "--renew-interval", "1", "-n", "1", "--poll-interval", "0.2"]
 REAPER = ["--reaper-interval", "1", "--stale-lock-age", "0"]
