@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from supervisor_fakes import FakeClock, FakeLease, make_dog, make_task, run_until
 from test_settlement import Harness, settled
 
 from supervisor.fleet.agent import BACKOFF_MAX, LOG_EVERY, ControlAgent
@@ -31,6 +30,9 @@ from supervisor.worker.events import ControlRequest
 from supervisor.worker.task_guard import SigningKey, key_id
 from supervisor.worker.watchdog import Escalation
 from tests.conftest import wait_for
+from tests.fakes.clock import FakeClock
+from tests.fakes.lease import FakeLease
+from tests.fakes.worker import make_dog, make_task, run_until
 
 pytestmark = pytest.mark.timeout(30)
 

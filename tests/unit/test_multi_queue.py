@@ -8,37 +8,22 @@ from typing import Any
 
 import pytest
 
-from supervisor.backends.base import BackendBase, BackendConfigError
+from supervisor.backends.base import BackendConfigError
 from supervisor.backends.multi import MultiQueueBackend, queue_of
 from supervisor.core.settings import Settings, SettingsError
+from tests.fakes.backend import FakeBackend
+from tests.fakes.lease import FakeLease
 
 
-class FakeLease:
-    def __init__(self, name: str) -> None:
-        self.message_id = name
+class FakeQueue(FakeBackend):
+    """One of several queues: ``n`` tasks named ``<prefix><i>``."""
 
-
-class FakeQueue(BackendBase):
-    name = "fake"
     lost_lease_return_delay = 0.0
     receive_ahead = True
     change_probe = True
 
     def __init__(self, prefix: str, n: int) -> None:
-        self.items = [f"{prefix}{i}" for i in range(n)]
-        self.calls: list[int] = []
-        self.closed = False
-
-    def receive(self, max_messages: int, lock_duration: float) -> list[Any]:
-        self.calls.append(max_messages)
-        taken, self.items = self.items[:max_messages], self.items[max_messages:]
-        return [FakeLease(x) for x in taken]
-
-    def size(self) -> int:
-        return len(self.items)
-
-    def close(self) -> None:
-        self.closed = True
+        super().__init__(f"{prefix}{i}" for i in range(n))
 
 
 def multi(order: str, **sizes: int) -> MultiQueueBackend:
@@ -79,7 +64,7 @@ def test_every_lease_carries_its_queue() -> None:
     b = multi("strict", high=1, low=1)
     leases = b.receive(2, 60)
     assert [queue_of(lease, "x") for lease in leases] == ["high", "low"]
-    assert queue_of(FakeLease("single"), "default") == "default"
+    assert queue_of(FakeLease(message_id="single"), "default") == "default"
 
 
 def test_a_paused_queue_is_skipped() -> None:

@@ -9,7 +9,6 @@ import threading
 import time
 
 import pytest
-from supervisor_fakes import FakeClock
 
 from supervisor.fleet import shipper as mod
 from supervisor.fleet.output.base import (
@@ -23,6 +22,7 @@ from supervisor.fleet.output.base import (
     OutputStoreFull,
 )
 from supervisor.fleet.shipper import OutputShipper
+from tests.fakes.clock import FakeClock
 
 pytestmark = pytest.mark.timeout(30)
 
