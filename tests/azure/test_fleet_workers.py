@@ -19,7 +19,6 @@ import pytest
 from supervisor.fleet.control.azure_table import AzureTableControlStore
 from supervisor.fleet.control.base import ControlStore
 from supervisor.fleet.control.sqlite import SqliteControlStore
-from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import Env, Supervisor, wait_for
 
 # serial: asserts heartbeats within two intervals
@@ -106,7 +105,7 @@ def worker_id(store: ControlStore, queue: str, pid: int) -> str:
 
 
 def test_workers_json_matches_the_fleet_on_sqlite_and_storage_queue(
-        tmp_path, sq, azurite_table):  # noqa: F811
+        tmp_path, sq, azurite_table):
     # --- three SQLite workers, one task each
     sql_dir = tmp_path / "sqlite"
     sql_dir.mkdir()
