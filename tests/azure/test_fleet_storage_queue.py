@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 FAST = ("--control-interval", "1", "--heartbeat-interval", "1", "--poll-interval", "0.2")
 
 
-@pytest.mark.serial  # times the cancel
+@pytest.mark.timing  # times the cancel
 def test_cancel_on_storage_queue_running_and_before_receive(sq, table):
     store, control_env = table
     marker, ready, ran = (sq.tmp / n for n in ("term", "ready", "ran"))

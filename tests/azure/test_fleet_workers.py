@@ -21,8 +21,8 @@ from supervisor.fleet.control.base import ControlStore
 from supervisor.fleet.control.sqlite import SqliteControlStore
 from tests.conftest import Env, Supervisor, wait_for
 
-# serial: asserts heartbeats within two intervals
-pytestmark = [pytest.mark.serial, pytest.mark.azure, pytest.mark.timeout(180)]
+# timing: asserts heartbeats within two intervals
+pytestmark = [pytest.mark.timing, pytest.mark.azure, pytest.mark.timeout(180)]
 
 INTERVAL = 1.0  # --heartbeat-interval
 FAST = ("--control-interval", "1", "--heartbeat-interval", str(INTERVAL), "--poll-interval",

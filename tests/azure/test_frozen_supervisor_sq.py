@@ -13,8 +13,8 @@ import pytest
 from tests.conftest import marked_processes, wait_for
 from tests.integration.helpers import beating_task, death_time, long_sleeps, runs, stopped
 
-# serial: times a frozen supervisor's lease deadline
-pytestmark = [pytest.mark.serial, pytest.mark.azure, pytest.mark.timeout(120)]
+# timing: times a frozen supervisor's lease deadline
+pytestmark = [pytest.mark.timing, pytest.mark.azure, pytest.mark.timeout(120)]
 
 FREEZE = 15.0
 

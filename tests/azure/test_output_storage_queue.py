@@ -37,7 +37,7 @@ def _push(sq, control: dict[str, str], cmd: str, *extra: str) -> str:
     return task_id
 
 
-@pytest.mark.serial  # holds each line to a 3 s lag, the late follower to 5 s of task
+@pytest.mark.timing  # holds each line to a 3 s lag, the late follower to 5 s of task
 def test_logs_follow_is_live_on_storage_queue(sq, stores):
     control = stores.env()
     started: list[Follow] = []
@@ -75,7 +75,7 @@ def _printing_time(d) -> float:
     return t1 - t0
 
 
-@pytest.mark.serial  # compares task times
+@pytest.mark.timing  # compares task times
 def test_a_black_holed_blob_store_slows_neither_the_task_nor_its_lease(sq, stores):
     proxy = FaultProxy(("127.0.0.1", stores.blob_port))
     reader = stores.reader()

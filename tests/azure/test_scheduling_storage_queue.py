@@ -82,7 +82,7 @@ def test_a_delayed_task_is_queued_from_its_time(sq: SqEnv) -> None:
     assert age is not None and age <= since_push - 3 + 0.1, (age, since_push)
 
 
-@pytest.mark.serial  # times the limit
+@pytest.mark.timing  # times the limit
 def test_a_task_timeout_fails_the_attempt_at_its_limit(sq: SqEnv) -> None:
     start, term = sq.tmp / "start", sq.tmp / "term"
     sq.ctl("push", "-c", f"date +%s.%N > {start}; trap 'date +%s.%N > {term}; exit 3' TERM; "

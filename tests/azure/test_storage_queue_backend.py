@@ -165,7 +165,7 @@ def test_release_for_preemption_keeps_the_attempt(backend):
     third.complete()
 
 
-@pytest.mark.serial  # times the delay
+@pytest.mark.timing  # times the delay
 def test_release_with_delay_hides_the_message(backend):
     backend.push([Task(cmd="x")])
     lease = receive_one(backend)
@@ -303,7 +303,7 @@ def test_large_output_tail_is_trimmed_to_fit(backend):
     assert backend.requeue(None) == 1
 
 
-@pytest.mark.serial  # times the give-up
+@pytest.mark.timing  # times the give-up
 def test_renew_through_blackhole_gives_up_within_its_timeout(azurite, make_backend, proxy):
     backend = make_backend(port=proxy.port)
     backend.push([Task(cmd="x")])
@@ -326,7 +326,7 @@ def test_renew_through_blackhole_gives_up_within_its_timeout(azurite, make_backe
     lease.complete()
 
 
-@pytest.mark.serial  # times the give-up
+@pytest.mark.timing  # times the give-up
 def test_main_thread_calls_give_up_under_blackhole(make_backend, proxy):
     backend = make_backend(port=proxy.port, read_timeout=1.5, connect_timeout=1.0)
     proxy.blackhole()
@@ -365,7 +365,7 @@ def _catch(fn):
     return None
 
 
-@pytest.mark.serial  # asserts a 3 s bound
+@pytest.mark.timing  # asserts a 3 s bound
 def test_closed_port_fails_fast_with_backend_error(queue_name):
     start = time.monotonic()
     with pytest.raises(BackendError):

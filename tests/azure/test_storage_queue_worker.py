@@ -49,7 +49,7 @@ def test_heartbeat_keeps_message_hidden_with_newest_pop_receipt(sq):
     assert "lock lost" not in log and "summary: succeeded=1" in log
 
 
-@pytest.mark.serial  # asserts a 3 s bound
+@pytest.mark.timing  # asserts a 3 s bound
 def test_deleted_message_kills_task_at_once(sq):
     """A definitive answer (404 MessageNotFound) kills the task group at once, unsettled."""
     sq.ctl("push", "-c", "sleep 60 & sleep 60; true")

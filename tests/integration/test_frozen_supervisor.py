@@ -25,8 +25,8 @@ from tests.integration.helpers import (
     stopped,
 )
 
-# serial: times a frozen supervisor's lease deadline
-pytestmark = [pytest.mark.serial, pytest.mark.timeout(120)]
+# timing: times a frozen supervisor's lease deadline
+pytestmark = [pytest.mark.timing, pytest.mark.timeout(120)]
 
 LEASE = ["--lock-duration", "6", "--renew-interval", "1", "-n", "1", "--poll-interval", "0.2"]
 REAPER = ["--reaper-interval", "1", "--stale-lock-age", "0"]

@@ -37,7 +37,7 @@ def start(env: Env):
         f.kill()
 
 
-@pytest.mark.serial  # holds each line to a 3 s lag, the late follower to 5 s of task
+@pytest.mark.timing  # holds each line to a 3 s lag, the late follower to 5 s of task
 def test_logs_follow_is_live_on_sqlite(env, start):
     check_live_follow(
         start, lambda cmd: env.push(cmd, extra=("--max-attempts", "1"))[0],

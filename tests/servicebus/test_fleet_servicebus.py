@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.servicebus, pytest.mark.timeout(120)]
 FAST = ("--control-interval", "1", "--heartbeat-interval", "1")
 
 
-@pytest.mark.serial  # times the cancel
+@pytest.mark.timing  # times the cancel
 def test_cancel_on_servicebus_running_and_before_receive(sb_env, azurite_table):
     conn = table_connection_string(azurite_table)
     store = AzureTableControlStore(connection_string=conn)

@@ -14,7 +14,7 @@ from tests.integration.follow import Follow, check_live_follow
 pytestmark = [pytest.mark.servicebus, pytest.mark.timeout(150)]
 
 
-@pytest.mark.serial  # holds each line to a 3 s lag, the late follower to 5 s of task
+@pytest.mark.timing  # holds each line to a 3 s lag, the late follower to 5 s of task
 def test_logs_follow_is_live_on_servicebus(sb_env, stores):
     control = stores.env()
     started: list[Follow] = []

@@ -263,7 +263,7 @@ def test_outage_backs_off_logs_once_a_minute_and_recovery_once(caplog) -> None:
         "control store reachable again after 12 failed call(s)"]
 
 
-@pytest.mark.serial  # asserts a wall-clock bound
+@pytest.mark.timing  # asserts a wall-clock bound
 def test_the_thread_never_delays_stop_on_a_black_holed_store() -> None:
     class Hung(FailingStore):
         def __getattr__(self, name: str) -> Any:

@@ -323,7 +323,7 @@ def test_retention_is_purged_soon_after_opening_then_hourly():
     assert len(store.purged) == 2
 
 
-@pytest.mark.serial  # asserts a 0.5 s bound
+@pytest.mark.timing  # asserts a 0.5 s bound
 def test_feed_and_end_never_wait_for_a_blocked_store():
     store = FakeStore()
     store.gate.clear()
@@ -378,7 +378,7 @@ def test_the_store_opens_after_the_delay_or_at_once_when_output_piles_up(monkeyp
     assert len(stored(store)) == mod.FLUSH_SIZE
 
 
-@pytest.mark.serial  # asserts a 2 s bound
+@pytest.mark.timing  # asserts a 2 s bound
 def test_a_black_holed_store_holds_up_stop_only_for_the_budget(caplog):
     store = FakeStore()
     sh = OutputShipper(lambda: store, buffer_limit=1 << 20, output_max=1 << 30,

@@ -456,7 +456,7 @@ def test_duplicate_id_is_rejected_and_nothing_is_pushed(a) -> None:
 
 
 # --------------------------------------------------------------------------- busy database
-@pytest.mark.serial  # asserts a 3 s bound
+@pytest.mark.timing  # asserts a 3 s bound
 @pytest.mark.timeout(10)
 def test_renew_against_an_exclusive_lock_fails_within_its_timeout(db, a, raw) -> None:
     (task,) = push(a, "x")
@@ -479,7 +479,7 @@ def test_renew_against_an_exclusive_lock_fails_within_its_timeout(db, a, raw) ->
     assert lease.renew(5.0) == LOCK  # and works again once the lock is gone
 
 
-@pytest.mark.serial  # asserts a 3 s bound
+@pytest.mark.timing  # asserts a 3 s bound
 @pytest.mark.timeout(10)
 def test_receive_against_an_exclusive_lock_is_a_backend_error(db, open_backend) -> None:
     b = open_backend("B", busy_timeout=0.1)
@@ -533,7 +533,7 @@ def test_an_old_database_gets_the_new_index(db) -> None:
         backend.close()
 
 
-@pytest.mark.serial  # asserts a 3 s bound
+@pytest.mark.timing  # asserts a 3 s bound
 @pytest.mark.timeout(20)
 def test_quick_writes_do_not_wait_out_a_busy_database(db, a, raw) -> None:
     """The main loop settles short tasks' leases itself inside ``quick_writes``: a busy
