@@ -285,7 +285,7 @@ def test_size_without_administration_api_counts_by_peeking_and_says_so_once(
         raise sbx.ServiceBusAuthorizationError(message="Manage claim required")
 
     monkeypatch.setattr(backend, "_admin", no_manage_rights)
-    with caplog.at_level(logging.INFO, logger="supervisor.backends.servicebus.backend"):
+    with caplog.at_level(logging.INFO, logger="supervisor.backends.servicebus"):
         assert [backend.size() for _ in range(3)] == [2, 2, 2]
     assert len(tries) == 1
     assert sum("counting by peeking" in r.getMessage() for r in caplog.records) == 1
