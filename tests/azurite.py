@@ -35,8 +35,7 @@ class Azurite:
 
     @property
     def connection_string(self) -> str:
-        return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
-                f"QueueEndpoint=http://127.0.0.1:{self.port}/{ACCOUNT}")
+        return queue_connection_string(self.port)
 
 
 def table_connection_string(port: int) -> str:
@@ -127,3 +126,8 @@ def azurite_service(binary: str, service: str, cwd: Path) -> Iterator[tuple[int,
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=5)
         log.close()
+
+
+def queue_connection_string(port: int, key: str = ACCOUNT_KEY) -> str:
+    return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={key};"
+            f"QueueEndpoint=http://127.0.0.1:{port}/{ACCOUNT}")

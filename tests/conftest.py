@@ -238,6 +238,64 @@ def azurite_blob(tmp_path_factory):
 
 
 @pytest.fixture
+def sq(tmp_path: Path, azurite, queue_name: str):
+    """One test's Storage Queue on the session's Azurite (tests.azure_envs.SqEnv), made (with
+    its -failed twin); no task process of the test may survive it."""
+    from tests.azure_envs import SqEnv
+
+    e = SqEnv(tmp_path, azurite.port, queue_name)
+    e.ctl("clear")  # creates the queues, as any first writing command does
+    yield e
+    e.cleanup()
+    assert not wait_for_no_marked(timeout=10)
+
+
+@pytest.fixture
+def table(azurite_table):
+    """A Table control store on Azurite, and the environment that points a worker or
+    jobq-ctl at it."""
+    from supervisor.fleet.control.azure_table import AzureTableControlStore
+    from tests.azurite import table_connection_string
+
+    conn = table_connection_string(azurite_table)
+    store = AzureTableControlStore(connection_string=conn)
+    yield store, {"JOBQ_CONTROL_CONNECTION_STRING": conn}
+    store.close()
+
+
+@pytest.fixture
+def stores(azurite_table, azurite_blob):
+    """One test's control table and output container on the session's Azurite
+    (tests.azure_envs.Stores), starting from a fresh account: no control table yet."""
+    from azure.core.exceptions import ResourceNotFoundError
+    from azure.data.tables import TableClient
+    from azure.storage.blob import ContainerClient
+
+    from supervisor.fleet.control.azure_table import DEFAULT_TABLE
+    from tests.azure_envs import Stores
+    from tests.azurite import blob_connection_string, table_connection_string
+
+    s = Stores(azurite_table, azurite_blob, "t" + uuid.uuid4().hex[:20])
+    # A fresh account, where no worker made the control table yet: a read-only jobq-ctl
+    # (logs -f before any worker started) must read that as no records, and wait.
+    table = TableClient.from_connection_string(table_connection_string(azurite_table),
+                                               DEFAULT_TABLE)
+    try:
+        table.delete_table()
+    except ResourceNotFoundError:
+        pass
+    table.close()
+    yield s
+    raw = ContainerClient.from_connection_string(blob_connection_string(azurite_blob),
+                                                 container_name=s.container)
+    try:
+        raw.delete_container()
+    except Exception:  # noqa: BLE001 - a test that never stored anything
+        pass
+    raw.close()
+
+
+@pytest.fixture
 def queue_name() -> str:
     """A fresh queue name per test (Storage Queue rules: lowercase, digits, hyphens)."""
     return "t-" + uuid.uuid4().hex[:20]

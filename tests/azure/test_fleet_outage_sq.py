@@ -14,9 +14,8 @@ import pytest
 
 from supervisor.fleet.control import Cancel
 from supervisor.fleet.control.azure_table import AzureTableControlStore
-from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
+from tests.azurite import table_connection_string
 from tests.conftest import wait_for
-from tests.control.conftest import table_connection_string
 from tests.faults.proxy import FaultProxy
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(180)]
@@ -25,7 +24,7 @@ LEASE = ("--visibility-timeout", "3", "--renew-interval", "1", "--poll-interval"
 
 
 def test_black_holed_table_service_never_touches_storage_queue_leases(
-        sq, azurite_table):  # noqa: F811
+        sq, azurite_table):
     direct = AzureTableControlStore(connection_string=table_connection_string(azurite_table))
     proxy = FaultProxy(("127.0.0.1", azurite_table))
     # one connection string, both services: the queue direct, the tables through the proxy

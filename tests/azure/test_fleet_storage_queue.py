@@ -12,17 +12,16 @@ import time
 import pytest
 
 from supervisor.fleet.control import Cancel
-from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import marked_processes, term_stamp, wait_for
-from tests.control.conftest import table  # noqa: F401 (fixture)
-from tests.integration.helpers import cancel_dies_at_grace
+from tests.integration.helpers import cancel_dies_at_grace, gauges
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 
 FAST = ("--control-interval", "1", "--heartbeat-interval", "1", "--poll-interval", "0.2")
 
 
-def test_cancel_on_storage_queue_running_and_before_receive(sq, table):  # noqa: F811
+@pytest.mark.timing  # times the cancel
+def test_cancel_on_storage_queue_running_and_before_receive(sq, table):
     store, control_env = table
     marker, ready, ran = (sq.tmp / n for n in ("term", "ready", "ran"))
     (running_id,) = sq.ctl("push", "-c", f"{term_stamp(marker)}; "
@@ -57,7 +56,7 @@ def test_cancel_on_storage_queue_running_and_before_receive(sq, table):  # noqa:
     assert not store.workers(sq.queue), "the record is deleted on a clean exit"
 
 
-def test_cancel_of_a_task_ignoring_sigterm_on_storage_queue_dies_at_the_grace(sq, table):  # noqa: F811
+def test_cancel_of_a_task_ignoring_sigterm_on_storage_queue_dies_at_the_grace(sq, table):
     store, control_env = table
     ready = sq.tmp / "ready"
     (task_id,) = sq.ctl("push", "-c", f"trap '' TERM; touch {ready}; sleep 600 & wait; "
@@ -75,9 +74,8 @@ def test_cancel_of_a_task_ignoring_sigterm_on_storage_queue_dies_at_the_grace(sq
     assert sup.log().count("started pid=") == 1
 
 
-def test_autoscaling_gauges_on_storage_queue(sq):  # noqa: F811
+def test_autoscaling_gauges_on_storage_queue(sq):
     """The first sample is taken at once; later ones every 15 s at the least (not waited)."""
-    from tests.integration.test_autoscale_metrics import gauges
 
     metrics = sq.tmp / "jobq.prom"
     ready = sq.tmp / "ready"

@@ -19,10 +19,10 @@ import pytest
 from supervisor.fleet.control.azure_table import AzureTableControlStore
 from supervisor.fleet.control.base import ControlStore
 from supervisor.fleet.control.sqlite import SqliteControlStore
-from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import Env, Supervisor, wait_for
 
-pytestmark = [pytest.mark.azure, pytest.mark.timeout(180)]
+# timing: asserts heartbeats within two intervals
+pytestmark = [pytest.mark.timing, pytest.mark.azure, pytest.mark.timeout(180)]
 
 INTERVAL = 1.0  # --heartbeat-interval
 FAST = ("--control-interval", "1", "--heartbeat-interval", str(INTERVAL), "--poll-interval",
@@ -105,7 +105,7 @@ def worker_id(store: ControlStore, queue: str, pid: int) -> str:
 
 
 def test_workers_json_matches_the_fleet_on_sqlite_and_storage_queue(
-        tmp_path, sq, azurite_table):  # noqa: F811
+        tmp_path, sq, azurite_table):
     # --- three SQLite workers, one task each
     sql_dir = tmp_path / "sqlite"
     sql_dir.mkdir()

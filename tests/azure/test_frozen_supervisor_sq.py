@@ -10,12 +10,11 @@ import time
 
 import pytest
 
-from tests.azure.test_storage_queue_worker import sq  # noqa: F401  (fixture)
 from tests.conftest import marked_processes, wait_for
-from tests.integration.helpers import death_time
-from tests.integration.test_frozen_supervisor import beating_task, long_sleeps, runs, stopped
+from tests.integration.helpers import beating_task, death_time, long_sleeps, runs, stopped
 
-pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
+# timing: times a frozen supervisor's lease deadline
+pytestmark = [pytest.mark.timing, pytest.mark.azure, pytest.mark.timeout(120)]
 
 FREEZE = 15.0
 
@@ -42,7 +41,7 @@ class VisibleWatch:
             hidden_at = asked
 
 
-def test_frozen_supervisor_task_dies_before_message_is_visible(sq):  # noqa: F811
+def test_frozen_supervisor_task_dies_before_message_is_visible(sq):
     log = sq.tmp / "runs"
     sq.ctl("push", "-c", beating_task(log))
     sup = sq.supervisor("--visibility-timeout", "6", "--renew-interval", "1", "-n", "1",

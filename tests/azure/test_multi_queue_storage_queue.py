@@ -8,9 +8,8 @@ import signal
 
 import pytest
 
-from tests.azure.test_storage_queue_worker import SqEnv
+from tests.azure_envs import SqEnv
 from tests.conftest import wait_for, wait_for_no_marked
-from tests.control.conftest import table  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 
@@ -75,7 +74,7 @@ def test_failures_go_to_each_queues_own_failed_queue(sq: SqEnv) -> None:
 FAST = ("--control-interval", "0.5", "--heartbeat-interval", "1", "--poll-interval", "0.2")
 
 
-def test_fleet_per_queue_on_table_storage(sq: SqEnv, table) -> None:  # noqa: F811
+def test_fleet_per_queue_on_table_storage(sq: SqEnv, table) -> None:
     """One worker record per queue, a paused queue skipped while the other goes on, a
     cancel through the second queue carried out."""
     store, control_env = table

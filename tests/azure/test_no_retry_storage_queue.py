@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
-
 pytestmark = pytest.mark.timeout(120)
 
 

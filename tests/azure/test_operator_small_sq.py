@@ -9,9 +9,6 @@ import os
 import pytest
 from azure.storage.queue import QueueServiceClient
 
-from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
-from tests.control.conftest import table  # noqa: F401 (fixture)
-
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 
 
@@ -23,7 +20,7 @@ def _one_line_error(res) -> str:
     return lines[0]
 
 
-def test_push_into_the_failed_queue_is_refused(sq):  # noqa: F811
+def test_push_into_the_failed_queue_is_refused(sq):
     failed = sq.queue + "-failed"
     before = sq.count("-failed")
     res = sq.ctl("--queue", failed, "push", "-c", "true", check=False)
@@ -37,7 +34,7 @@ def test_push_into_the_failed_queue_is_refused(sq):  # noqa: F811
     assert sq.ctl("--queue", failed, "size").returncode == 0
 
 
-def test_push_file_names_the_line_over_the_size_limit(sq):  # noqa: F811
+def test_push_file_names_the_line_over_the_size_limit(sq):
     from supervisor.core.task import MAX_COMMAND_BYTES
 
     long = "echo " + "x" * MAX_COMMAND_BYTES
@@ -49,7 +46,7 @@ def test_push_file_names_the_line_over_the_size_limit(sq):  # noqa: F811
     assert int(sq.ctl("size").stdout) == 0  # the whole file is refused
 
 
-def test_cancel_of_an_id_no_task_can_have_is_refused(sq, table):  # noqa: F811
+def test_cancel_of_an_id_no_task_can_have_is_refused(sq, table):
     store, control_env = table
     line = _one_line_error(sq.ctl("cancel", "nope", env=control_env, check=False))
     assert "'nope' is not a task id" in line and "nothing cancelled" in line

@@ -11,24 +11,15 @@ import os
 import re
 import signal
 import time
-import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
-from azure.core.exceptions import ResourceNotFoundError
-from azure.data.tables import TableClient
 
-from supervisor.fleet.control.azure_table import DEFAULT_TABLE
 from supervisor.fleet.output.azure_blob import BlobOutputStore
 from supervisor.fleet.output.base import DROPPED, AttemptKey
-from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import wait_for
-from tests.control.conftest import table_connection_string
 from tests.faults.proxy import FaultProxy
+from tests.integration.follow import Follow, check_live_follow
 from tests.integration.helpers import read_output
-from tests.integration.test_output_e2e import Follow, check_live_follow
-from tests.outstore.conftest import ACCOUNT, ACCOUNT_KEY, blob_connection_string
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(150)]
 
@@ -36,63 +27,18 @@ MIB = 1 << 20
 GAP = re.compile(re.escape(DROPPED).replace(r"\{n\}", r"(\d+)").encode())
 
 
-@dataclass
-class Stores:
-    """The table and blob services of one test, with a container of its own (a worker's
-    purge lists the whole container)."""
-
-    table_port: int
-    blob_port: int
-    container: str
-
-    def env(self, blob_port: int | None = None) -> dict[str, str]:
-        """The control connection string (blob through ``blob_port`` when given)."""
-        conn = (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
-                f"TableEndpoint=http://127.0.0.1:{self.table_port}/{ACCOUNT};"
-                f"BlobEndpoint=http://127.0.0.1:{blob_port or self.blob_port}/{ACCOUNT}")
-        return {"JOBQ_CONTROL_CONNECTION_STRING": conn,
-                "JOBQ_TASK_LOG_CONTAINER": self.container}
-
-    def reader(self) -> BlobOutputStore:
-        return BlobOutputStore(connection_string=blob_connection_string(self.blob_port),
-                               container=self.container, create=False)
-
-
-@pytest.fixture
-def stores(azurite_table, azurite_blob) -> Iterator[Stores]:  # noqa: F811
-    s = Stores(azurite_table, azurite_blob, "t" + uuid.uuid4().hex[:20])
-    # A fresh account, where no worker made the control table yet: a read-only jobq-ctl
-    # (logs -f before any worker started) must read that as no records, and wait.
-    table = TableClient.from_connection_string(table_connection_string(azurite_table),
-                                               DEFAULT_TABLE)
-    try:
-        table.delete_table()
-    except ResourceNotFoundError:
-        pass
-    table.close()
-    yield s
-    from azure.storage.blob import ContainerClient
-
-    raw = ContainerClient.from_connection_string(blob_connection_string(azurite_blob),
-                                                 container_name=s.container)
-    try:
-        raw.delete_container()
-    except Exception:  # noqa: BLE001 - a test that never stored anything
-        pass
-    raw.close()
-
-
 def _read_all(store: BlobOutputStore, queue: str, task_id: str,
               attempt: int = 1) -> tuple[bytes, bool]:
     return read_output(store, AttemptKey(queue, task_id, attempt))
 
 
-def _push(sq, control: dict[str, str], cmd: str, *extra: str) -> str:  # noqa: F811
+def _push(sq, control: dict[str, str], cmd: str, *extra: str) -> str:
     (task_id,) = sq.ctl("push", *extra, "-c", cmd, env=control).stdout.split()
     return task_id
 
 
-def test_logs_follow_is_live_on_storage_queue(sq, stores):  # noqa: F811
+@pytest.mark.timing  # holds each line to a 3 s lag, the late follower to 5 s of task
+def test_logs_follow_is_live_on_storage_queue(sq, stores):
     control = stores.env()
     started: list[Follow] = []
 
@@ -129,7 +75,8 @@ def _printing_time(d) -> float:
     return t1 - t0
 
 
-def test_a_black_holed_blob_store_slows_neither_the_task_nor_its_lease(sq, stores):  # noqa: F811
+@pytest.mark.timing  # compares task times
+def test_a_black_holed_blob_store_slows_neither_the_task_nor_its_lease(sq, stores):
     proxy = FaultProxy(("127.0.0.1", stores.blob_port))
     reader = stores.reader()
     try:
@@ -201,7 +148,7 @@ def test_a_black_holed_blob_store_slows_neither_the_task_nor_its_lease(sq, store
         reader.close()
 
 
-def test_an_attempt_older_than_the_retention_is_purged_by_a_worker(sq, stores):  # noqa: F811
+def test_an_attempt_older_than_the_retention_is_purged_by_a_worker(sq, stores):
     control = stores.env()
     reader = stores.reader()
     try:
@@ -225,7 +172,7 @@ def test_an_attempt_older_than_the_retention_is_purged_by_a_worker(sq, stores): 
         reader.close()
 
 
-def test_logs_of_an_unreachable_blob_store_is_one_line_within_10s(sq, stores):  # noqa: F811
+def test_logs_of_an_unreachable_blob_store_is_one_line_within_10s(sq, stores):
     """The table answers; the blob service accepts connections and never answers."""
     task_id = _push(sq, stores.env(), "echo out")
     with FaultProxy(("127.0.0.1", stores.blob_port)) as proxy:

@@ -11,13 +11,9 @@ import time
 
 import pytest
 
-from tests.azure.test_storage_queue_worker import SqEnv, sq  # noqa: F401 (fixture)
+from tests.azure_envs import SqEnv
+from tests.azurite import free_port, table_connection_string
 from tests.conftest import command, wait_for
-from tests.control.conftest import (  # noqa: F401 (fixture)
-    free_port,
-    table,
-    table_connection_string,
-)
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 POLL = 0.5
@@ -30,7 +26,7 @@ def one_usage_line(res, option: str) -> str:
     return lines[0]
 
 
-def test_a_delayed_task_starts_after_its_delay(sq: SqEnv) -> None:  # noqa: F811
+def test_a_delayed_task_starts_after_its_delay(sq: SqEnv) -> None:
     sq.supervisor("-n", "2", "--poll-interval", str(POLL))
     warm = sq.tmp / "warm"
     sq.ctl("push", "-c", f"touch {warm}")
@@ -50,7 +46,7 @@ def test_a_delayed_task_starts_after_its_delay(sq: SqEnv) -> None:  # noqa: F811
     print(f"storage queue: delayed task started {at - t0 - 3:.3f}s after its time")
 
 
-def test_seven_days_is_the_most(sq: SqEnv) -> None:  # noqa: F811
+def test_seven_days_is_the_most(sq: SqEnv) -> None:
     one_usage_line(sq.ctl("push", "-c", "true", "--delay", "8d", check=False), "--delay")
     one_usage_line(sq.ctl("push", "-c", "true", "--not-before", "2099-01-01T00:00:00Z",
                           check=False), "--not-before")
@@ -66,14 +62,14 @@ def test_seven_days_is_the_most(sq: SqEnv) -> None:  # noqa: F811
                                             "claimed in the control store, and there is none"),
     (("--unique",), "--unique", "control store"),
 ])
-def test_what_the_service_cannot_do_is_refused(sq: SqEnv, args: tuple[str, ...], option: str,  # noqa: F811
+def test_what_the_service_cannot_do_is_refused(sq: SqEnv, args: tuple[str, ...], option: str,
                                                words: str) -> None:
     line = one_usage_line(sq.ctl("push", "-c", "true", *args, check=False), option)
     assert "storage-queue" in line and words in line
     assert sq.count() == 0
 
 
-def test_a_delayed_task_is_queued_from_its_time(sq: SqEnv) -> None:  # noqa: F811
+def test_a_delayed_task_is_queued_from_its_time(sq: SqEnv) -> None:
     """The oldest pending age (status, the autoscaling gauge) of a delayed message that just
     became visible is counted from its time, not from its push 3 s before."""
     t0 = time.time()
@@ -86,7 +82,8 @@ def test_a_delayed_task_is_queued_from_its_time(sq: SqEnv) -> None:  # noqa: F81
     assert age is not None and age <= since_push - 3 + 0.1, (age, since_push)
 
 
-def test_a_task_timeout_fails_the_attempt_at_its_limit(sq: SqEnv) -> None:  # noqa: F811
+@pytest.mark.timing  # times the limit
+def test_a_task_timeout_fails_the_attempt_at_its_limit(sq: SqEnv) -> None:
     start, term = sq.tmp / "start", sq.tmp / "term"
     sq.ctl("push", "-c", f"date +%s.%N > {start}; trap 'date +%s.%N > {term}; exit 3' TERM; "
            "sleep 30 & wait", "--timeout", "2s", "--max-attempts", "1")
@@ -100,7 +97,7 @@ def test_a_task_timeout_fails_the_attempt_at_its_limit(sq: SqEnv) -> None:  # no
 
 
 # ------------------------------------------------------ unique keys through the control store
-def test_a_unique_key_holds_until_its_task_ends(sq: SqEnv, table) -> None:  # noqa: F811
+def test_a_unique_key_holds_until_its_task_ends(sq: SqEnv, table) -> None:
     store, env = table
     done = sq.tmp / "done"
     first = sq.ctl("push", "-c", f"echo x >> {done}", "--unique-key", "nightly", env=env)
@@ -123,7 +120,7 @@ def test_a_unique_key_holds_until_its_task_ends(sq: SqEnv, table) -> None:  # no
     assert second_id != first_id and sq.count() == 1
 
 
-def test_a_claim_of_an_ended_task_is_taken_over(sq: SqEnv, table) -> None:  # noqa: F811
+def test_a_claim_of_an_ended_task_is_taken_over(sq: SqEnv, table) -> None:
     """A claim the worker could not release: the final result record tells it ended."""
     from supervisor.fleet.control import ResultRecord
     from supervisor.fleet.control.base import UniqueClaim
@@ -139,7 +136,7 @@ def test_a_claim_of_an_ended_task_is_taken_over(sq: SqEnv, table) -> None:  # no
     assert held is not None and held.task_id == task_id
 
 
-def test_concurrent_pushes_of_one_key_leave_one_task(sq: SqEnv, table) -> None:  # noqa: F811
+def test_concurrent_pushes_of_one_key_leave_one_task(sq: SqEnv, table) -> None:
     _, env = table
     full = {**os.environ, **sq.secret_env(), **env}
     procs = [subprocess.Popen(command("jobq-ctl") + sq.base_args()
@@ -154,7 +151,7 @@ def test_concurrent_pushes_of_one_key_leave_one_task(sq: SqEnv, table) -> None: 
     assert sq.count() == 1
 
 
-def test_a_control_store_that_is_down_stops_the_push(sq: SqEnv) -> None:  # noqa: F811
+def test_a_control_store_that_is_down_stops_the_push(sq: SqEnv) -> None:
     dead = table_connection_string(free_port())
     res = sq.ctl("push", "-c", "true", "--unique-key", "k", check=False,
                  env={"JOBQ_CONTROL_CONNECTION_STRING": dead})

@@ -23,7 +23,6 @@ import time
 
 import pytest
 
-from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.azurite import ACCOUNT
 from tests.conftest import wait_for
 from tests.faults.proxy import FaultProxy
@@ -36,7 +35,7 @@ LEASE = ("--visibility-timeout", "40", "--renew-interval", "15", "--poll-interva
 
 
 def test_settlements_ride_out_a_black_holed_queue_and_every_task_runs_once(
-        sq, azurite_table):  # noqa: F811
+        sq, azurite_table):
     table = f";TableEndpoint=http://127.0.0.1:{azurite_table}/{ACCOUNT}"
     runs, go = sq.tmp / "runs", sq.tmp / "go"
     ids = sq.ctl("push", "--file", "-", input="".join(

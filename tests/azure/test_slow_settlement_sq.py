@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.faults.proxy import FaultProxy
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
@@ -20,7 +19,7 @@ BOUND = 8  # settlement.py: max(SETTLING_MIN, SETTLING_PER_SLOT * SLOTS)
 TASKS = 40
 
 
-def test_slow_deletes_never_hold_a_slot_and_stay_under_the_bound(sq):  # noqa: F811
+def test_slow_deletes_never_hold_a_slot_and_stay_under_the_bound(sq):
     starts = sq.tmp / "starts"
     cmds = [f"echo $JOBQ_TASK_ID >> {starts}" for _ in range(TASKS)]
     sq.ctl("push", "--file", "-", input="\n".join(cmds) + "\n")

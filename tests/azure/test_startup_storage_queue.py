@@ -8,14 +8,14 @@ import pytest
 from azure.storage.queue import QueueClient, QueueServiceClient
 
 from supervisor.core.task import Task
-from tests.azure.test_storage_queue_backend import connection_string
-from tests.azure.test_storage_queue_worker import SqEnv
+from tests.azure_envs import SqEnv
+from tests.azurite import queue_connection_string
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 
 
 def _queues(port: int) -> set[str]:
-    with QueueServiceClient.from_connection_string(connection_string(port)) as svc:
+    with QueueServiceClient.from_connection_string(queue_connection_string(port)) as svc:
         return {q.name for q in svc.list_queues()}
 
 
@@ -27,7 +27,7 @@ def test_worker_makes_its_failed_queue_at_the_first_record_only(tmp_path, azurit
         assert queue_name in _queues(azurite.port)  # a new queue is still made at start
         assert queue_name + "-failed" not in _queues(azurite.port)
         # Pushed with the SDK, not jobq-ctl (which makes both queues).
-        with QueueClient.from_connection_string(connection_string(azurite.port),
+        with QueueClient.from_connection_string(queue_connection_string(azurite.port),
                                                 queue_name) as client:
             client.send_message(Task(cmd="exit 3", id="fails-once", max_attempts=1).to_json())
         sup = sq.supervisor("--exit-when-empty", "--control", "off")

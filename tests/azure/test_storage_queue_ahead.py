@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.azure.test_storage_queue_worker import SqEnv, sq  # noqa: F401 (fixture)
+from tests.azure_envs import SqEnv
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(180)]
@@ -26,14 +26,14 @@ pytestmark = [pytest.mark.azure, pytest.mark.timeout(180)]
 LONG_LOCK = "300"
 
 
-def push(sq: SqEnv, cmds: list[str]) -> list[str]:  # noqa: F811
+def push(sq: SqEnv, cmds: list[str]) -> list[str]:
     """Push ``cmds`` in order; their task ids."""
     ids = sq.ctl("push", "--file", "-", input="\n".join(cmds) + "\n").stdout.split()
     assert len(ids) == len(cmds)
     return ids
 
 
-def visible(sq: SqEnv) -> dict[str, tuple[int, int]]:  # noqa: F811
+def visible(sq: SqEnv) -> dict[str, tuple[int, int]]:
     """The visible messages (32 at most: enough here): task id -> (dequeue count,
     preemptions recorded in the body).  A message never received has dequeue count 0; one
     received and given back uncounted has as many preemptions as receives, so its next
@@ -58,7 +58,7 @@ def record(path: Path) -> str:
 
 
 def test_a_held_message_not_started_within_its_bound_is_visible_again_at_once(
-        sq: SqEnv) -> None:  # noqa: F811
+        sq: SqEnv) -> None:
     """One slot, a long task after short ones: the messages held behind it go back after the
     hold bound (2 s), visible at once and attempt unchanged, not after their 300 s lock."""
     ran, started, go = sq.tmp / "runs", sq.tmp / "long-started", sq.tmp / "go"
@@ -92,7 +92,7 @@ def test_a_held_message_not_started_within_its_bound_is_visible_again_at_once(
 
 
 def test_sigterm_gives_every_held_message_back_at_once_uncounted(
-        sq: SqEnv) -> None:  # noqa: F811
+        sq: SqEnv) -> None:
     """The task started just after a receive that took 32 sends SIGTERM to its supervisor:
     the messages held for the next slot are visible, attempt unchanged, when it has exited."""
     ran, pidfile = sq.tmp / "runs", sq.tmp / "sup.pid"
@@ -114,7 +114,7 @@ def test_sigterm_gives_every_held_message_back_at_once_uncounted(
 
 
 def test_a_held_message_is_never_started_after_its_lease_deadline(
-        sq: SqEnv) -> None:  # noqa: F811
+        sq: SqEnv) -> None:
     """A task freezes its supervisor (SIGSTOP) while messages are held; their 3 s locks
     lapse.  Resumed, the supervisor neither starts nor settles them: each runs once, on a
     fresh receive (attempt 2), never on the lease it held past its deadline (attempt 1)."""

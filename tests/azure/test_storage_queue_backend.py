@@ -25,15 +25,11 @@ from azure.storage.queue import (
 from supervisor.backends.base import BackendConfigError, BackendError, LeaseLost
 from supervisor.backends.storage_queue.backend import StorageQueueBackend
 from supervisor.core.task import Task
-from tests.azurite import ACCOUNT, ACCOUNT_KEY
+from tests.azurite import ACCOUNT, ACCOUNT_KEY, queue_connection_string
 from tests.conftest import wait_for
 from tests.faults.proxy import FaultProxy
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(60)]
-
-def connection_string(port: int, key: str = ACCOUNT_KEY) -> str:
-    return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={key};"
-            f"QueueEndpoint=http://127.0.0.1:{port}/{ACCOUNT}")
 
 
 def free_port() -> int:
@@ -48,7 +44,7 @@ def make_backend(azurite, queue_name, close_at_end):
     def make(port=None, **kw):
         kw.setdefault("worker_id", "w1")
         return close_at_end(StorageQueueBackend(
-            queue_name, connection_string=connection_string(port or azurite.port), **kw))
+            queue_name, connection_string=queue_connection_string(port or azurite.port), **kw))
 
     return make
 
@@ -169,6 +165,7 @@ def test_release_for_preemption_keeps_the_attempt(backend):
     third.complete()
 
 
+@pytest.mark.timing  # times the delay
 def test_release_with_delay_hides_the_message(backend):
     backend.push([Task(cmd="x")])
     lease = receive_one(backend)
@@ -306,6 +303,7 @@ def test_large_output_tail_is_trimmed_to_fit(backend):
     assert backend.requeue(None) == 1
 
 
+@pytest.mark.timing  # times the give-up
 def test_renew_through_blackhole_gives_up_within_its_timeout(azurite, make_backend, proxy):
     backend = make_backend(port=proxy.port)
     backend.push([Task(cmd="x")])
@@ -328,6 +326,7 @@ def test_renew_through_blackhole_gives_up_within_its_timeout(azurite, make_backe
     lease.complete()
 
 
+@pytest.mark.timing  # times the give-up
 def test_main_thread_calls_give_up_under_blackhole(make_backend, proxy):
     backend = make_backend(port=proxy.port, read_timeout=1.5, connect_timeout=1.0)
     proxy.blackhole()
@@ -366,17 +365,18 @@ def _catch(fn):
     return None
 
 
+@pytest.mark.timing  # asserts a 3 s bound
 def test_closed_port_fails_fast_with_backend_error(queue_name):
     start = time.monotonic()
     with pytest.raises(BackendError):
-        StorageQueueBackend(queue_name, connection_string=connection_string(free_port()))
+        StorageQueueBackend(queue_name, connection_string=queue_connection_string(free_port()))
     assert time.monotonic() - start < 3
 
 
 def test_bad_account_key_is_a_config_error(azurite, queue_name):
     wrong = base64.b64encode(b"not the key" * 6).decode()
     for key in (wrong, "notbase64!"):
-        cs = connection_string(azurite.port, key=key)
+        cs = queue_connection_string(azurite.port, key=key)
         with pytest.raises(BackendConfigError) as info:
             StorageQueueBackend(queue_name, connection_string=cs)
         err = info.value

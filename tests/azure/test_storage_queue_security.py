@@ -14,12 +14,11 @@ import os
 import pytest
 
 from tests.azure.conftest import ACCOUNT_KEY
-from tests.azure.test_storage_queue_worker import sq  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(90)]
 
 
-def test_signed_flow_leaks_no_secret(sq):  # noqa: F811
+def test_signed_flow_leaks_no_secret(sq):
     key_text = os.urandom(32).hex()
     key = sq.tmp / "signing.key"
     key.write_text(key_text + "\n")

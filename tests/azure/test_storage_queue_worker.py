@@ -9,69 +9,13 @@ import socket
 import time
 
 import pytest
-from azure.storage.queue import QueueClient
 
-from tests.azure.test_storage_queue_backend import connection_string
-from tests.conftest import Env, marked_processes, wait_for
+from tests.azurite import queue_connection_string
+from tests.conftest import marked_processes, wait_for
 from tests.faults.proxy import FaultProxy
 from tests.integration.helpers import death_time, ready_count, term_times, write_recorder
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
-
-
-class SqEnv(Env):
-    """Like the SQLite Env, but every command talks to one Azurite queue."""
-
-    def __init__(self, tmp, port: int, queue: str) -> None:
-        super().__init__(tmp)
-        self.port = port
-        self.queue = queue
-        self.conn_str = connection_string(port)
-
-    def base_args(self) -> list[str]:
-        return ["--backend", "storage-queue", "--queue", self.queue]
-
-    def secret_env(self, port: int | None = None) -> dict[str, str]:
-        return {"JOBQ_CONNECTION_STRING": connection_string(port or self.port)}
-
-    def ctl(self, *args, check=True, input=None, env=None):
-        import subprocess
-
-        from tests.conftest import command
-        full = dict(os.environ)
-        full.update(self.secret_env())
-        full.update(env or {})
-        res = subprocess.run(command("jobq-ctl") + self.base_args() + list(args),
-                             capture_output=True, text=True, timeout=60, input=input,
-                             env=full, cwd=self.tmp)
-        if check and res.returncode != 0:
-            raise AssertionError(f"jobq-ctl {args} failed: {res.stderr}")
-        return res
-
-    def supervisor(self, *args, env=None, via_port: int | None = None, **kw):
-        full = self.secret_env(via_port)
-        full.update(env or {})
-        return super().supervisor(*args, env=full, **kw)
-
-    def client(self, suffix: str = "") -> QueueClient:
-        return QueueClient.from_connection_string(self.conn_str, self.queue + suffix)
-
-    def count(self, suffix: str = "") -> int:
-        """Messages in the queue, visible or not."""
-        return self.client(suffix).get_queue_properties().approximate_message_count
-
-    def failed_records(self) -> list[dict]:
-        return json.loads(self.ctl("failed", "--json").stdout)
-
-
-@pytest.fixture
-def sq(tmp_path, azurite, queue_name):
-    e = SqEnv(tmp_path, azurite.port, queue_name)
-    e.ctl("clear")  # creates the queues, as any first writing command does
-    yield e
-    e.cleanup()
-    from tests.conftest import wait_for_no_marked
-    assert not wait_for_no_marked(timeout=10)
 
 
 def test_push_50_run_each_once_and_delete(sq):
@@ -105,6 +49,7 @@ def test_heartbeat_keeps_message_hidden_with_newest_pop_receipt(sq):
     assert "lock lost" not in log and "summary: succeeded=1" in log
 
 
+@pytest.mark.timing  # asserts a 3 s bound
 def test_deleted_message_kills_task_at_once(sq):
     """A definitive answer (404 MessageNotFound) kills the task group at once, unsettled."""
     sq.ctl("push", "-c", "sleep 60 & sleep 60; true")
@@ -276,7 +221,7 @@ def test_secret_never_logged_or_passed_to_tasks(sq):
 
 
 def test_config_errors_exit_2(sq, azurite):
-    bad_key = connection_string(azurite.port, key="d3Jvbmcga2V5" * 7 + "AAAA")
+    bad_key = queue_connection_string(azurite.port, key="d3Jvbmcga2V5" * 7 + "AAAA")
     sup = sq.supervisor(env={"JOBQ_CONNECTION_STRING": bad_key})
     assert sup.wait(30) == 2
     assert len(sup.log().strip().splitlines()) == 1 and "d3Jvbmcga2V5" not in sup.log()

@@ -16,9 +16,7 @@ import time
 import pytest
 
 from supervisor.ops.task_ends import SETTLE
-from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.conftest import command, wait_for
-from tests.control.conftest import table  # noqa: F401 (fixture)
 from tests.integration.captured import Captured
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
@@ -27,7 +25,7 @@ FAST = ("--control-interval", "1", "--heartbeat-interval", "1", "--poll-interval
 WHO = f"{getpass.getuser()}@{socket.gethostname()}"
 
 
-def test_a_task_cancelled_before_it_was_received_ends_the_wait(sq, table):  # noqa: F811
+def test_a_task_cancelled_before_it_was_received_ends_the_wait(sq, table):
     _, control_env = table
     ran = sq.tmp / "ran"
     sup = sq.supervisor("--worker-id", "w-sq-vis", *FAST, env=control_env)

@@ -9,7 +9,9 @@ from an empty temporary directory and is killed by its PID (process group).
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,20 +31,9 @@ from tests.azurite import (  # noqa: F401 (re-exported)
     session_service,
     table_connection_string,
 )
+from tests.conftest import command
 
 QUEUE = "jobs"
-
-
-@pytest.fixture
-def table(azurite_table) -> Iterator[tuple[Any, dict[str, str]]]:
-    """A Table control store on Azurite, and the environment that points a worker or
-    jobq-ctl at it."""
-    from supervisor.fleet.control.azure_table import AzureTableControlStore
-
-    conn = table_connection_string(azurite_table)
-    store = AzureTableControlStore(connection_string=conn)
-    yield store, {"JOBQ_CONTROL_CONNECTION_STRING": conn}
-    store.close()
 
 
 @dataclass
@@ -130,3 +121,15 @@ def kit(request, tmp_path) -> Iterator[Kit]:
 
 def doc_text(**fields: Any) -> str:
     return json.dumps(fields)
+
+
+def azure_ctl(conn: str | None, queue: str, *args: str,
+              timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """jobq-ctl on a Service Bus queue nobody can reach, its control store the Table service
+    of ``conn`` (None: no control connection string); no JOBQ_* variable of ours leaks in."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBQ_")}
+    if conn is not None:
+        env["JOBQ_CONTROL_CONNECTION_STRING"] = conn
+    return subprocess.run([*command("jobq-ctl"), "--backend", "servicebus", "--namespace",
+                           "nowhere.servicebus.windows.net", "--queue", queue, *args],
+                          env=env, text=True, capture_output=True, timeout=timeout)

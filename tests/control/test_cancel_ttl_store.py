@@ -11,7 +11,7 @@ import pytest
 from supervisor.fleet.control import Cancel
 from supervisor.fleet.control.base import DAY
 from supervisor.fleet.control.records import CANCEL_TTL
-from tests.control.test_ctl_fleet_azure import ctl as azure_ctl
+from tests.control.conftest import azure_ctl
 
 from .conftest import QUEUE, Kit, table_connection_string
 

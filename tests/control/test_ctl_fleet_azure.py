@@ -6,8 +6,6 @@ shared ``jobqcontrol`` table."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import time
 import uuid
 
@@ -15,21 +13,11 @@ import pytest
 
 from supervisor.fleet.control.azure_table import AzureTableControlStore
 from supervisor.fleet.control.records import TaskInfo, WorkerRecord
-from tests.conftest import command
-from tests.control.conftest import free_port, table_connection_string
+from tests.azurite import free_port, table_connection_string
+from tests.control.conftest import azure_ctl
 from tests.integration.helpers import one_error_line
 
 pytestmark = pytest.mark.azure
-
-
-def ctl(conn: str | None, queue: str, *args: str,
-        timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBQ_")}
-    if conn is not None:
-        env["JOBQ_CONTROL_CONNECTION_STRING"] = conn
-    return subprocess.run([*command("jobq-ctl"), "--backend", "servicebus", "--namespace",
-                           "nowhere.servicebus.windows.net", "--queue", queue, *args],
-                          env=env, text=True, capture_output=True, timeout=timeout)
 
 
 @pytest.fixture
@@ -53,36 +41,36 @@ def test_workers_cancel_pause_drain_on_table_storage(azure):
     now = time.time()
     store.put_worker(record(queue, "vm1:11:ab", now))
     store.put_worker(record(queue, "vm2:12:cd", now, beat_age=60))
-    res = ctl(conn, queue, "workers", "--json")
+    res = azure_ctl(conn, queue, "workers", "--json")
     assert res.returncode == 0, res.stderr
     (w,) = json.loads(res.stdout)
     assert (w["id"], w["state"], w["slots"]) == ("vm1:11:ab", "running",
                                                  {"used": 1, "total": 2})
     assert w["tasks"][0]["id"] == "t-9" and w["tasks"][0]["lease_expires"].endswith("Z")
-    lost = json.loads(ctl(conn, queue, "workers", "--json", "--all").stdout)
+    lost = json.loads(azure_ctl(conn, queue, "workers", "--json", "--all").stdout)
     assert {x["id"]: x["state"] for x in lost}["vm2:12:cd"] == "lost"
 
     # no index of task ids on Azure: an id no producer makes is refused (issue 26), unless
     # --any-id (a hand-written body's id); it is recorded for the workers to meet
-    line = one_error_line(ctl(conn, queue, "cancel", "any-id"), 2)
+    line = one_error_line(azure_ctl(conn, queue, "cancel", "any-id"), 2)
     assert "'any-id' is not a task id" in line and "--any-id" in line
     assert store.get_cancel(queue, "any-id") is None
-    res = ctl(conn, queue, "cancel", "any-id", "--any-id", "--reason", "oops",
+    res = azure_ctl(conn, queue, "cancel", "any-id", "--any-id", "--reason", "oops",
               "--cancel-ttl", "2d")
     assert res.returncode == 0, res.stderr
     assert "cancel recorded" in res.stdout
     cancel = store.get_cancel(queue, "any-id")
     assert cancel is not None and cancel.reason == "oops" and cancel.grace == 30.0
 
-    assert ctl(conn, queue, "pause").returncode == 0
-    assert "PAUSED" in ctl(conn, queue, "workers").stdout
-    assert ctl(conn, queue, "drain", "vm1:11:ab").returncode == 0
+    assert azure_ctl(conn, queue, "pause").returncode == 0
+    assert "PAUSED" in azure_ctl(conn, queue, "workers").stdout
+    assert azure_ctl(conn, queue, "drain", "vm1:11:ab").returncode == 0
     snap = store.poll(queue, "vm1:11:ab")
     assert snap.flag is not None and snap.flag.paused
     assert [c.action for c in snap.commands] == ["drain"]
     assert [c.task_id for c in snap.cancels] == ["any-id"]
-    assert "vm2:12:cd" in one_error_line(ctl(conn, queue, "stop", "vm2:12:cd"), 1)
-    assert ctl(conn, queue, "resume").returncode == 0
+    assert "vm2:12:cd" in one_error_line(azure_ctl(conn, queue, "stop", "vm2:12:cd"), 1)
+    assert azure_ctl(conn, queue, "resume").returncode == 0
     flag = store.poll(queue, "x").flag
     assert flag is not None and not flag.paused
 
@@ -92,7 +80,7 @@ def test_an_unreachable_table_service_is_exit_1_within_10_s(azure):
     dead = table_connection_string(free_port())  # nothing listens there
     for args in (["workers"], ["pause"], ["cancel", "a" * 32]):
         t0 = time.monotonic()
-        res = ctl(dead, queue, *args, timeout=30)
+        res = azure_ctl(dead, queue, *args, timeout=30)
         assert time.monotonic() - t0 < 10
         assert "Traceback" not in res.stderr
         one_error_line(res, 1)
@@ -101,5 +89,5 @@ def test_an_unreachable_table_service_is_exit_1_within_10_s(azure):
 def test_service_bus_without_a_control_store_is_exit_2_naming_the_option(azure):
     _, queue, _ = azure
     for args in (["workers"], ["cancel", "f" * 32], ["pause"], ["drain", "w"]):
-        line = one_error_line(ctl(None, queue, *args), 2)
+        line = one_error_line(azure_ctl(None, queue, *args), 2)
         assert "--control-account-url" in line

@@ -53,6 +53,7 @@ def black_hole() -> Iterator[int]:
     server.close()
 
 
+@pytest.mark.timing  # asserts a wall-clock bound
 @pytest.mark.azure
 def test_azure_store_down_raises_quickly() -> None:
     from supervisor.fleet.control.azure_table import AzureTableControlStore
@@ -101,6 +102,7 @@ def test_azure_store_makes_its_table_at_the_first_call_that_misses_it(azurite_ta
     claims.close()
 
 
+@pytest.mark.timing  # times the read timeout
 @pytest.mark.azure
 def test_azure_store_hung_raises_after_read_timeout(black_hole: int) -> None:
     from supervisor.fleet.control.azure_table import AzureTableControlStore
@@ -125,6 +127,7 @@ def test_azure_secrets_are_not_in_errors() -> None:
     assert "Eby8vdM02x" not in str(info.value)
 
 
+@pytest.mark.timing  # asserts a 3 s bound
 def test_sqlite_locked_database_raises_within_busy_timeout(tmp_path) -> None:
     path = str(tmp_path / "queue.db")
     store = SqliteControlStore(path, busy_timeout=0.3)

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from supervisor.fleet.control.azure_table import AzureTableControlStore
+from tests.azurite import table_connection_string
 from tests.conftest import Env, wait_for
-from tests.control.conftest import table_connection_string
 from tests.faults.proxy import FaultProxy
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(150)]

@@ -11,14 +11,13 @@ import signal
 import pytest
 
 from supervisor.fleet.control.azure_table import AzureTableControlStore
-from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
+from tests.azurite import table_connection_string
 from tests.conftest import wait_for
-from tests.control.conftest import table_connection_string
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 
 
-def test_a_storage_queue_worker_writes_each_attempts_result(sq, azurite_table):  # noqa: F811
+def test_a_storage_queue_worker_writes_each_attempts_result(sq, azurite_table):
     control = {"JOBQ_CONTROL_CONNECTION_STRING": table_connection_string(azurite_table)}
     store = AzureTableControlStore(connection_string=table_connection_string(azurite_table))
     try:

@@ -5,51 +5,16 @@ at 1280x800 and 390x844 (no sideways scroll on the phone)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from supervisor.fleet.control import SqliteControlStore
 from tests.conftest import wait_for
 from tests.dashboard.conftest import TOKEN, shoot
+from tests.dashboard.pages import BROWSER_FAST, click, reload_until, stays_pending, text_of
 
 pytestmark = pytest.mark.timeout(120)
 
 Q = "default"
-FAST = ("--control-interval", "1", "--heartbeat-interval", "1", "-n", "3")
-
-
-def _text(driver, element_id: str) -> str:
-    from selenium.common.exceptions import WebDriverException
-
-    try:
-        return driver.find_element("id", element_id).text
-    except WebDriverException:
-        # missing, stale, or (Chromium 156) "Node with given id does not belong to the
-        # document": the page's own refresh replaced #live between find and read
-        return ""
-
-
-def _reload_until(driver, cond, timeout: float, what: str) -> None:
-    """Reload the page until ``cond(driver)`` holds (the page also refreshes itself)."""
-    def check() -> bool:
-        driver.refresh()
-        return bool(cond(driver))
-    wait_for(check, timeout, interval=0.3, what=what)
-
-
-def _click(driver, element_id: str) -> None:
-    """Click a button by id; the page's own refresh may replace it under us, so look it up
-    again until the click lands."""
-    from selenium.common.exceptions import WebDriverException
-
-    def attempt() -> bool:
-        try:
-            driver.find_element("id", element_id).click()
-            return True
-        except WebDriverException:  # missing, stale or detached (see _text)
-            return False
-    wait_for(attempt, 10, what=f"button {element_id}")
 
 
 def _workers(env) -> list:
@@ -69,30 +34,22 @@ def _used(env) -> dict[str, int]:
     return {w.id: w.slots_used for w in _workers(env)}
 
 
-def _stays_pending(env, task: str, seconds: float, why: str) -> None:
-    """Intake stopped: for ``seconds`` (several control intervals) ``task`` stays pending."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert env.job(task)["status"] == "pending", why
-        time.sleep(0.2)
-
-
 def test_overview_pause_resume_and_drain_in_the_browser(env, dashboard, browser):
     release = env.tmp / "release"
     hold = f"while [ ! -e {release} ]; do sleep 0.1; done"
     held = env.push(hold, hold)
-    sup_a = env.supervisor("--worker-id", "w-a", *FAST)
-    sup_b = env.supervisor("--worker-id", "w-b", *FAST)
+    sup_a = env.supervisor("--worker-id", "w-a", *BROWSER_FAST)
+    sup_b = env.supervisor("--worker-id", "w-b", *BROWSER_FAST)
     wait_for(lambda: [r[1] for r in env.rows()] == ["running", "running"], 30,
              what="both held tasks running")
     d = dashboard(token=True)
     browser.get(d.url + "/")
-    _reload_until(browser, lambda b: _text(b, "count-running") == "2"
-                  and "running: 2" in _text(b, "worker-states")
+    reload_until(browser, lambda b: text_of(b, "count-running") == "2"
+                  and "running: 2" in text_of(b, "worker-states")
                   and b.find_elements("css selector", ".chart line.dot.running"), 30,
                   what="the overview with 2 running tasks on 2 running workers and the "
                        "sampler's first depth samples")
-    assert _text(browser, "count-pending") == "0"
+    assert text_of(browser, "count-pending") == "0"
     assert browser.find_elements("id", "pause") == [], "no button before the login"
     shoot(browser, "overview")
     browser.get(d.url + "/workers")
@@ -102,7 +59,7 @@ def test_overview_pause_resume_and_drain_in_the_browser(env, dashboard, browser)
     browser.get(d.url + "/workers/w-a")
     shoot(browser, "worker")
     browser.get(d.url + f"/tasks/{held[0]}")
-    assert "running" in _text(browser, "task-state")
+    assert "running" in text_of(browser, "task-state")
     shoot(browser, "task")
     browser.get(d.url + "/tasks/no-such-task")
     assert "404" in browser.title
@@ -115,27 +72,27 @@ def test_overview_pause_resume_and_drain_in_the_browser(env, dashboard, browser)
     browser.find_element("id", "token").send_keys(TOKEN)
     browser.find_element("id", "login-submit").click()
     wait_for(lambda: browser.find_elements("id", "pause"), 10, what="the pause button")
-    _click(browser, "pause")
-    wait_for(lambda: "PAUSED" in _text(browser, "paused"), 10,
+    click(browser, "pause")
+    wait_for(lambda: "PAUSED" in text_of(browser, "paused"), 10,
              what="PAUSED on the overview")
-    assert "alice@dashboard" in _text(browser, "paused")
+    assert "alice@dashboard" in text_of(browser, "paused")
     wait_for(lambda: set(_states(env).values()) == {"paused"}, 15, what="both workers paused")
     (late,) = env.push("echo late")
-    _stays_pending(env, late, 4.0, "a worker took a task while paused")
+    stays_pending(env, late, 4.0, "a worker took a task while paused")
     browser.get(d.url + "/")
-    assert _text(browser, "count-pending") == "1"
-    _click(browser, "resume")
+    assert text_of(browser, "count-pending") == "1"
+    click(browser, "resume")
     wait_for(lambda: env.job(late)["status"] == "succeeded", 20, what="the task after resume")
-    _reload_until(browser, lambda b: _text(b, "paused") == "no", 10, what="not paused")
+    reload_until(browser, lambda b: text_of(b, "paused") == "no", 10, what="not paused")
 
     # drain a busy worker with its button: it finishes its tasks and exits 0; the other stays
     busy = next(w for w, used in _used(env).items() if used)
     idle = ({"w-a", "w-b"} - {busy}).pop()
     sups = {"w-a": sup_a, "w-b": sup_b}
     browser.get(d.url + "/workers")
-    _click(browser, f"drain-{busy}")
+    click(browser, f"drain-{busy}")
     wait_for(lambda: _states(env).get(busy) == "draining", 15, what=f"{busy} draining")
-    _reload_until(browser, lambda b: "draining" in b.find_element(
+    reload_until(browser, lambda b: "draining" in b.find_element(
         "css selector", f'tr.worker[data-id="{busy}"]').text, 10, what="draining shown")
     release.touch()
     assert sups[busy].wait(30) == 0

@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import pytest
 
-from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
 from tests.azurite import ACCOUNT, ACCOUNT_KEY
 from tests.conftest import wait_for
 from tests.dashboard.conftest import shoot
-from tests.dashboard.test_browser import _reload_until, _text
+from tests.dashboard.pages import reload_until, text_of
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(150)]
 FAST = ("--control-interval", "1", "--heartbeat-interval", "1", "--poll-interval", "0.2")
 
 
-def test_overview_and_live_output_on_storage_queue_table_and_blob(  # noqa: F811
-        sq, azurite_table, azurite_blob, dashboard, browser):  # noqa: F811
+def test_overview_and_live_output_on_storage_queue_table_and_blob(
+        sq, azurite_table, azurite_blob, dashboard, browser):
     control = {"JOBQ_CONTROL_CONNECTION_STRING": (
         f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
         f"TableEndpoint=http://127.0.0.1:{azurite_table}/{ACCOUNT};"
@@ -34,16 +33,16 @@ def test_overview_and_live_output_on_storage_queue_table_and_blob(  # noqa: F811
     sup.stop()
 
 
-def _check(sq, task_id: str, dashboard, browser, control: dict[str, str]) -> None:  # noqa: F811
+def _check(sq, task_id: str, dashboard, browser, control: dict[str, str]) -> None:
     d = dashboard(base=sq.base_args(), environ={**sq.secret_env(), **control})
     browser.get(d.url + "/")
-    _reload_until(browser, lambda b: "running: 1" in _text(b, "worker-states")
-                  and "w-az" in _text(b, "running"), 40,
+    reload_until(browser, lambda b: "running: 1" in text_of(b, "worker-states")
+                  and "w-az" in text_of(b, "running"), 40,
                   what="the Azure worker and its task on the overview")
-    assert _text(browser, "count-pending").endswith("queued"), "Storage Queue counts"
+    assert text_of(browser, "count-pending").endswith("queued"), "Storage Queue counts"
     # issue 26: the depth chart draws Storage Queue's own count under its word, not a flat
     # 0 "pending"
-    _reload_until(browser, lambda b: b.find_elements("css selector", ".chart line.dot.queued"),
+    reload_until(browser, lambda b: b.find_elements("css selector", ".chart line.dot.queued"),
                   30, what="the sampler's queued line")
     assert browser.find_element("css selector", "#depth figcaption").text.split() == ["queued"]
     assert not browser.find_elements("css selector", ".chart polyline.pending")
@@ -52,13 +51,13 @@ def _check(sq, task_id: str, dashboard, browser, control: dict[str, str]) -> Non
     browser.execute_script("window.__same_page = 1")
 
     def lines() -> int:
-        return _text(browser, "output").count("az-line-")
+        return text_of(browser, "output").count("az-line-")
     wait_for(lambda: lines() >= 3, 40, what="output from the blob store")
     seen = lines()
     wait_for(lambda: lines() >= seen + 5, 40, what="new lines without a reload")
     assert browser.execute_script("return window.__same_page") == 1
-    assert "w-az" in _text(browser, "attempts")
+    assert "w-az" in text_of(browser, "attempts")
     shoot(browser, "task-azure")
     (sq.tmp / "release").touch()
-    wait_for(lambda: _text(browser, "output-status") == "complete", 40,
+    wait_for(lambda: text_of(browser, "output-status") == "complete", 40,
              what="the attempt's output complete")

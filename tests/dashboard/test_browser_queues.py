@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.dashboard.conftest import login, shoot
-from tests.dashboard.test_browser import _click, _reload_until, _stays_pending, _text
+from tests.dashboard.pages import click, reload_until, stays_pending, text_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -24,28 +24,28 @@ def test_two_queues_overview_and_pausing_one_queue(env, dashboard, browser):
     d = dashboard("--queue", "high,low", token=True)
     login(browser, d.url)
     browser.get(d.url + "/")
-    _reload_until(browser, lambda b: _text(b, "count-succeeded-high") == "1"
-                  and _text(b, "count-succeeded-low") == "1"
-                  and "running: 1" in _text(b, "worker-states"), 30,
+    reload_until(browser, lambda b: text_of(b, "count-succeeded-high") == "1"
+                  and text_of(b, "count-succeeded-low") == "1"
+                  and "running: 1" in text_of(b, "worker-states"), 30,
                   what="a row per queue and the one worker counted once")
     shoot(browser, "overview-queues")
 
-    _click(browser, "pause-low")
-    wait_for(lambda: "PAUSED" in _text(browser, "paused-low"), 10, what="low PAUSED")
-    assert _text(browser, "paused-high") == "no"
+    click(browser, "pause-low")
+    wait_for(lambda: "PAUSED" in text_of(browser, "paused-low"), 10, what="low PAUSED")
+    assert text_of(browser, "paused-high") == "no"
     # the worker sees the flag within a control interval; then low's intake stops
     wait_for(lambda: _worker_saw_pause(env), 15, what="the worker's view of low paused")
     (late_low,) = env.push("echo low", extra=("--queue", "low"))
     (late_high,) = env.push("echo high", extra=("--queue", "high"))
     wait_for(lambda: env.job(late_high)["status"] == "succeeded", 20,
              what="high's task while low is paused")
-    _stays_pending(env, late_low, 3.0, "a worker took low's task while paused")
+    stays_pending(env, late_low, 3.0, "a worker took low's task while paused")
     browser.get(d.url + "/")
-    assert _text(browser, "count-pending-low") == "1"
-    _click(browser, "resume-low")
+    assert text_of(browser, "count-pending-low") == "1"
+    click(browser, "resume-low")
     wait_for(lambda: env.job(late_low)["status"] == "succeeded", 20,
              what="low's task after resume")
-    _reload_until(browser, lambda b: _text(b, "paused-low") == "no", 10, what="low not paused")
+    reload_until(browser, lambda b: text_of(b, "paused-low") == "no", 10, what="low not paused")
 
     # the other pages are one queue's, chosen in the switcher
     browser.get(d.url + "/failed")

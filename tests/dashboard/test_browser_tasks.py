@@ -10,13 +10,13 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.dashboard.conftest import login, shoot
-from tests.dashboard.test_browser import FAST, _click, _reload_until, _text
+from tests.dashboard.pages import BROWSER_FAST, click, reload_until, text_of
 
 pytestmark = pytest.mark.timeout(150)
 
 
 def _lines(driver) -> list[str]:
-    return [line for line in _text(driver, "output").splitlines() if line.startswith("line-")]
+    return [line for line in text_of(driver, "output").splitlines() if line.startswith("line-")]
 
 
 def test_live_output_cancel_and_requeue_in_the_browser(env, dashboard, browser):
@@ -25,8 +25,8 @@ def test_live_output_cancel_and_requeue_in_the_browser(env, dashboard, browser):
                          "i=$((i+1)); sleep 0.2; done")
     (flaky,) = env.push(f"if [ -e {fixed} ]; then echo fixed-now; else echo boom; exit 3; fi",
                         extra=("--max-attempts", "1"))
-    env.supervisor("--worker-id", "w-a", *FAST)
-    env.supervisor("--worker-id", "w-b", *FAST)
+    env.supervisor("--worker-id", "w-a", *BROWSER_FAST)
+    env.supervisor("--worker-id", "w-b", *BROWSER_FAST)
     wait_for(lambda: env.job(chatty)["status"] == "running"
              and env.job(flaky)["status"] == "failed", 30,
              what="the chatty task running and the flaky one failed")
@@ -40,20 +40,20 @@ def test_live_output_cancel_and_requeue_in_the_browser(env, dashboard, browser):
     seen = len(_lines(browser))
     wait_for(lambda: len(_lines(browser)) >= seen + 5, 30, what="new lines without a reload")
     assert browser.execute_script("return window.__same_page") == 1, "the page was reloaded"
-    assert "<b>not bold</b>" in _text(browser, "output"), "output is shown as text"
+    assert "<b>not bold</b>" in text_of(browser, "output"), "output is shown as text"
     assert not browser.find_elements("css selector", "#output b")
-    assert "running" in _text(browser, "task-state")
+    assert "running" in text_of(browser, "task-state")
     shoot(browser, "task-live")
 
     # cancel with the button: the worker stops it, the page says cancelled
-    _click(browser, "cancel")
+    click(browser, "cancel")
     wait_for(lambda: env.job(chatty)["status"] == "failed", 30, what="the task cancelled")
     assert env.job(chatty)["reason"].startswith("cancelled by alice@dashboard")
-    _reload_until(browser, lambda b: "cancelled" in _text(b, "task-state"), 20,
+    reload_until(browser, lambda b: "cancelled" in text_of(b, "task-state"), 20,
                   what="cancelled on the task page")
-    wait_for(lambda: _text(browser, "output-status") == "complete", 20,
+    wait_for(lambda: text_of(browser, "output-status") == "complete", 20,
              what="the output marked complete")
-    wait_for(lambda: "alice@dashboard" in _text(browser, "attempts"), 20,
+    wait_for(lambda: "alice@dashboard" in text_of(browser, "attempts"), 20,
              what="cancelled by alice in the attempts table")
 
     # requeue the failed task from the failed page: it runs again (and succeeds this time)
@@ -64,14 +64,14 @@ def test_live_output_cancel_and_requeue_in_the_browser(env, dashboard, browser):
     assert "boom" in browser.find_element("css selector", f'.card[data-id="{flaky}"]').text
     shoot(browser, "failed")
     fixed.touch()
-    _click(browser, f"requeue-{flaky}")
+    click(browser, f"requeue-{flaky}")
     wait_for(lambda: env.job(flaky)["status"] == "succeeded", 30, what="the requeued task ran")
     browser.get(d.url + f"/tasks/{flaky}")
     # SQLite's requeue starts the attempts again at 1, whose output (complete) then grows:
     # reload until the output thread has written it
-    _reload_until(browser, lambda b: wait_for(lambda: _text(b, "output-status"), 10)
-                  and "fixed-now" in _text(b, "output"), 20, what="its new output")
-    assert "succeeded" in _text(browser, "task-state")
+    reload_until(browser, lambda b: wait_for(lambda: text_of(b, "output-status"), 10)
+                  and "fixed-now" in text_of(b, "output"), 20, what="its new output")
+    assert "succeeded" in text_of(browser, "task-state")
     shoot(browser, "task-done")
     browser.get(d.url + "/failed")
     assert {e.get_attribute("data-id") for e in browser.find_elements("css selector",

@@ -9,8 +9,6 @@ import re
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -21,18 +19,10 @@ from supervisor.fleet.control import SqliteControlStore
 from supervisor.fleet.control.base import ControlStoreError
 from supervisor.fleet.control.records import WorkerRecord
 from tests.dashboard.conftest import TOKEN, Unreachable
+from tests.dashboard.pages import client_login, csrf_of, get
 
 pytestmark = pytest.mark.timeout(90)
 Q = "default"
-
-
-def get(url: str, data: bytes | None = None) -> tuple[int, str]:
-    req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def _ctl(env, *args: str, extra_code: str = "") -> subprocess.CompletedProcess:
@@ -170,18 +160,6 @@ def test_a_failed_call_closes_the_threads_clients_and_the_next_request_reopens(e
     assert len(opened) == 2, "the failed client was dropped and a new one opened"
 
 
-def _login(client, token: str = TOKEN, name: str = "alice") -> int:
-    page = client.get("/login").get_data(as_text=True)
-    csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
-    return client.post("/login", data={"csrf": csrf, "token": token,
-                                       "name": name}).status_code
-
-
-def _csrf(client, page: str = "/") -> str:
-    return re.search(r'name="csrf" value="([^"]+)"',
-                     client.get(page).get_data(as_text=True)).group(1)
-
-
 def test_actions_need_a_login_and_the_csrf_token(env):
     env.push("true")
     from supervisor.backends.sqlite.backend import SqliteBackend
@@ -190,19 +168,19 @@ def test_actions_need_a_login_and_the_csrf_token(env):
                       lambda: SqliteControlStore(str(env.db)))
     client = create_app(data, token=TOKEN).test_client()
     assert b'id="pause"' not in client.get("/").data, "no button before the login"
-    resp = client.post("/queue/pause", data={"csrf": _csrf(client, "/login")})
+    resp = client.post("/queue/pause", data={"csrf": csrf_of(client, "/login")})
     assert resp.status_code == 403 and b"log in first" in resp.data
-    assert _login(client, token="wrong-token-wrong-token") == 403
-    assert _login(client) == 302
+    assert client_login(client, token="wrong-token-wrong-token") == 403
+    assert client_login(client) == 302
     page = client.get("/").get_data(as_text=True)
     assert 'id="pause"' in page
     csrf_fields = re.findall(r'name="csrf" value="([^"]*)"', page)
-    assert len(csrf_fields) >= 2 and set(csrf_fields) == {_csrf(client)}, "every form has it"
+    assert len(csrf_fields) >= 2 and set(csrf_fields) == {csrf_of(client)}, "every form has it"
     assert client.post("/queue/pause").status_code == 403, "no CSRF token"
     assert client.post("/queue/pause", data={"csrf": "forged"}).status_code == 403
     assert json.loads(env.ctl("status", "--json").stdout)["paused"] is False
     t0 = time.time()
-    assert client.post("/queue/pause", data={"csrf": _csrf(client)}).status_code == 302
+    assert client.post("/queue/pause", data={"csrf": csrf_of(client)}).status_code == 302
     store = SqliteControlStore(str(env.db))
     try:
         flag = store.poll(Q, "test", None).flag
@@ -210,7 +188,7 @@ def test_actions_need_a_login_and_the_csrf_token(env):
         store.close()
     assert flag is not None and flag.paused and flag.who == "alice@dashboard"
     assert flag.when >= t0 - 1
-    resp = client.post("/workers/nobody/drain", data={"csrf": _csrf(client)})
+    resp = client.post("/workers/nobody/drain", data={"csrf": csrf_of(client)})
     assert resp.status_code == 404
     now = time.time()
     store = SqliteControlStore(str(env.db))
@@ -218,14 +196,14 @@ def test_actions_need_a_login_and_the_csrf_token(env):
         store.put_worker(WorkerRecord(id="w-live", queue=Q, host="h", pid=1, version="0",
                                       state="running", slots_used=0, slots_total=1,
                                       started=now, heartbeat=now))
-        resp = client.post("/workers/w-live/stop", data={"csrf": _csrf(client),
+        resp = client.post("/workers/w-live/stop", data={"csrf": csrf_of(client),
                                                          "back": "//evil.example/"})
         assert resp.status_code == 302 and resp.headers["Location"] == "/", "no open redirect"
         (cmd,) = store.poll(Q, "w-live", None).commands
     finally:
         store.close()
     assert (cmd.action, cmd.worker, cmd.who) == ("stop", "w-live", "alice@dashboard")
-    assert client.post("/workers/w-live/reboot", data={"csrf": _csrf(client)}).status_code \
+    assert client.post("/workers/w-live/reboot", data={"csrf": csrf_of(client)}).status_code \
         == 404
     # Every action done is kept in the control store, newest first; refused ones are not.
     actions = client.get("/api/actions").get_json()

@@ -16,7 +16,7 @@ from supervisor.dashboard.data import DataSource
 from supervisor.dashboard.history import History
 from supervisor.fleet.control import SqliteControlStore
 from tests.dashboard.conftest import TOKEN
-from tests.dashboard.test_http import get
+from tests.dashboard.pages import csrf_of, get
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -77,11 +77,6 @@ def _source(env, name: str) -> DataSource:
                       lambda: SqliteControlStore(str(env.db)))
 
 
-def _csrf(client) -> str:
-    return re.search(r'name="csrf" value="([^"]+)"',
-                     client.get("/").get_data(as_text=True)).group(1)
-
-
 def test_pause_applies_to_its_own_queue_and_a_down_queue_is_one_row(env):
     _push(env, "high", "true")
     _push(env, "low", "true")
@@ -98,7 +93,7 @@ def test_pause_applies_to_its_own_queue_and_a_down_queue_is_one_row(env):
     page = client.get("/").get_data(as_text=True)
     assert 'id="pause-high"' in page and 'id="pause-low"' in page
     assert 'id="queue-error-gone"' in page, "a queue that is down is its row, not a 503"
-    resp = client.post("/queue/pause?queue=low", data={"csrf": _csrf(client)})
+    resp = client.post("/queue/pause?queue=low", data={"csrf": csrf_of(client)})
     assert resp.status_code == 302
     store = SqliteControlStore(str(env.db))
     try:

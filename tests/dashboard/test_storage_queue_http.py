@@ -15,17 +15,16 @@ from supervisor.dashboard.app import create_app
 from supervisor.dashboard.data import MASK, DataSource
 from supervisor.dashboard.history import History, Sampler
 from supervisor.fleet.control.azure_table import AzureTableControlStore
-from tests.azure.test_storage_queue_worker import sq  # noqa: F401 (fixture)
+from tests.azurite import table_connection_string
 from tests.conftest import wait_for
-from tests.control.conftest import table_connection_string
 from tests.dashboard.conftest import TOKEN
-from tests.dashboard.test_http import _csrf, _login
+from tests.dashboard.pages import client_login, csrf_of
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 FAST = ("--control-interval", "1", "--heartbeat-interval", "1", "--poll-interval", "0.2")
 
 
-def _data(sq, table_port: int | None = None) -> DataSource:  # noqa: F811
+def _data(sq, table_port: int | None = None) -> DataSource:
     conn = table_connection_string(table_port) if table_port else None
     return DataSource(
         sq.queue, lambda: StorageQueueBackend(sq.queue, connection_string=sq.conn_str,
@@ -33,7 +32,7 @@ def _data(sq, table_port: int | None = None) -> DataSource:  # noqa: F811
         lambda: AzureTableControlStore(connection_string=conn) if conn else None)
 
 
-def test_the_depth_chart_draws_what_storage_queue_counts_under_its_word(sq):  # noqa: F811
+def test_the_depth_chart_draws_what_storage_queue_counts_under_its_word(sq):
     sq.push("true", "true", "true")
     data = _data(sq)
     history = History()
@@ -52,7 +51,7 @@ def test_the_depth_chart_draws_what_storage_queue_counts_under_its_word(sq):  # 
     data.close_thread()
 
 
-def test_a_pending_task_opens_from_a_peek_and_is_cancelled(sq, azurite_table):  # noqa: F811
+def test_a_pending_task_opens_from_a_peek_and_is_cancelled(sq, azurite_table):
     ran = sq.tmp / "ran"
     (task_id,) = sq.push(f"touch {ran}", extra=("--env", "API_TOKEN=hunter2-value",
                                                "--env", "MODE=fast"))
@@ -65,11 +64,11 @@ def test_a_pending_task_opens_from_a_peek_and_is_cancelled(sq, azurite_table):  
     assert task["env"] == {"API_TOKEN": MASK, "MODE": MASK}
     missing = client.get("/api/task/no-such-task-26").get_json()["error"]
     assert "first 32 messages" in missing, "a 404 says how far a peek sees"
-    assert _login(client) == 302
+    assert client_login(client) == 302
     page = client.get(f"/tasks/{task_id}").get_data(as_text=True)
     assert 'id="cancel"' in page and "hunter2-value" not in page
     resp = client.post(f"/tasks/{task_id}/cancel",
-                       data={"csrf": _csrf(client), "back": f"/tasks/{task_id}"})
+                       data={"csrf": csrf_of(client), "back": f"/tasks/{task_id}"})
     assert resp.status_code == 302, resp.get_data(as_text=True)
     store = AzureTableControlStore(connection_string=table_connection_string(azurite_table))
     try:
@@ -91,7 +90,7 @@ def test_a_pending_task_opens_from_a_peek_and_is_cancelled(sq, azurite_table):  
     assert not ran.exists()
 
 
-def test_a_running_tasks_environment_names_show_masked(sq, azurite_table):  # noqa: F811
+def test_a_running_tasks_environment_names_show_masked(sq, azurite_table):
     release = sq.tmp / "release"
     (task_id,) = sq.push(f"while [ ! -e {release} ]; do sleep 0.1; done",
                          extra=("--env", "API_TOKEN=hunter2-value", "--env", "MODE=fast"))

@@ -19,7 +19,7 @@ from supervisor.fleet.control.records import ResultRecord, WorkerRecord
 from supervisor.fleet.output.base import AttemptKey, OutputStoreError
 from supervisor.fleet.output.files import FileOutputStore, output_dir
 from tests.dashboard.conftest import TOKEN, Unreachable
-from tests.dashboard.test_http import _csrf, _login, get
+from tests.dashboard.pages import client_login, csrf_of, get
 
 pytestmark = pytest.mark.timeout(90)
 Q = "default"
@@ -151,11 +151,11 @@ def test_an_output_store_that_is_down_is_said_on_the_task_page_and_503_in_the_ap
 def test_cancel_requeue_and_clear_with_a_login(env):
     pending, other, third = env.push("echo a", "echo b", "echo c")
     client = create_app(_data(env), token=TOKEN).test_client()
-    assert _login(client) == 302
+    assert client_login(client) == 302
     page = client.get(f"/tasks/{pending}").get_data(as_text=True)
     assert 'id="cancel"' in page and 'id="requeue"' not in page
     resp = client.post(f"/tasks/{pending}/cancel",
-                       data={"csrf": _csrf(client), "back": f"/tasks/{pending}"})
+                       data={"csrf": csrf_of(client), "back": f"/tasks/{pending}"})
     assert resp.status_code == 302 and resp.headers["Location"] == f"/tasks/{pending}"
     assert env.job(pending)["status"] == "failed"
     assert env.job(pending)["reason"].startswith("cancelled by alice@dashboard")
@@ -168,12 +168,12 @@ def test_cancel_requeue_and_clear_with_a_login(env):
     page = client.get(f"/tasks/{pending}").get_data(as_text=True)
     assert "state-cancelled" in page and 'id="requeue"' in page and 'id="cancel"' not in page
     assert client.post(f"/tasks/{pending}/cancel",
-                       data={"csrf": _csrf(client)}).status_code == 409
+                       data={"csrf": csrf_of(client)}).status_code == 409
     failed = client.get("/failed").get_data(as_text=True)
     # only a cancelled task: no "requeue the failed" button (issue 25), its own one
     assert f'data-id="{pending}"' in failed and "requeue-all" not in failed
     assert f'id="requeue-{pending}"' in failed
-    assert client.post(f"/tasks/{pending}/requeue", data={"csrf": _csrf(client)}).status_code \
+    assert client.post(f"/tasks/{pending}/requeue", data={"csrf": csrf_of(client)}).status_code \
         == 302
     assert env.job(pending)["status"] == "pending"
     store = SqliteControlStore(str(env.db))
@@ -181,18 +181,18 @@ def test_cancel_requeue_and_clear_with_a_login(env):
         assert store.cancels(Q) == [], "requeue forgets the cancel, as jobq-ctl requeue does"
     finally:
         store.close()
-    assert client.post(f"/tasks/{other}/requeue", data={"csrf": _csrf(client)}).status_code \
+    assert client.post(f"/tasks/{other}/requeue", data={"csrf": csrf_of(client)}).status_code \
         == 409
     for task_id in (pending, other):
-        client.post(f"/tasks/{task_id}/cancel", data={"csrf": _csrf(client)})
-    resp = client.post("/failed/requeue", data={"csrf": _csrf(client), "id": [pending, other]})
+        client.post(f"/tasks/{task_id}/cancel", data={"csrf": csrf_of(client)})
+    resp = client.post("/failed/requeue", data={"csrf": csrf_of(client), "id": [pending, other]})
     assert resp.status_code == 302
     assert {env.job(t)["status"] for t in (pending, other)} == {"pending"}
-    client.post(f"/tasks/{third}/cancel", data={"csrf": _csrf(client)})
+    client.post(f"/tasks/{third}/cancel", data={"csrf": csrf_of(client)})
     confirm = client.get("/failed/clear").get_data(as_text=True)
     assert "all 1 failed" in confirm and 'id="clear-confirm"' in confirm
-    assert client.post("/failed/clear", data={"csrf": _csrf(client)}).status_code == 400
-    assert client.post("/failed/clear", data={"csrf": _csrf(client), "confirm": "yes"}
+    assert client.post("/failed/clear", data={"csrf": csrf_of(client)}).status_code == 400
+    assert client.post("/failed/clear", data={"csrf": csrf_of(client), "confirm": "yes"}
                        ).status_code == 302
     assert [r[0] for r in env.rows()] == [pending, other]
 

@@ -11,7 +11,7 @@ import pytest
 
 from .proxy import FaultProxy
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timing, pytest.mark.timeout(30)]  # timing: asserts sub-second bounds
 
 
 class EchoServer:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import sqlite3
 import subprocess
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from tests.conftest import marked_processes
 
 # A process that records when SIGTERM reached it (wall clock), then exits after a delay.
 TERM_RECORDER = r'''
@@ -184,3 +187,57 @@ def one_usage_line(res: subprocess.CompletedProcess[str], option: str) -> str:
     assert len(lines) == 1 and option in lines[0], res.stderr
     assert res.stdout == ""
     return lines[0]
+
+
+def beating_task(log: Path, first_beats: int = 400, later_beats: int = 5) -> str:
+    """Attempt 1 runs long with a child in its group and one that left it (setsid); later
+    attempts are short.  Every line: ``attempt start|beat|end epoch``."""
+    line = f'echo "$JOBQ_ATTEMPT %s $(date +%%s.%%N)" >> {log}'
+    return (f'if [ "$JOBQ_ATTEMPT" = 1 ]; then n={first_beats}; sleep 60 & setsid sleep 60 & '
+            f'else n={later_beats}; fi; {line % "start"}; '
+            f'while [ $n -gt 0 ]; do sleep 0.1; {line % "beat"}; n=$((n-1)); done; '
+            f'{line % "end"}')
+
+
+def runs(log: Path) -> dict[int, list[tuple[str, float]]]:
+    out: dict[int, list[tuple[str, float]]] = {}
+    for entry in log.read_text().splitlines() if log.exists() else []:
+        attempt, what, ts = entry.split()
+        out.setdefault(int(attempt), []).append((what, float(ts)))
+    return out
+
+
+def long_sleeps() -> int:
+    """The task's ``sleep 60`` children alive (the beats' ``sleep 0.1`` come and go)."""
+    n = 0
+    for p in marked_processes():
+        try:
+            n += p.cmdline()[-1:] == ["60"]
+        except psutil.Error:
+            continue
+    return n
+
+
+def stopped(pid: int) -> bool:
+    return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+
+
+FAST = ("--control-interval", "1", "--heartbeat-interval", "1")
+
+
+def results(env: Any, task_id: str) -> list[dict[str, Any]]:
+    res = env.ctl("result", task_id, "--json", check=False)
+    if res.returncode == 1 and "no result recorded" in res.stderr:
+        return []
+    assert res.returncode == 0, res.stderr
+    out: list[dict[str, Any]] = json.loads(res.stdout)
+    return out
+
+
+def gauges(path: Path) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if not path.exists():
+        return {}
+    return {s.name: s.value for family in text_string_to_metric_families(path.read_text())
+            for s in family.samples}

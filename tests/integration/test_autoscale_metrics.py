@@ -6,22 +6,13 @@ from __future__ import annotations
 
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import wait_for
+from tests.integration.helpers import gauges
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def gauges(path: Path) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    if not path.exists():
-        return {}
-    return {s.name: s.value for family in text_string_to_metric_families(path.read_text())
-            for s in family.samples}
 
 
 def test_gauges_follow_the_queue_and_the_slots(env):

@@ -73,7 +73,7 @@ def test_task_log_dir(env):
 
 def test_task_log_dir_unwritable_still_runs_task(env):
     [tid] = env.push("echo fine")
-    # A missing directory is created at start (test_issue14_worker.py); here the file
+    # A missing directory is created at start (test_worker_exit_contract.py); here the file
     # itself cannot be opened: a directory stands where it would be.
     (env.tmp / "logs" / f"{tid}.1.log").mkdir(parents=True)
     sup = env.supervisor("--exit-when-empty", "--task-log-dir", str(env.tmp / "logs"))

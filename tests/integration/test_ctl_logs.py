@@ -103,6 +103,7 @@ def _following(q, cmd: str, first: bytes) -> tuple[str, Ctl]:
     return task, ctl
 
 
+@pytest.mark.timing  # asserts a 3 s lag
 def test_logs_follow_shows_each_line_within_3s_and_ends_with_the_exit_status(q):
     task, ctl = _following(q, "yes", b"start\n")
     written: dict[bytes, float] = {}

@@ -13,8 +13,7 @@ import psutil
 import pytest
 
 from tests.conftest import Env, Supervisor, marked_processes, wait_for
-from tests.integration.helpers import death_time
-from tests.integration.test_frozen_supervisor import beating_task, long_sleeps, runs
+from tests.integration.helpers import beating_task, death_time, long_sleeps, runs
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,47 +16,22 @@ import psutil
 import pytest
 
 from tests.conftest import Env, Supervisor, marked_processes, wait_for
-from tests.integration.helpers import database_held, death_time
+from tests.integration.helpers import (
+    beating_task,
+    database_held,
+    death_time,
+    long_sleeps,
+    runs,
+    stopped,
+)
 
-pytestmark = pytest.mark.timeout(120)
+# timing: times a frozen supervisor's lease deadline
+pytestmark = [pytest.mark.timing, pytest.mark.timeout(120)]
 
 LEASE = ["--lock-duration", "6", "--renew-interval", "1", "-n", "1", "--poll-interval", "0.2"]
 REAPER = ["--reaper-interval", "1", "--stale-lock-age", "0"]
 FREEZE = 15.0
 MARGIN = 2.0  # safety_margin(6)
-
-
-def beating_task(log: Path, first_beats: int = 400, later_beats: int = 5) -> str:
-    """Attempt 1 runs long with a child in its group and one that left it (setsid); later
-    attempts are short.  Every line: ``attempt start|beat|end epoch``."""
-    line = f'echo "$JOBQ_ATTEMPT %s $(date +%%s.%%N)" >> {log}'
-    return (f'if [ "$JOBQ_ATTEMPT" = 1 ]; then n={first_beats}; sleep 60 & setsid sleep 60 & '
-            f'else n={later_beats}; fi; {line % "start"}; '
-            f'while [ $n -gt 0 ]; do sleep 0.1; {line % "beat"}; n=$((n-1)); done; '
-            f'{line % "end"}')
-
-
-def runs(log: Path) -> dict[int, list[tuple[str, float]]]:
-    out: dict[int, list[tuple[str, float]]] = {}
-    for entry in log.read_text().splitlines() if log.exists() else []:
-        attempt, what, ts = entry.split()
-        out.setdefault(int(attempt), []).append((what, float(ts)))
-    return out
-
-
-def long_sleeps() -> int:
-    """The task's ``sleep 60`` children alive (the beats' ``sleep 0.1`` come and go)."""
-    n = 0
-    for p in marked_processes():
-        try:
-            n += p.cmdline()[-1:] == ["60"]
-        except psutil.Error:
-            continue
-    return n
-
-
-def stopped(pid: int) -> bool:
-    return psutil.Process(pid).status() == psutil.STATUS_STOPPED
 
 
 def metric(path: Path, name: str) -> float | None:

@@ -138,6 +138,7 @@ def test_exit_when_empty_waits_for_a_retry(env):
     assert (env.job(tid)["status"], env.job(tid)["attempt"]) == ("succeeded", 2)
 
 
+@pytest.mark.serial  # measures CPU seconds
 def test_num_workers_runs_tasks_at_once_and_idles_without_cpu(env):
     marks = env.tmp / "marks"
     marks.mkdir()

@@ -7,7 +7,8 @@ import pytest
 from tests.conftest import marked_processes, wait_for
 from tests.integration.helpers import database_held, death_time
 
-pytestmark = pytest.mark.timeout(120)
+# timing: times the kill after a lost lock
+pytestmark = [pytest.mark.timing, pytest.mark.timeout(120)]
 
 TASK = 'if [ "$JOBQ_ATTEMPT" = 1 ]; then sleep 60 & sleep 60; true; else echo second-run; fi'
 

@@ -12,7 +12,8 @@ import pytest
 from tests.conftest import Supervisor, marked_processes, wait_for
 from tests.integration.helpers import database_held, death_time
 
-pytestmark = pytest.mark.timeout(120)
+# serial: a flood of output: CPU-heavy, measures memory
+pytestmark = [pytest.mark.serial, pytest.mark.timeout(120)]
 
 MIB = 1 << 20
 LINES = 1_500_000  # the task: 150 MB in lines of 100 characters

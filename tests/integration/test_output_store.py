@@ -76,6 +76,7 @@ def _output_lines(log: str, task_id: str) -> list[str]:
     return [line for line in log.splitlines() if f"[{task_id}]|" in line]
 
 
+@pytest.mark.timing  # asserts a 3 s lag
 def test_each_line_is_stored_within_3s_and_the_attempt_completes(env, backing):
     (tid,) = env.push("for i in $(seq 1 40); do date +%s.%N; sleep 0.1; done")
     sup = env.supervisor("--exit-when-empty", *backing.args())

@@ -5,7 +5,6 @@ result ID [--json]`` shows them.  Real shells and real signals."""
 from __future__ import annotations
 
 import getpass
-import json
 import signal
 import socket
 import subprocess
@@ -15,20 +14,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import command, wait_for
+from tests.integration.helpers import FAST, results
 
 pytestmark = pytest.mark.timeout(120)
 
-FAST = ("--control-interval", "1", "--heartbeat-interval", "1")
 WHO = f"{getpass.getuser()}@{socket.gethostname()}"
-
-
-def results(env: Any, task_id: str) -> list[dict[str, Any]]:
-    res = env.ctl("result", task_id, "--json", check=False)
-    if res.returncode == 1 and "no result recorded" in res.stderr:
-        return []
-    assert res.returncode == 0, res.stderr
-    out: list[dict[str, Any]] = json.loads(res.stdout)
-    return out
 
 
 def settled(env: Any, task_id: str, n: int) -> list[dict[str, Any]]:

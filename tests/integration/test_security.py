@@ -181,6 +181,7 @@ def test_memory_limit_failure_names_the_limit(env):
     assert "MemoryError" in row["output_tail"]
 
 
+@pytest.mark.serial  # a CPU budget: the busy loop needs the CPU to itself
 def test_cpu_limit_kills_a_busy_loop(env):
     t0 = time.monotonic()
     # ulimit -c 0: SIGXCPU's default action dumps core where the system allows it
@@ -238,8 +239,14 @@ def task_user():
     except KeyError:
         if shutil.which("useradd") is None:
             pytest.skip("useradd is not available")
-        subprocess.run(["useradd", "--system", "--no-create-home", TEST_USER], check=True,
-                       capture_output=True, timeout=30)
+        # Idempotent: another xdist worker (or another suite on this machine) may create the
+        # same user at the same moment; then our useradd fails and the user is there.
+        made = subprocess.run(["useradd", "--system", "--no-create-home", TEST_USER],
+                              capture_output=True, text=True, timeout=30)
+        try:
+            return pwd.getpwnam(TEST_USER)
+        except KeyError:
+            raise AssertionError(f"useradd {TEST_USER} failed: {made.stderr.strip()}") from None
     return pwd.getpwnam(TEST_USER)
 
 

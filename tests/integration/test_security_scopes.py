@@ -21,7 +21,8 @@ from tests.conftest import marked_processes, wait_for
 from tests.integration.helpers import database_held, death_time
 from tests.systemd_manager import SystemdManager, Unavailable
 
-pytestmark = pytest.mark.timeout(90)
+# serial: a private systemd manager (one per module, not per worker) and memory hogs
+pytestmark = [pytest.mark.serial, pytest.mark.timeout(90)]
 
 # Touches every page, so the memory is resident (a cgroup counts that, not address space).
 HOG = f"{sys.executable} -c 'b = bytearray(300 * 1024 * 1024); b[::4096] = b\"x\" * len(b[::4096])'"

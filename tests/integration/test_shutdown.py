@@ -73,6 +73,7 @@ def test_stop_signal_reaches_every_task_process_and_requeues(env, sig):
     assert "preempted" in sup.log()
 
 
+@pytest.mark.timing  # times the kill
 def test_task_ignoring_sigterm_is_killed_after_kill_timeout(env):
     sup, procs = _started(env, "trap '' TERM; sleep 1000 & sleep 1000", 3,
                           "--kill-timeout", "2")
@@ -114,6 +115,7 @@ def test_task_killed_by_sigterm_from_outside_is_requeued(env):
     _assert_exit_0_and_requeued(env, sup)
 
 
+@pytest.mark.timing  # times the lifeline's kill
 def test_no_task_outlives_supervisor_kill9(env):
     env.push("sleep 1000 & setsid sleep 1000 & (sleep 1000 &) ; sleep 1000",
              "bash -c 'sleep 1000 & sleep 1000'")

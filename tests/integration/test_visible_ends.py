@@ -26,7 +26,7 @@ from supervisor.fleet.control import SqliteControlStore
 from supervisor.fleet.output.files import FileOutputStore, output_dir
 from tests.conftest import command, marked_processes, wait_for
 from tests.integration.captured import Captured
-from tests.integration.test_results import FAST, results
+from tests.integration.helpers import FAST, results
 
 pytestmark = pytest.mark.timeout(180)
 WHO = f"{getpass.getuser()}@{socket.gethostname()}"

@@ -7,12 +7,14 @@ else <repo>/.azurite/node_modules/.bin/azurite-blob.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from supervisor.fleet.output.base import AttemptKey, OutputStore
 from tests.azurite import (  # noqa: F401 (re-exported)
     ACCOUNT,
     ACCOUNT_KEY,
@@ -48,3 +50,21 @@ def blob_store(azurite_blob) -> Iterator[Any]:
     except Exception:  # noqa: BLE001 - never created (a create=False test)
         pass
     make.raw.close()  # type: ignore[attr-defined]
+
+
+def wait_until(wall: float) -> None:
+    """Until time.time() >= wall (a few seconds at most)."""
+    deadline = time.monotonic() + 5.0
+    while time.time() < wall:
+        assert time.monotonic() < deadline, "the wall clock does not advance"
+        time.sleep(0.02)
+
+
+def read_all(store: OutputStore, key: AttemptKey, limit: int = 1 << 20) -> tuple[bytes, bool]:
+    out, offset = b"", 0
+    while True:
+        chunk = store.read(key, offset, limit)
+        out += chunk.data
+        offset = chunk.offset
+        if not chunk.data:
+            return out, chunk.complete

@@ -14,8 +14,13 @@ from azure.core.exceptions import ServiceRequestError, ServiceResponseError
 
 from supervisor.fleet.output.base import AttemptKey, OutputConfigError, OutputStoreError
 from tests.azurite import free_port
-from tests.outstore.conftest import ACCOUNT, ACCOUNT_KEY, blob_connection_string
-from tests.outstore.test_contract import _all, wait_until
+from tests.outstore.conftest import (
+    ACCOUNT,
+    ACCOUNT_KEY,
+    blob_connection_string,
+    read_all,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(60)]
 KEY = AttemptKey("jobs", "t-1", 1)
@@ -57,13 +62,13 @@ def test_rollover_keeps_one_stream_per_attempt(blob_store):
     for attempt, expected in data.items():
         key = AttemptKey("jobs", "t-1", attempt)
         for limit in (1, 5, 13, 1000):
-            assert _all(store, key, limit) == (expected, attempt == 1)
+            assert read_all(store, key, limit) == (expected, attempt == 1)
         assert store.read(key, 10, 20).data == expected[10:30]
         assert not store.read(key, 0, len(expected) - 1).complete
     # Another instance (a new process) continues where the output ends.
     again = blob_store(max_block=4, max_blocks=3)
     again.append(AttemptKey("jobs", "t-1", 2), b"tail")
-    assert _all(again, AttemptKey("jobs", "t-1", 2))[0] == data[2] + b"tail"
+    assert read_all(again, AttemptKey("jobs", "t-1", 2))[0] == data[2] + b"tail"
 
 
 def test_an_append_over_4_mib_is_split_into_blocks(blob_store):
@@ -72,7 +77,7 @@ def test_an_append_over_4_mib_is_split_into_blocks(blob_store):
     store.append(KEY, data)
     props = blob_store.raw.get_blob_client("jobs/t-1/1.log").get_blob_properties()
     assert (props.size, props.append_blob_committed_block_count) == (len(data), 3)
-    assert _all(store, KEY, 4 << 20)[0] == data
+    assert read_all(store, KEY, 4 << 20)[0] == data
 
 
 def test_a_lost_response_is_not_stored_twice(blob_store):
@@ -84,7 +89,7 @@ def test_a_lost_response_is_not_stored_twice(blob_store):
         store.append(KEY, b"one\n")
     store.append(KEY, b"one\n")  # the caller's retry: same bytes, same expected position
     store.append(KEY, b"two\n")
-    assert _all(store, KEY)[0] == b"zero\none\ntwo\n"
+    assert read_all(store, KEY)[0] == b"zero\none\ntwo\n"
     assert hook.statuses == [201, 412, 201]  # the retry was told the bytes were there
 
 
@@ -94,14 +99,14 @@ def test_a_retry_resumes_after_the_blocks_that_landed(blob_store):
     with pytest.raises(OutputStoreError):
         store.append(KEY, b"aaaabbbbcccc")  # a, b land; b's answer is lost; c not sent
     store.append(KEY, b"aaaabbbbcccc")
-    assert _all(store, KEY)[0] == b"aaaabbbbcccc"
+    assert read_all(store, KEY)[0] == b"aaaabbbbcccc"
     assert hook.statuses == [201, 201, 412, 201]
     # Bytes given up on (the caller appends a marker instead) stay where they landed.
     hook.appends, hook.lose = 0, {1}
     with pytest.raises(OutputStoreError):
         store.append(KEY, b"dddd")  # as long as a block of what follows: no mix-up
     store.append(KEY, b"[dropped]")
-    assert _all(store, KEY)[0] == b"aaaabbbbccccdddd[dropped]"
+    assert read_all(store, KEY)[0] == b"aaaabbbbccccdddd[dropped]"
 
 
 def test_readers_never_create_the_container(blob_store):
@@ -206,4 +211,4 @@ def test_reopen_costs_the_create_of_a_new_attempt_and_clears_complete_on_the_las
     assert not again.read(KEY, 13).complete
     again.append(KEY, b"XYZ")
     again.finish(KEY)
-    assert _all(store, KEY, 5) == (b"0123456789abcXYZ", True)
+    assert read_all(store, KEY, 5) == (b"0123456789abcXYZ", True)

@@ -11,6 +11,7 @@ import pytest
 
 from supervisor.fleet.output.base import AttemptKey, Chunk, OutputStore
 from supervisor.fleet.output.files import FileOutputStore, part
+from tests.outstore.conftest import read_all, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,24 +26,6 @@ def store(request, tmp_path) -> Iterator[OutputStore]:
     s.close()
 
 
-def wait_until(wall: float) -> None:
-    """Until time.time() >= wall (a few seconds at most)."""
-    deadline = time.monotonic() + 5.0
-    while time.time() < wall:
-        assert time.monotonic() < deadline, "the wall clock does not advance"
-        time.sleep(0.02)
-
-
-def _all(store: OutputStore, key: AttemptKey, limit: int = 1 << 20) -> tuple[bytes, bool]:
-    out, offset = b"", 0
-    while True:
-        chunk = store.read(key, offset, limit)
-        out += chunk.data
-        offset = chunk.offset
-        if not chunk.data:
-            return out, chunk.complete
-
-
 def test_append_read_finish(store):
     key = AttemptKey("default", "t-1", 1)
     assert store.read(key).data == b"" and not store.read(key).complete
@@ -54,7 +37,7 @@ def test_append_read_finish(store):
     assert store.read(key, 4).data == b"two\n"
     assert store.read(key, 1, limit=3).data == b"ne\n"
     store.finish(key)
-    assert _all(store, key, limit=3) == (b"one\ntwo\n", True)
+    assert read_all(store, key, limit=3) == (b"one\ntwo\n", True)
     assert store.read(key, 8).complete
 
 
@@ -64,7 +47,7 @@ def test_attempts_are_apart_and_listed(store):
     store.finish(AttemptKey("default", "t", 3))  # ended without output
     assert store.attempts("default", "t") == [1, 2, 3, 10]
     assert store.read(AttemptKey("default", "t", 10)).data == b"a10"
-    assert _all(store, AttemptKey("default", "t", 3)) == (b"", True)
+    assert read_all(store, AttemptKey("default", "t", 3)) == (b"", True)
     assert store.attempts("other", "t") == []
 
 
@@ -107,15 +90,15 @@ def test_reopen_after_finish_makes_the_output_live_again(store):
     assert store.reopen(key) == 0  # new: nothing there (the usual case)
     store.append(key, b"first run\n")
     store.finish(key)
-    assert _all(store, key) == (b"first run\n", True)
+    assert read_all(store, key) == (b"first run\n", True)
     assert store.reopen(key) == 10
     assert store.reopen(key) == 10  # idempotent: a retried reopen
     assert store.read(key, 10) == Chunk(b"", 10, False)
-    assert _all(store, key) == (b"first run\n", False)
+    assert read_all(store, key) == (b"first run\n", False)
     store.append(key, b"second\n")
-    assert _all(store, key) == (b"first run\nsecond\n", False)
+    assert read_all(store, key) == (b"first run\nsecond\n", False)
     store.finish(key)
-    assert _all(store, key) == (b"first run\nsecond\n", True)
+    assert read_all(store, key) == (b"first run\nsecond\n", True)
     assert store.attempts("default", "rerun") == [2]
 
 
@@ -124,10 +107,10 @@ def test_reopen_of_output_never_finished_or_finished_empty(store):
     store.append(live, b"abc")  # its worker died before finish
     assert store.reopen(live) == 3
     store.append(live, b"d")
-    assert _all(store, live) == (b"abcd", False)
+    assert read_all(store, live) == (b"abcd", False)
     store.finish(empty)  # ended without output
     assert store.reopen(empty) == 0
     assert not store.read(empty).complete
     store.append(empty, b"x")
     store.finish(empty)
-    assert _all(store, empty) == (b"x", True)
+    assert read_all(store, empty) == (b"x", True)

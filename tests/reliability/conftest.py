@@ -14,8 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-# Re-exported so the tests here can use Azurite (pytest finds fixtures by name in conftest).
-from tests.azure.test_storage_queue_worker import SqEnv
+from tests.azure_envs import SqEnv
 from tests.conftest import Env, Supervisor, processes_by_environment, wait_for
 
 RUN_VAR = "JOBQ_RELIABILITY_RUN"
@@ -86,7 +85,7 @@ def env(tmp_path, run_id):
 
 
 @pytest.fixture
-def sq(tmp_path, azurite, queue_name, run_id):  # noqa: F811
+def sq(tmp_path, azurite, queue_name, run_id):
     e = RelSqEnv(tmp_path, azurite.port, queue_name, run_id)
     e.ctl("clear")  # creates the queue and its -failed twin (size no longer does)
     yield e

@@ -21,7 +21,8 @@ from tests.reliability.runlog import (
     parse_runs,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+# serial: SIGKILLs supervisors on a schedule: CPU-heavy
+pytestmark = [pytest.mark.serial, pytest.mark.slow, pytest.mark.timeout(150)]
 
 TASKS = 200
 SUPERVISORS = 4

@@ -9,7 +9,8 @@ from collections import Counter
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+# serial: several supervisors race on one file: CPU-heavy
+pytestmark = [pytest.mark.serial, pytest.mark.slow, pytest.mark.timeout(240)]
 
 TASKS = 2000
 SUPERVISORS = 4

@@ -20,7 +20,8 @@ from tests.reliability.runlog import (
     parse_runs,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.azure, pytest.mark.timeout(120)]
+# timing: renewals timed against proxy faults
+pytestmark = [pytest.mark.timing, pytest.mark.slow, pytest.mark.azure, pytest.mark.timeout(120)]
 
 TASKS = 6
 BEATS = 60  # ~6.5 s of work: several renewals of a 4 s visibility timeout

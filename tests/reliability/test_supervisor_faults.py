@@ -17,7 +17,8 @@ from supervisor.core.task import Task
 from tests.conftest import Env, Supervisor
 from tests.reliability.conftest import still_works
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+# timing: the reliability suite runs alone
+pytestmark = [pytest.mark.timing, pytest.mark.slow, pytest.mark.timeout(90)]
 
 WORKER = ["-n", "2", "--poll-interval", "0.2", "--retry-delay", "0", "--max-attempts", "2"]
 

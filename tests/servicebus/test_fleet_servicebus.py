@@ -13,16 +13,17 @@ import pytest
 
 from supervisor.fleet.control import Cancel
 from supervisor.fleet.control.azure_table import AzureTableControlStore
+from tests.azurite import table_connection_string
 from tests.conftest import marked_processes, term_stamp, wait_for
-from tests.control.conftest import table_connection_string
-from tests.integration.helpers import cancel_dies_at_grace
+from tests.integration.helpers import cancel_dies_at_grace, gauges
 
 pytestmark = [pytest.mark.servicebus, pytest.mark.timeout(120)]
 
 FAST = ("--control-interval", "1", "--heartbeat-interval", "1")
 
 
-def test_cancel_on_servicebus_running_and_before_receive(sb_env, azurite_table):  # noqa: F811
+@pytest.mark.timing  # times the cancel
+def test_cancel_on_servicebus_running_and_before_receive(sb_env, azurite_table):
     conn = table_connection_string(azurite_table)
     store = AzureTableControlStore(connection_string=conn)
     try:
@@ -64,7 +65,7 @@ def test_cancel_on_servicebus_running_and_before_receive(sb_env, azurite_table):
 
 
 def test_cancel_of_a_task_ignoring_sigterm_on_servicebus_dies_at_the_grace(sb_env,
-                                                                          azurite_table):  # noqa: F811
+                                                                          azurite_table):
     conn = table_connection_string(azurite_table)
     store = AzureTableControlStore(connection_string=conn)
     try:
@@ -89,7 +90,6 @@ def test_cancel_of_a_task_ignoring_sigterm_on_servicebus_dies_at_the_grace(sb_en
 def test_autoscaling_gauges_on_servicebus(sb_env):
     """Depth from the broker's count (locked messages included); no age series: Service Bus
     cannot tell it without receiving."""
-    from tests.integration.test_autoscale_metrics import gauges
 
     metrics, ready = sb_env.tmp / "jobq.prom", sb_env.tmp / "ready"
     sb_env.push(f"touch {ready}; sleep 600", "sleep 600", "sleep 600")
@@ -108,7 +108,7 @@ def test_autoscaling_gauges_on_servicebus(sb_env):
     assert "queue (metrics sampler) unavailable" not in sup.log()
 
 
-def test_a_retry_on_servicebus_says_it_is_back_on_the_queue_now(sb_env, azurite_table):  # noqa: F811
+def test_a_retry_on_servicebus_says_it_is_back_on_the_queue_now(sb_env, azurite_table):
     """Issue 26: --retry-delay is not applied on Service Bus (abandon is immediate), so the
     log line and the attempt's result record say so instead of "will retry in 10s"."""
     conn = table_connection_string(azurite_table)

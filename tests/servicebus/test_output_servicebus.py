@@ -9,13 +9,13 @@ import os
 
 import pytest
 
-from tests.azure.test_output_storage_queue import stores  # noqa: F401 (fixture)
-from tests.integration.test_output_e2e import Follow, check_live_follow
+from tests.integration.follow import Follow, check_live_follow
 
 pytestmark = [pytest.mark.servicebus, pytest.mark.timeout(150)]
 
 
-def test_logs_follow_is_live_on_servicebus(sb_env, stores):  # noqa: F811
+@pytest.mark.timing  # holds each line to a 3 s lag, the late follower to 5 s of task
+def test_logs_follow_is_live_on_servicebus(sb_env, stores):
     control = stores.env()
     started: list[Follow] = []
 

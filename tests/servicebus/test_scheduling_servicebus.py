@@ -70,6 +70,7 @@ def test_priorities_are_refused(sb_env, value: str) -> None:
     assert sb_env.broker.messages("work") == []
 
 
+@pytest.mark.timing  # times the limit
 def test_a_task_timeout_fails_the_attempt_at_its_limit(sb_env) -> None:
     start, term = sb_env.tmp / "start", sb_env.tmp / "term"
     sb_env.ctl("push", "-c", f"date +%s.%N > {start}; trap 'date +%s.%N > {term}; exit 3' "

@@ -205,6 +205,7 @@ def test_expired_lock_is_lease_lost(backend, sb_broker):
         "gave up", 3, 2, "some output", "w1")
 
 
+@pytest.mark.timing  # asserts second bounds
 def test_calls_are_bounded_when_the_broker_hangs(backend, sb_broker):
     backend.push([Task(cmd="true")])
     (lease,) = backend.receive(1, 5)

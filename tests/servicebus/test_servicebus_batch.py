@@ -111,6 +111,7 @@ def test_a_lost_lease_of_a_batch_leaves_the_others_alone(backend, sb_broker):
     again.complete()
 
 
+@pytest.mark.timing  # asserts a 1 s bound
 def test_a_keeper_waits_for_the_receiver_only_within_its_timeout(backend, sb_broker):
     """A call of one lease holds the receiver; another lease's call waits for it no longer
     than its own timeout and then fails as transient (its keeper retries)."""

@@ -80,6 +80,7 @@ def test_long_task_keeps_its_lock_through_renewals(sb_env):
     assert broker.active_count("work") == 0
 
 
+@pytest.mark.timing  # asserts a 1 s bound
 def test_lock_lost_on_renewal_kills_at_once_and_the_broker_redelivers(sb_env):
     broker = sb_env.broker
     broker.create_queue("work", lock_duration=3)
@@ -212,6 +213,7 @@ def test_sigterm_requeues_without_using_an_attempt(sb_env):
     assert _lines(seen) == ["1", "1"]
 
 
+@pytest.mark.timing  # times the kill
 def test_task_ignoring_sigterm_is_killed_after_kill_timeout_and_requeued(sb_env):
     sb_env.push("trap '' TERM; sleep 1000 & sleep 1000")
     sup = sb_env.supervisor("--kill-timeout", "2", "--lock-duration", "6")

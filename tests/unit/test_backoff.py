@@ -9,13 +9,13 @@ import queue
 from typing import Any
 
 import pytest
-from supervisor_fakes import FakeClock
 
 from supervisor.backends.base import BackendError
 from supervisor.core.backoff import Outage
 from supervisor.core.settings import Settings
 from supervisor.worker import startup
 from supervisor.worker.preemption import SignalQueue
+from tests.fakes.clock import FakeClock
 
 pytestmark = pytest.mark.timeout(30)
 log = logging.getLogger("jobq.test-backoff")

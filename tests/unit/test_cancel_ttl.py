@@ -9,12 +9,13 @@ import json
 from typing import Any
 
 import pytest
-from supervisor_fakes import FakeClock, make_task
 from test_control_agent import T0, agent_for, store  # noqa: F401 (fixture)
 
 from supervisor.fleet.control import Cancel
 from supervisor.fleet.control.records import CANCEL_TTL, RecordError, decode, encode
 from supervisor.fleet.control.signing import canonical
+from tests.fakes.clock import FakeClock
+from tests.fakes.worker import make_task
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from supervisor_fakes import FakeClock, FakeLease, make_dog, make_task, run_until
 from test_settlement import Harness, settled
 
 from supervisor.core.signing import SigningKey, key_id
@@ -31,6 +30,9 @@ from supervisor.fleet.control.sqlite import SqliteControlStore
 from supervisor.worker.events import ControlRequest
 from supervisor.worker.watchdog import Escalation
 from tests.conftest import wait_for
+from tests.fakes.clock import FakeClock
+from tests.fakes.lease import FakeLease
+from tests.fakes.worker import make_dog, make_task, run_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -263,6 +265,7 @@ def test_outage_backs_off_logs_once_a_minute_and_recovery_once(caplog) -> None:
         "control store reachable again after 12 failed call(s)"]
 
 
+@pytest.mark.timing  # asserts a wall-clock bound
 def test_the_thread_never_delays_stop_on_a_black_holed_store() -> None:
     class Hung(FailingStore):
         def __getattr__(self, name: str) -> Any:

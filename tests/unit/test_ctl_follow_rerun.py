@@ -13,10 +13,8 @@ import pytest
 from supervisor.ctl.output_commands import logs
 from supervisor.fleet.output.base import RERUN
 from supervisor.ops.follow import RESULT_GRACE
-from tests.unit import test_ctl_output as base
-from tests.unit.test_ctl_output import key, ns, result
+from tests.fakes.follow import key, ns, result
 
-world = base.world  # the fixture
 MARK = RERUN.format(attempt=1).encode()
 
 

@@ -6,23 +6,18 @@ that clock, so nothing here sleeps."""
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from supervisor.ctl.output_commands import logs, result_line, wait_pushed
-from supervisor.fleet.control.records import ResultRecord
-from supervisor.fleet.control.sqlite import SqliteControlStore
 from supervisor.fleet.output.base import AttemptKey, Chunk, OutputStoreError
 from supervisor.fleet.output.files import FileOutputStore
 from supervisor.ops.follow import (
     ENDED_GRACE,
     FAIL_FOR,
-    POLL_MAX,
     RESULT_GRACE,
-    Clock,
     Follower,
     Sink,
     Sources,
@@ -30,40 +25,14 @@ from supervisor.ops.follow import (
     run,
 )
 from supervisor.ops.output import tail
-
-Q = "jobs"
-
-
-class FakeClock:
-    """``sleep`` advances the time and runs what was scheduled up to then."""
-
-    def __init__(self, limit: float = 600.0) -> None:
-        self.now = 0.0
-        self.limit = limit
-        self.events: list[tuple[float, int, Callable[[], None]]] = []
-
-    def at(self, when: float, action: Callable[[], None]) -> None:
-        self.events.append((when, len(self.events), action))
-        self.events.sort(key=lambda e: (e[0], e[1]))
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        assert 0 < seconds <= POLL_MAX
-        self.now += seconds
-        while self.events and self.events[0][0] <= self.now:
-            self.events.pop(0)[2]()
-        assert self.now < self.limit, "the follower never ended"
-
-    def clock(self) -> Clock:
-        return Clock(self.monotonic, self.sleep)
+from tests.fakes.clock import EventClock
+from tests.fakes.follow import Q, key, ns, result
 
 
 class TimedOut(io.BytesIO):
     """stdout that notes the fake time each line arrived."""
 
-    def __init__(self, fake: FakeClock) -> None:
+    def __init__(self, fake: EventClock) -> None:
         super().__init__()
         self.fake = fake
         self.arrived: dict[bytes, float] = {}
@@ -72,30 +41,6 @@ class TimedOut(io.BytesIO):
         for line in bytes(data).splitlines():
             self.arrived.setdefault(line, self.fake.now)
         return super().write(data)
-
-
-@pytest.fixture
-def world(tmp_path: Path):
-    fake = FakeClock()
-    out_store = FileOutputStore(str(tmp_path / "out"))
-    control = SqliteControlStore(str(tmp_path / "q.db"))
-    jobs: dict[str, str] = {}
-    src = Sources(Q, out_store, control, lambda ids: {i: jobs[i] for i in ids if i in jobs},
-                  fake.clock())
-    yield SimpleNamespace(fake=fake, out=out_store, control=control, jobs=jobs, src=src)
-    control.close()
-
-
-def result(task: str, attempt: int, outcome: str, final: bool, exit_status=None, signal=None,
-           cancelled_by: str = "", reason: str = "") -> ResultRecord:
-    return ResultRecord(queue=Q, task_id=task, attempt=attempt, outcome=outcome, reason=reason,
-                        tail="", exit_status=exit_status, worker="vm1:1:aa", when=1.0e9,
-                        signal=signal, started=1.0e9, finished=None if outcome == "running"
-                        else 1.0e9, final=final, cancelled_by=cancelled_by)
-
-
-def key(task: str, attempt: int) -> AttemptKey:
-    return AttemptKey(Q, task, attempt)
 
 
 def complete_output(w: SimpleNamespace, task: str, attempt: int, data: bytes) -> None:
@@ -109,12 +54,6 @@ def captured(command, args, w: SimpleNamespace) -> tuple[int, bytes, str]:
     to out, what it wrote to err)."""
     out, err = io.BytesIO(), io.StringIO()
     return command(args, w.src, out, err), out.getvalue(), err.getvalue()
-
-
-def ns(task: str, **kw) -> SimpleNamespace:
-    base = {"id": task, "attempt": None, "all": False, "follow": False, "tail": None}
-    base.update(kw)
-    return SimpleNamespace(**base)
 
 
 def test_follow_shows_each_line_within_a_second_and_ends_with_the_exit_status(world):

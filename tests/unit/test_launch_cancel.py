@@ -6,7 +6,6 @@ from __future__ import annotations
 import queue
 
 import pytest
-from supervisor_fakes import FakeLease
 from test_settlement import Harness, settled
 
 from supervisor.core.task import Task
@@ -16,6 +15,7 @@ from supervisor.worker.output_pump import OutputPump
 from supervisor.worker.spawner import SpawnJob
 from supervisor.worker.task_guard import TaskGuard
 from supervisor.worker.watchdog import Watchdog
+from tests.fakes.lease import FakeLease
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -21,6 +21,8 @@ from supervisor.worker.keeper import (
 )
 from supervisor.worker.outcomes import Ended, SettleResult, Unsettled
 from supervisor.worker.settle_steps import Complete, DeadLetter, Release
+from tests.fakes.clock import FakeClock
+from tests.fakes.lease import ScriptedLease
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -30,72 +32,14 @@ MARGIN = safety_margin(LOCK)  # 6 s
 INTERVAL = 20.0
 
 
-class FakeClock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class FakeLease:
-    """Records renew timeouts and settlement calls; each call's outcome is scripted.
-
-    ``outcomes`` is consumed one per renew call: a number (granted seconds), an exception
-    instance to raise, or None for ``self.granted``.  ``call_duration`` advances the fake clock
-    during the call (a slow call).  ``settle_errors`` is consumed one per settlement call (an
-    exception to raise, or None: it succeeds); each call advances the clock ``settle_duration``
-    and is recorded in ``settle_calls`` (clock at call), a successful one also in ``settled``.
-    """
-
-    def __init__(self, clock: FakeClock, granted: float = LOCK) -> None:
-        self.clock = clock
-        self.granted = granted
-        self.outcomes: list = []
-        self.call_duration = 0.0
-        self.renews: list[tuple[float, float]] = []  # (clock at call, timeout)
-        self.settle_errors: list = []
-        self.settle_duration = 0.0
-        self.settle_calls: list[float] = []
-        self.settled: list[str] = []
-
-    def renew(self, timeout: float) -> float:
-        self.renews.append((self.clock.now, timeout))
-        self.clock.advance(self.call_duration)
-        outcome = self.outcomes.pop(0) if self.outcomes else None
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return self.granted if outcome is None else outcome
-
-    def _settle(self, what: str) -> None:
-        self.settle_calls.append(self.clock.now)
-        self.clock.advance(self.settle_duration)
-        error = self.settle_errors.pop(0) if self.settle_errors else None
-        if error is not None:
-            raise error
-        self.settled.append(what)
-
-    def complete(self) -> None:
-        self._settle("complete")
-
-    def release(self, count_attempt: bool, delay: float = 0.0) -> None:
-        self._settle(f"release({count_attempt}, {delay:g})")
-
-    def dead_letter(self, reason: str, output_tail: str, exit_status=None) -> None:
-        self._settle(f"dead_letter({reason}, {output_tail}, {exit_status})")
-
-
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(T0)
 
 
 @pytest.fixture
-def lease(clock: FakeClock) -> FakeLease:
-    return FakeLease(clock)
+def lease(clock: FakeClock) -> ScriptedLease:
+    return ScriptedLease(clock, LOCK)
 
 
 class Lost:
@@ -112,7 +56,7 @@ def on_lost() -> Lost:
 
 
 @pytest.fixture
-def keeper(lease: FakeLease, clock: FakeClock, on_lost: Lost) -> LeaseKeeper:
+def keeper(lease: ScriptedLease, clock: FakeClock, on_lost: Lost) -> LeaseKeeper:
     return LeaseKeeper(lease, "task-1", t_sent=T0, granted=LOCK, renew_interval=INTERVAL,
                        clock=clock, on_lost=on_lost, sleep=clock.advance)
 
@@ -247,7 +191,7 @@ def test_lost_reports_deadline_even_without_a_step(keeper, clock) -> None:
 
 
 # --------------------------------------------------------------------------- settlement
-def _settle_completed(keeper: LeaseKeeper, lease: FakeLease, errors: list | None = None,
+def _settle_completed(keeper: LeaseKeeper, lease: ScriptedLease, errors: list | None = None,
                       duration: float = 0.0) -> list[float]:
     """Finish the task as completed and run the settlement, the fake lease's calls raising
     ``errors`` first and each taking ``duration``; the clock at each call."""
@@ -308,7 +252,7 @@ def test_settle_gives_up_when_the_deadline_passes_while_retrying(keeper, lease, 
     assert "unreachable" in keeper.result.reason and "refused" not in keeper.result.reason
 
 
-class OutageLease(FakeLease):
+class OutageLease(ScriptedLease):
     """Every call (renewal or settlement) fails with a BackendError before ``back_at``."""
 
     def __init__(self, clock: FakeClock, back_at: float) -> None:
@@ -328,7 +272,7 @@ class OutageLease(FakeLease):
         super()._settle(what)
 
 
-def _outage_keeper(clock: FakeClock, lease: FakeLease, sleeps: list) -> LeaseKeeper:
+def _outage_keeper(clock: FakeClock, lease: ScriptedLease, sleeps: list) -> LeaseKeeper:
     def sleep(seconds: float) -> None:
         sleeps.append((clock.now, seconds))
         clock.advance(seconds)
@@ -508,7 +452,7 @@ def test_settle_here_not_past_the_deadline_nor_beside_a_running_thread(
     clock.advance(LOCK)  # past the deadline: the thread logs it and settles nothing
     assert keeper.settle_here() is None
     assert lease.settled == []
-    other = LeaseKeeper(FakeLease(clock), "task-2", t_sent=clock.now, granted=LOCK,
+    other = LeaseKeeper(ScriptedLease(clock, LOCK), "task-2", t_sent=clock.now, granted=LOCK,
                         renew_interval=INTERVAL, clock=clock)
     other.started = True  # its thread runs: only that thread may touch the lease
     other.finish(Complete(), Ended.SUCCEEDED)
@@ -525,7 +469,7 @@ def test_an_unexpected_error_in_a_settlement_is_retried(keeper, lease, clock) ->
     keeper.settle()  # the keeper thread's part: the error is logged and the call retried
     assert lease.settled == ["complete"] and len(calls) == 2
     assert keeper.result == SettleResult(Ended.SUCCEEDED)
-    lease2 = FakeLease(clock)
+    lease2 = ScriptedLease(clock, LOCK)
     lease2.settle_errors = [RuntimeError("dictionary changed size during iteration")]
     keeper2 = LeaseKeeper(lease2, "task-2", t_sent=clock.now, granted=LOCK,
                           renew_interval=INTERVAL, clock=clock)

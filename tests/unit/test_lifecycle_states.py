@@ -16,12 +16,13 @@ import time
 from typing import Any
 
 import pytest
-from supervisor_fakes import FakeClock, make_task
 
 from supervisor.core.settings import EXIT_FAILURES, EXIT_OK, Settings
 from supervisor.worker.lifecycle import PREEMPT_MARGIN, Lifecycle, State
 from supervisor.worker.preemption import PreemptEvent
 from supervisor.worker.watchdog import RunningTask
+from tests.fakes.clock import FakeClock
+from tests.fakes.worker import make_task
 
 pytestmark = pytest.mark.timeout(30)
 

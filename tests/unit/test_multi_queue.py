@@ -8,41 +8,24 @@ import os
 from typing import Any
 
 import pytest
-from supervisor_fakes import FakeClock
 
-from supervisor.backends.base import BackendBase, BackendConfigError
+from supervisor.backends.base import BackendConfigError
 from supervisor.backends.multi import ERROR_LOG_EVERY, MultiQueueBackend
 from supervisor.core.settings import Settings, SettingsError
+from tests.fakes.backend import FakeBackend
+from tests.fakes.clock import FakeClock
 
 
-class FakeLease:
-    def __init__(self, name: str, queue: str) -> None:
-        self.message_id = name
-        self.queue = queue
+class FakeQueue(FakeBackend):
+    """One of several queues: ``n`` tasks named ``<prefix><i>``."""
 
-
-class FakeQueue(BackendBase):
-    name = "fake"
     lost_lease_return_delay = 0.0
     receive_ahead = True
     change_probe = True
 
     def __init__(self, prefix: str, n: int) -> None:
+        super().__init__(f"{prefix}{i}" for i in range(n))
         self.queue = prefix
-        self.items = [f"{prefix}{i}" for i in range(n)]
-        self.calls: list[int] = []
-        self.closed = False
-
-    def receive(self, max_messages: int, lock_duration: float) -> list[Any]:
-        self.calls.append(max_messages)
-        taken, self.items = self.items[:max_messages], self.items[max_messages:]
-        return [FakeLease(x, self.queue) for x in taken]
-
-    def size(self) -> int:
-        return len(self.items)
-
-    def close(self) -> None:
-        self.closed = True
 
 
 def multi(order: str, **sizes: int) -> MultiQueueBackend:

@@ -5,13 +5,13 @@ spawned (the spawner threads never start)."""
 from __future__ import annotations
 
 import pytest
-from supervisor_fakes import FakeClock
 
 from supervisor.backends.sqlite.backend import SqliteBackend
 from supervisor.core.settings import Settings
 from supervisor.core.task import Task
 from supervisor.worker.loop import Worker
 from supervisor.worker.pacing import ReceivePacing
+from tests.fakes.clock import FakeClock
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,7 +9,6 @@ import queue
 from typing import Any
 
 import pytest
-from supervisor_fakes import FakeLease
 from test_settlement import RETURN_DELAY, Harness, settled
 
 from supervisor.core.task import Task
@@ -20,6 +19,7 @@ from supervisor.worker.output_pump import OutputPump
 from supervisor.worker.receive_ahead import HOLD_MAX, MIN_CYCLE
 from supervisor.worker.task_guard import TaskGuard
 from supervisor.worker.watchdog import Watchdog
+from tests.fakes.lease import FakeLease
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -12,7 +12,6 @@ import signal
 from typing import Any
 
 import pytest
-from supervisor_fakes import FakeClock, FakeLease
 from test_control_agent import agent_for
 from test_settlement import T0, WALL0, FakeBackend, Harness, settled
 
@@ -24,6 +23,8 @@ from supervisor.fleet.outbox import Outbox
 from supervisor.worker.keeper import LeaseKeeper
 from supervisor.worker.result_log import TAIL_CHARS, exit_parts
 from tests.conftest import wait_for
+from tests.fakes.clock import FakeClock
+from tests.fakes.lease import FakeLease
 
 pytestmark = pytest.mark.timeout(30)
 

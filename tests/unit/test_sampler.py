@@ -4,48 +4,31 @@ failing backend backed off and logged at most once a minute, gauges kept; inject
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from supervisor.backends.base import BackendError
 from supervisor.core.settings import Settings
 from supervisor.worker.metrics import Metrics
 from supervisor.worker.sampler import AZURE_MIN_INTERVAL, BACKOFF_MAX, LOG_EVERY, QueueSampler
 from tests.conftest import wait_for
+from tests.fakes.backend import FakeBackend
 
 pytestmark = pytest.mark.timeout(30)
 
 
-class FakeBackend:
-    """A queue of ``depth`` tasks; ``age`` for backends that can tell it (Storage Queue)."""
+class AgedQueue(FakeBackend):
+    """A queue of 7 tasks whose backend can tell the oldest one's age (Storage Queue)."""
 
     name = "storage-queue"
     tells_age = True
 
     def __init__(self) -> None:
-        self.depth = 7
-        self.age: float | None = 42.0
-        self.fail = False
-        self.threads: list[str] = []
-        self.closed = False
-
-    def size(self) -> int:
-        self.threads.append(threading.current_thread().name)
-        if self.fail:
-            raise BackendError("queue unreachable")
-        return self.depth
-
-    def oldest_pending_age(self, now: float) -> float | None:
-        return self.age
-
-    def close(self) -> None:
-        self.closed = True
+        super().__init__(depth=7, age=42.0)
 
 
-class NoAge(FakeBackend):
+class NoAge(AgedQueue):
     name = "servicebus"
     tells_age = False
 
@@ -60,7 +43,7 @@ def metrics(tmp_path: Path) -> Metrics:
     return Metrics(str(tmp_path / "m.prom"), backend="storage-queue", queue="q")
 
 
-def make(metrics: Metrics, backend: FakeBackend, now: list[float]) -> QueueSampler:
+def make(metrics: Metrics, backend: AgedQueue, now: list[float]) -> QueueSampler:
     return QueueSampler(lambda: backend, metrics, 5.0,  # type: ignore[arg-type,return-value]
                         clock=lambda: now[0], wall=lambda: 1000.0)
 
@@ -72,7 +55,7 @@ def test_no_queue_gauge_before_the_first_sample(metrics: Metrics, tmp_path: Path
 
 
 def test_a_sample_sets_the_gauges(metrics: Metrics, tmp_path: Path) -> None:
-    backend = FakeBackend()
+    backend = AgedQueue()
     assert make(metrics, backend, [0.0]).sample() == 5.0
     metrics.write()
     g = read(tmp_path / "m.prom")
@@ -96,7 +79,7 @@ def test_a_backend_that_cannot_tell_the_age_has_no_age_series(metrics: Metrics,
 def test_failures_back_off_log_once_a_minute_and_keep_the_gauges(
         metrics: Metrics, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "jobq.metrics")
-    backend, now = FakeBackend(), [0.0]
+    backend, now = AgedQueue(), [0.0]
     sampler = make(metrics, backend, now)
     sampler.sample()
     backend.fail, backend.depth = True, 99
@@ -120,7 +103,7 @@ def test_failures_back_off_log_once_a_minute_and_keep_the_gauges(
 
 def test_runs_on_its_own_thread_and_closes_its_backend(metrics: Metrics,
                                                         tmp_path: Path) -> None:
-    backend = FakeBackend()
+    backend = AgedQueue()
     sampler = QueueSampler(lambda: backend, metrics, 0.01)  # type: ignore[arg-type,return-value]
     sampler.start()
     try:
@@ -146,7 +129,7 @@ def test_several_queues_have_a_series_each(tmp_path: Path) -> None:
     from supervisor.backends.multi import MultiQueueBackend
 
     metrics = Metrics(str(tmp_path / "m.prom"), backend="storage-queue", queue="high,low")
-    high, low = FakeBackend(), NoAge()
+    high, low = AgedQueue(), NoAge()
     high.depth, low.depth = 3, 11
     for b in (high, low):  # what MultiQueueBackend reads of each, besides the sampler's
         b.lost_lease_return_delay, b.receive_ahead = 0.0, False  # type: ignore[attr-defined]

@@ -281,6 +281,7 @@ def test_callback_error_does_not_stop_the_thread(fake_imds: FakeIMDS, start_poll
     assert any("on_change" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.timing  # asserts a wall-clock bound
 @pytest.mark.timeout(10)
 def test_stop_joins_promptly_while_a_request_hangs(fake_imds: FakeIMDS, start_poller) -> None:
     fake_imds.set_broken("hang")
@@ -292,6 +293,7 @@ def test_stop_joins_promptly_while_a_request_hangs(fake_imds: FakeIMDS, start_po
     assert not poller.is_alive()
 
 
+@pytest.mark.timing  # asserts a 1 s bound
 def test_stop_while_idle_is_immediate(fake_imds: FakeIMDS, start_poller) -> None:
     poller, _ = start_poller(interval=30.0)
     wait_for(lambda: fake_imds.requests("GET"), 5, 0.01, "the first poll")

@@ -12,9 +12,8 @@ import signal
 from typing import Any
 
 import pytest
-from supervisor_fakes import FakeClock, FakeLease, FakeOutput, make_task
 
-from supervisor.backends.base import BackendBase, LeaseLost
+from supervisor.backends.base import LeaseLost
 from supervisor.core.settings import Settings
 from supervisor.core.task import Task
 from supervisor.worker.keeper import LeaseKeeper
@@ -24,21 +23,17 @@ from supervisor.worker.outcomes import Ended, SettleResult, Unsettled
 from supervisor.worker.settlement import Settlement, cancel_reason
 from supervisor.worker.task_guard import TaskGuard
 from supervisor.worker.watchdog import RunningTask
+from tests.fakes.backend import FakeBackend
+from tests.fakes.clock import FakeClock
+from tests.fakes.lease import FakeLease
+from tests.fakes.worker import FakeOutput, make_task
 
 pytestmark = pytest.mark.timeout(30)
 
 T0 = 1000.0
 WALL0 = 1_700_000_000.0  # the injected wall clock at T0
-RETURN_DELAY = 5.0  # the fake backend's lost_lease_return_delay
+RETURN_DELAY = FakeBackend.lost_lease_return_delay
 SETTLED_WITHIN = 10.0  # generous: the keeper's own thread may make the call
-
-
-class FakeBackend(BackendBase):
-    """What Settlement reads of a backend (BackendBase's defaults: no quick settle);
-    settlements go through the lease."""
-
-    name = "fake"
-    lost_lease_return_delay = RETURN_DELAY
 
 
 class Harness:

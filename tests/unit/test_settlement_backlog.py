@@ -9,11 +9,12 @@ import logging
 import threading
 
 import pytest
-from supervisor_fakes import FakeLease, FakeOutput
 from test_settlement import Harness
 
 from supervisor.worker.settlement import SETTLING_MIN, SETTLING_PER_SLOT
 from supervisor.worker.watchdog import RunningTask
+from tests.fakes.lease import FakeLease
+from tests.fakes.worker import FakeOutput
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -7,10 +7,10 @@ import errno
 import signal
 
 import pytest
-from supervisor_fakes import make_task
 from test_settlement import Harness, settled
 
 from supervisor.worker.settlement import spawn_not_retried
+from tests.fakes.worker import make_task
 
 pytestmark = pytest.mark.timeout(30)
 

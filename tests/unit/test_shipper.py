@@ -9,7 +9,6 @@ import threading
 import time
 
 import pytest
-from supervisor_fakes import FakeClock
 
 from supervisor.fleet import shipper as mod
 from supervisor.fleet.output.base import (
@@ -23,6 +22,7 @@ from supervisor.fleet.output.base import (
     OutputStoreFull,
 )
 from supervisor.fleet.shipper import OutputShipper
+from tests.fakes.clock import FakeClock
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -323,6 +323,7 @@ def test_retention_is_purged_soon_after_opening_then_hourly():
     assert len(store.purged) == 2
 
 
+@pytest.mark.timing  # asserts a 0.5 s bound
 def test_feed_and_end_never_wait_for_a_blocked_store():
     store = FakeStore()
     store.gate.clear()
@@ -377,6 +378,7 @@ def test_the_store_opens_after_the_delay_or_at_once_when_output_piles_up(monkeyp
     assert len(stored(store)) == mod.FLUSH_SIZE
 
 
+@pytest.mark.timing  # asserts a 2 s bound
 def test_a_black_holed_store_holds_up_stop_only_for_the_budget(caplog):
     store = FakeStore()
     sh = OutputShipper(lambda: store, buffer_limit=1 << 20, output_max=1 << 30,

@@ -9,11 +9,11 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from supervisor_fakes import FakeClock
 
 from supervisor.backends.base import BackendConfigError, BackendError, LeaseLost
 from supervisor.backends.sqlite.backend import SqliteBackend
 from supervisor.core.task import Task
+from tests.fakes.clock import FakeClock
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -457,6 +457,7 @@ def test_duplicate_id_is_rejected_and_nothing_is_pushed(a) -> None:
 
 
 # --------------------------------------------------------------------------- busy database
+@pytest.mark.timing  # asserts a 3 s bound
 @pytest.mark.timeout(10)
 def test_renew_against_an_exclusive_lock_fails_within_its_timeout(db, a, raw) -> None:
     (task,) = push(a, "x")
@@ -479,6 +480,7 @@ def test_renew_against_an_exclusive_lock_fails_within_its_timeout(db, a, raw) ->
     assert lease.renew(5.0) == LOCK  # and works again once the lock is gone
 
 
+@pytest.mark.timing  # asserts a 3 s bound
 @pytest.mark.timeout(10)
 def test_receive_against_an_exclusive_lock_is_a_backend_error(db, open_backend) -> None:
     b = open_backend("B", busy_timeout=0.1)
@@ -532,6 +534,7 @@ def test_an_old_database_gets_the_new_index(db) -> None:
         backend.close()
 
 
+@pytest.mark.timing  # asserts a 3 s bound
 @pytest.mark.timeout(20)
 def test_quick_writes_do_not_wait_out_a_busy_database(db, a, raw) -> None:
     """The main loop settles short tasks' leases itself inside ``quick_writes``: a busy

@@ -12,7 +12,6 @@ import subprocess
 from collections.abc import Callable, Iterator
 
 import pytest
-from supervisor_fakes import FakeClock
 from test_sqlite_backend import LOCK, SETTLEMENTS, push, row
 
 from supervisor.backends.base import LeaseLost
@@ -27,6 +26,7 @@ from supervisor.backends.sqlite.owner import (
     owner_state,
     start_ticks,
 )
+from tests.fakes.clock import FakeClock
 
 pytestmark = pytest.mark.timeout(30)
 

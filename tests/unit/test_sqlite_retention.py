@@ -10,11 +10,11 @@ import time
 from collections.abc import Callable
 
 import pytest
-from supervisor_fakes import FakeClock
 
 from supervisor.backends.sqlite.backend import SqliteBackend
 from supervisor.backends.sqlite.retention import PURGE_AGAIN, PURGE_SQL
 from supervisor.core.task import Task
+from tests.fakes.clock import FakeClock
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,10 +9,11 @@ from typing import Callable
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from supervisor_fakes import T0, FakeClock, RecordingWatchdog, make_dog, make_task, run_until
 
 from supervisor.core.settings import safety_margin
 from supervisor.worker.watchdog import MAX_SLEEP, Escalation, RunningTask
+from tests.fakes.clock import FakeClock
+from tests.fakes.worker import T0, RecordingWatchdog, make_dog, make_task, run_until
 
 pytestmark = pytest.mark.timeout(30)
 

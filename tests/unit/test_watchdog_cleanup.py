@@ -6,9 +6,10 @@ from __future__ import annotations
 import signal
 
 import pytest
-from supervisor_fakes import T0, FakeClock, RecordingWatchdog, make_dog, make_task, run_until
 
 from supervisor.worker.watchdog import LEFTOVER_GRACE, RunningTask
+from tests.fakes.clock import FakeClock
+from tests.fakes.worker import T0, RecordingWatchdog, make_dog, make_task, run_until
 
 pytestmark = pytest.mark.timeout(30)
 

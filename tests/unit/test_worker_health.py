@@ -6,13 +6,13 @@ import logging
 import socket
 
 import pytest
-from supervisor_fakes import FakeClock
 
 from supervisor.backends.base import BackendError
 from supervisor.backends.sqlite.backend import SqliteBackend
 from supervisor.core.settings import Settings
 from supervisor.worker.keeper import LeaseKeeper
 from supervisor.worker.loop import Worker
+from tests.fakes.clock import FakeClock
 
 
 class NeverCalledLease:

@@ -13,21 +13,21 @@ import pytest
 from azure.storage.queue import QueueClient, QueueServiceClient
 
 from supervisor.backends.storage_queue.errors import make_record
-from tests.azure.test_storage_queue_backend import connection_string
+from tests.azurite import queue_connection_string
 from tests.conftest import command, wait_for
 
 pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 
 
 def _ctl(tmp_path, port: int, queue: str, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JOBQ_CONNECTION_STRING=connection_string(port))
+    env = dict(os.environ, JOBQ_CONNECTION_STRING=queue_connection_string(port))
     return subprocess.run(command("jobq-ctl") + ["--backend", "storage-queue", "--queue", queue,
                                                  *args],
                           capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
 
 
 def _queues(port: int) -> set[str]:
-    with QueueServiceClient.from_connection_string(connection_string(port)) as svc:
+    with QueueServiceClient.from_connection_string(queue_connection_string(port)) as svc:
         return {q.name for q in svc.list_queues()}
 
 
@@ -44,7 +44,7 @@ def test_read_only_command_on_missing_queue_is_exit_1_and_creates_nothing(
 
 
 def test_missing_failed_companion_reads_as_empty(tmp_path, azurite, queue_name):
-    with QueueServiceClient.from_connection_string(connection_string(azurite.port)) as svc:
+    with QueueServiceClient.from_connection_string(queue_connection_string(azurite.port)) as svc:
         svc.create_queue(queue_name)  # made by another tool: no -failed twin
     assert _ctl(tmp_path, azurite.port, queue_name, "size").stdout.strip() == "0"
     res = _ctl(tmp_path, azurite.port, queue_name, "failed", "--json")
@@ -61,7 +61,7 @@ ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 def test_status_json_does_not_call_held_messages_pending(tmp_path, azurite, queue_name):
     port = azurite.port
     assert _ctl(tmp_path, port, queue_name, "push", "-c", "true", "-c", "true").returncode == 0
-    client = QueueClient.from_connection_string(connection_string(port), queue_name)
+    client = QueueClient.from_connection_string(queue_connection_string(port), queue_name)
     with client:  # a worker holds one message invisible (running)
         [held] = list(next(client.receive_messages(messages_per_page=1,
                                                    visibility_timeout=60).by_page()))[:1]
@@ -76,7 +76,8 @@ def test_failed_json_time_is_iso_utc(tmp_path, azurite, queue_name):
     port = azurite.port
     assert _ctl(tmp_path, port, queue_name, "clear").returncode == 0  # creates both queues
     record = make_record('{"cmd": "exit 3"}', None, "exit status 3", 1, 3, "", "w", "m-1")
-    failed = QueueClient.from_connection_string(connection_string(port), queue_name + "-failed")
+    failed = QueueClient.from_connection_string(queue_connection_string(port),
+                                                queue_name + "-failed")
     with failed:
         failed.send_message(record, time_to_live=-1)
     [row] = json.loads(_ctl(tmp_path, port, queue_name, "failed", "--json").stdout)
@@ -86,7 +87,7 @@ def test_failed_json_time_is_iso_utc(tmp_path, azurite, queue_name):
 
 @pytest.fixture
 def sq(tmp_path, azurite, queue_name):
-    from tests.azure.test_storage_queue_worker import SqEnv
+    from tests.azure_envs import SqEnv
 
     e = SqEnv(tmp_path, azurite.port, queue_name)
     e.ctl("clear")  # creates both queues
@@ -99,7 +100,7 @@ def test_worker_recreates_its_queues_when_they_vanish(sq, azurite):
     and makes them again, instead of 'queue does not exist' every 10 s for ever."""
     sup = sq.supervisor("--poll-interval", "0.5")
     sup.wait_log(" started: backend=")
-    with QueueServiceClient.from_connection_string(connection_string(azurite.port)) as svc:
+    with QueueServiceClient.from_connection_string(queue_connection_string(azurite.port)) as svc:
         svc.delete_queue(sq.queue)
         svc.delete_queue(sq.queue + "-failed")
     wait_for(lambda: sq.queue in _queues(azurite.port), 30, what="main queue made again")

@@ -1,14 +1,12 @@
-"""Fakes for the decision layer's unit tests (watchdog, settlement, lifecycle): a clock, a
-task's process, a lease that records how it was settled, and a Signaller that models
-processes as plain data instead of signalling anything.
-
-Imported as a sibling module (tests/unit is not a package: pytest puts it on sys.path).
+"""Fakes for the decision layer's unit tests (watchdog, settlement, lifecycle): a task's
+process, its output, a Signaller that models processes as plain data instead of signalling
+anything, and RunningTasks built over them (the clock: tests/fakes/clock.py; the lease that
+records how it was settled: tests/fakes/lease.py).
 """
 
 from __future__ import annotations
 
 import signal
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,18 +14,10 @@ from typing import Any
 from supervisor.worker.keeper import LeaseKeeper
 from supervisor.worker.process import Signaller, TaskProcess
 from supervisor.worker.watchdog import RunningTask, Watchdog
+from tests.fakes.clock import FakeClock
+from tests.fakes.lease import FakeLease
 
-T0 = 5000.0  # where the ``clock`` fixture (conftest.py) starts
-
-
-class FakeClock:
-    """The injected monotonic clock: moves only when a test says so."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+T0 = 5000.0  # where the ``clock`` fixture (tests/unit/conftest.py) starts
 
 
 class FakePopen:
@@ -59,45 +49,6 @@ class FakeProc:
 
     def group_alive(self) -> bool:
         return True
-
-
-class FakeLease:
-    """Records each settlement call as (method, arguments); never renews (the keeper gets a
-    long lease, and the watchdog must never talk to the backend)."""
-
-    def __init__(self, *, task: Any = None, attempt: int = 1, raw_body: str = "",
-                 format_error: str | None = None) -> None:
-        self.task = task
-        self.attempt = attempt
-        self.raw_body = raw_body
-        self.format_error = format_error
-        self.message_id = "msg-1"
-        self.queue = "default"  # the queue of Settings() (a worker's single queue)
-        self.lock_duration = 2700.0
-        self.calls: list[tuple[Any, ...]] = []
-        self.refuse: Exception | None = None  # raised by every settlement call when set
-        self._lock = threading.Lock()  # the keeper may settle on its own thread
-
-    def renew(self, timeout: float) -> float:  # pragma: no cover - never driven here
-        raise AssertionError("no renewal is due in these tests")
-
-    def complete(self) -> None:
-        with self._lock:
-            self.calls.append(("complete",))
-        if self.refuse is not None:
-            raise self.refuse
-
-    def release(self, count_attempt: bool, delay: float = 0.0) -> None:
-        with self._lock:
-            self.calls.append(("release", count_attempt, delay))
-        if self.refuse is not None:
-            raise self.refuse
-
-    def dead_letter(self, reason: str, output_tail: str, exit_status: int | None = None) -> None:
-        with self._lock:
-            self.calls.append(("dead_letter", reason, output_tail, exit_status))
-        if self.refuse is not None:
-            raise self.refuse
 
 
 class FakeSignaller(Signaller):
