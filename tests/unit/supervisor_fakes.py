@@ -1,6 +1,6 @@
-"""Fakes for the decision layer's unit tests (watchdog, settlement, lifecycle): a clock, a
-task's process, a lease that records how it was settled, and a Signaller that models
-processes as plain data instead of signalling anything.
+"""Fakes for the decision layer's unit tests (watchdog, settlement, lifecycle): a clock (from
+tests/fakes/clock.py), a task's process, a lease that records how it was settled, and a
+Signaller that models processes as plain data instead of signalling anything.
 
 Imported as a sibling module (tests/unit is not a package: pytest puts it on sys.path).
 """
@@ -16,18 +16,9 @@ from typing import Any
 from supervisor.worker.keeper import LeaseKeeper
 from supervisor.worker.process import Signaller, TaskProcess
 from supervisor.worker.watchdog import RunningTask, Watchdog
+from tests.fakes.clock import FakeClock  # noqa: F401 (re-exported)
 
 T0 = 5000.0  # where the ``clock`` fixture (conftest.py) starts
-
-
-class FakeClock:
-    """The injected monotonic clock: moves only when a test says so."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FakePopen:
