@@ -92,38 +92,6 @@ def test_push_receive_complete(backend):
         leases[0].complete()  # settled leases are never settled again
 
 
-def test_renew_keeps_message_hidden_past_visibility(make_backend):
-    owner, other = make_backend(), make_backend(worker_id="w2")
-    owner.push([Task(cmd="long")])
-    lease = receive_one(owner, lock=2)
-    granted, errors, stop = [], [], threading.Event()
-
-    def keeper():  # like a LeaseKeeper thread: renew and settle from one thread
-        try:
-            while not stop.wait(0.5):
-                granted.append(lease.renew(timeout=2))
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    thread = threading.Thread(target=keeper)
-    thread.start()
-    start = time.monotonic()
-    try:
-        while time.monotonic() - start < 5:  # 2.5 visibility timeouts
-            assert other.receive(1, 30) == []
-            time.sleep(0.2)
-    finally:
-        stop.set()
-        thread.join(5)
-    assert not errors and len(granted) >= 8 and set(granted) == {2.0}
-    # No more renewals: the other worker gets it once the last 2 s run out.
-    lease2 = receive_one(other, lock=30, timeout=5)
-    assert lease2.task.cmd == "long" and lease2.attempt == 2
-    with pytest.raises(LeaseLost):
-        lease.renew(timeout=2)
-    lease2.complete()
-
-
 def test_every_renewal_uses_the_newest_pop_receipt(backend):
     backend.push([Task(cmd="x")])
     lease = receive_one(backend)
@@ -138,19 +106,6 @@ def test_every_renewal_uses_the_newest_pop_receipt(backend):
         lease.complete()
 
 
-def test_lapsed_and_taken_by_another_gives_lease_lost(make_backend):
-    mine, theirs = make_backend(), make_backend(worker_id="w2")
-    mine.push([Task(cmd="x")])
-    lease = receive_one(mine, lock=1)
-    stolen = receive_one(theirs, lock=30, timeout=5)  # visible again after 1 s
-    assert stolen.message_id == lease.message_id and stolen.attempt == 2
-    with pytest.raises(LeaseLost):
-        lease.renew(timeout=5)
-    with pytest.raises(LeaseLost):
-        lease.complete()
-    stolen.complete()
-
-
 def test_release_for_preemption_keeps_the_attempt(backend):
     backend.push([Task(cmd="x", max_attempts=3)])
     lease = receive_one(backend)
@@ -163,47 +118,6 @@ def test_release_for_preemption_keeps_the_attempt(backend):
     third = receive_one(backend, timeout=3)
     assert third.attempt == 2 and third.task.preemptions == 1
     third.complete()
-
-
-@pytest.mark.timing  # times the delay
-def test_release_with_delay_hides_the_message(backend):
-    backend.push([Task(cmd="x")])
-    lease = receive_one(backend)
-    lease.release(count_attempt=True, delay=2)
-    start = time.monotonic()
-    again = receive_one(backend, timeout=6)
-    elapsed = time.monotonic() - start
-    assert 1.5 <= elapsed <= 5, elapsed
-    assert again.attempt == 2
-    again.complete()
-
-
-def test_dead_letter_failed_requeue_clear(backend):
-    task = Task(cmd="exit 3", id="task-1")
-    backend.push([task, Task(cmd="exit 4", id="task-2")])
-    leases = wait_for(lambda: backend.receive(2, 30), 5)
-    for lease in leases:
-        lease.dead_letter("exit status 3", "line1\nline2\n", exit_status=3)
-    assert backend.receive(5, 30) == []
-    assert wait_for(lambda: backend.status().counts == {"queued": 0, "failed": 2}, 5)
-    records = {r.id: r for r in backend.failed()}
-    assert set(records) == {"task-1", "task-2"}
-    rec = records["task-1"]
-    assert rec.reason == "exit status 3" and rec.exit_status == 3 and rec.attempts == 1
-    assert rec.command == "exit 3" and rec.output_tail == "line1\nline2\n"
-    assert rec.worker == "w1" and abs(rec.failed_at - time.time()) < 60
-    assert Task.parse(rec.body).id == "task-1"
-    assert len(backend.failed()) == 2  # listing gives them back
-    assert backend.requeue(["task-1"]) == 1
-    back = receive_one(backend)
-    assert back.task.id == "task-1" and back.attempt == 1 and back.task.preemptions == 0
-    back.complete()
-    assert [r.id for r in backend.failed()] == ["task-2"]
-    assert backend.clear(failed=True) == 1
-    assert backend.failed() == []
-    backend.push([Task(cmd="a"), Task(cmd="b")])
-    assert backend.clear(failed=False) == 2
-    assert backend.receive(5, 30) == []
 
 
 def test_requeue_resets_preemptions(backend):

@@ -52,14 +52,27 @@ def connection_string(port: int) -> str:
             f"SharedAccessKey={SECRET_KEY};UseDevelopmentEmulator=true")
 
 
-def work_backend(sb_broker: ServiceBusTestBroker, receivers: int) -> Any:
-    """A ServiceBusBackend on a fresh queue "work" with a 5 s lock (the backend tests)."""
+def work_backend(sb_broker: ServiceBusTestBroker, receivers: int, queue: str = "work",
+                 lock: float = 5, worker_id: str = "w1") -> Any:
+    """A ServiceBusBackend on queue ``queue`` (made with a ``lock`` s lock when new; default:
+    "work", 5 s) for the backend tests."""
     from supervisor.backends.servicebus.backend import ServiceBusBackend
 
-    sb_broker.create_queue("work", lock_duration=5)
-    return ServiceBusBackend("work", connection_string=connection_string(sb_broker.port),
-                             worker_id="w1", lock_duration=5, receivers=receivers,
+    sb_broker.create_queue(queue, lock_duration=lock)
+    return ServiceBusBackend(queue, connection_string=connection_string(sb_broker.port),
+                             worker_id=worker_id, lock_duration=lock, receivers=receivers,
                              receive_wait=0.5)
+
+
+def close_backend(*backends: Any) -> None:
+    """Close ServiceBusBackends, then wait for their opener threads: an open under way at
+    close is not waited for (the exit's budget); it ends on its own, within 20 s."""
+    for backend in backends:
+        backend.close()
+    deadline = time.monotonic() + 20
+    while [t for t in threading.enumerate() if t.name == "sb-opener" and t.is_alive()]:
+        assert time.monotonic() < deadline, "the opener thread outlived the backend by 20 s"
+        time.sleep(0.05)
 
 
 class SbEnv(Env):

@@ -219,31 +219,6 @@ def test_release_with_delay_hides_the_job(a, raw) -> None:
 
 
 # --------------------------------------------------------------------------- failed
-def test_dead_letter_is_listed_by_failed(a, raw) -> None:
-    (task,) = push(a, "exit 3")
-    (lease,) = a.receive(1, LOCK)
-    lease.dead_letter("exit status 3", "last line\n", 3)
-    r = row(raw, task.id)
-    assert r["status"] == "failed"
-    (rec,) = a.failed()
-    assert rec.id == task.id
-    assert rec.reason == "exit status 3"
-    assert rec.output_tail == "last line\n"
-    assert rec.exit_status == 3
-    assert rec.attempts == 1
-    assert rec.command == "exit 3"
-    assert a.receive(1, LOCK) == []
-    assert a.status().counts["failed"] == 1
-
-
-def test_failed_record_names_the_worker(a) -> None:
-    push(a, "exit 3")
-    (lease,) = a.receive(1, LOCK)
-    lease.dead_letter("exit status 3", "", 3)
-    (rec,) = a.failed()
-    assert rec.worker == "A"
-
-
 def _fail(backend: SqliteBackend, *cmds: str) -> list[Task]:
     tasks = push(backend, *cmds)
     for lease in backend.receive(len(cmds), LOCK):
@@ -260,14 +235,6 @@ def test_requeue_all(a, raw) -> None:
         assert (r["status"], r["attempt"], r["reason"]) == ("pending", 0, None)
     leases = a.receive(5, LOCK)
     assert [le.attempt for le in leases] == [1, 1]
-
-
-def test_requeue_some(a) -> None:
-    x, y = _fail(a, "x", "y")
-    assert a.requeue([]) == 0
-    assert a.requeue([y.id, "no-such-id"]) == 1
-    assert [r.id for r in a.failed()] == [x.id]
-    assert [le.message_id for le in a.receive(5, LOCK)] == [y.id]
 
 
 def test_clear_pending_and_failed(a, raw) -> None:
