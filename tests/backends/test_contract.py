@@ -431,7 +431,7 @@ def test_several_queues_strict_order_each_lease_on_its_queue(kit: Kit) -> None:
     assert receive_now(kit, multi) == []
     multi.paused = frozenset()
     (lease,) = receive_until(kit, multi)
-    assert queue_of(lease, "?") == "hi"
+    assert lease.queue == "hi"
     lease.complete()
     for one_queue in (lambda: multi.push([Task(cmd="x")]), lambda: multi.peek(1),
                       multi.status, multi.failed, lambda: multi.requeue(None),
