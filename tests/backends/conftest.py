@@ -69,6 +69,9 @@ class Kit:
     # Contract breaches found and not fixed yet: the test named by the key is expected to
     # fail (strict: once fixed, it passes and says so), the value says what is wrong.
     bugs: dict[str, str] = field(default_factory=dict)
+    # The service's name of the queue ``make(queue=q)`` opens: what its leases' ``queue`` says
+    # (a worker keys its several queues by these names).
+    queue_named: Callable[[str], str] = lambda q: q
     _first: Backend | None = None
 
     @property
@@ -126,7 +129,7 @@ def storage_queue_kit(azurite, queue_name: str, close_at_end) -> Kit:
     return Kit("storage-queue", make, Traits(peek_shows_held=False, size_counts_leased=True,
                                              clear_takes_leased=True, lists_running=False,
                                              message_id_is_task_id=False),
-               lapse=lambda: None)
+               lapse=lambda: None, queue_named=lambda q: f"{queue_name}-{q}")
 
 
 @pytest.fixture

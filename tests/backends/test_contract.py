@@ -402,8 +402,9 @@ def test_priorities_or_the_refusal(kit: Kit) -> None:
 
 # --------------------------------------------------------------------------- several queues
 def _two_queues(kit: Kit, order: str) -> tuple[MultiQueueBackend, dict[str, str]]:
-    """A MultiQueueBackend over queues hi and lo with two tasks each; task id -> queue."""
-    queues = {"hi": kit.make(queue="hi"), "lo": kit.make(queue="lo")}
+    """A MultiQueueBackend over queues hi and lo with two tasks each, keyed by the service's
+    queue names as a worker keys them; task id -> queue."""
+    queues = {kit.queue_named(q): kit.make(queue=q) for q in ("hi", "lo")}
     where = {}
     for name, backend in queues.items():
         tasks = [Task(cmd=f"{name} {i}") for i in range(2)]
@@ -414,11 +415,12 @@ def _two_queues(kit: Kit, order: str) -> tuple[MultiQueueBackend, dict[str, str]
 
 def test_several_queues_strict_order_each_lease_on_its_queue(kit: Kit) -> None:
     multi, where = _two_queues(kit, "strict")
-    hi, lo = multi.backends["hi"], multi.backends["lo"]
+    hi_name, lo_name = kit.queue_named("hi"), kit.queue_named("lo")
+    hi, lo = multi.backends[hi_name], multi.backends[lo_name]
     assert multi.name == kit.backend.name and multi.size() == 4
     leases = [receive_until(kit, multi)[0] for _ in range(4)]  # one slot at a time
     queues = [le.queue for le in leases]
-    assert queues == ["hi", "hi", "lo", "lo"]
+    assert queues == [hi_name, hi_name, lo_name, lo_name]
     assert all(where[le.task.id] == le.queue for le in leases if le.task)
     for lease in leases[:3]:
         lease.complete()
@@ -426,12 +428,12 @@ def test_several_queues_strict_order_each_lease_on_its_queue(kit: Kit) -> None:
     assert hi.failed() == [] and [r.id for r in lo.failed()] == [leases[3].task.id
                                                                   if leases[3].task else ""]
     eventually(lambda: multi.size() == 0, "every queue empty")
-    multi.paused = frozenset({"hi"})
+    multi.paused = frozenset({hi_name})
     hi.push([Task(cmd="paused")])
     assert receive_now(kit, multi) == []
     multi.paused = frozenset()
     (lease,) = receive_until(kit, multi)
-    assert lease.queue == "hi"
+    assert lease.queue == hi_name
     lease.complete()
     for one_queue in (lambda: multi.push([Task(cmd="x")]), lambda: multi.peek(1),
                       multi.status, multi.failed, lambda: multi.requeue(None),
@@ -443,7 +445,8 @@ def test_several_queues_strict_order_each_lease_on_its_queue(kit: Kit) -> None:
 def test_several_queues_round_robin_alternates(kit: Kit) -> None:
     multi, where = _two_queues(kit, "round-robin")
     leases = [receive_until(kit, multi)[0] for _ in range(4)]
-    assert [le.queue for le in leases] == ["hi", "lo", "hi", "lo"]
+    hi_name, lo_name = kit.queue_named("hi"), kit.queue_named("lo")
+    assert [le.queue for le in leases] == [hi_name, lo_name, hi_name, lo_name]
     assert all(where[le.task.id] == le.queue for le in leases if le.task)
     for lease in leases:
         lease.complete()
