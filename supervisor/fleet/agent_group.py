@@ -1,5 +1,5 @@
 """The fleet layer of a worker with several queues (``--queue high,low``): one ControlAgent
-per queue (docs/architecture.rst, "Several queues per worker").
+per queue (docs/backends.rst, "Several queues per worker").
 
 Each agent is what a single-queue worker has: its own control thread and store, polling its
 own queue's partition (flag, cancels, commands) every control interval and upserting one

@@ -1,6 +1,6 @@
 """Unique keys through the control store, for a backend whose service has no index of its
 messages (Storage Queue): ``jobq-ctl push --unique-key`` claims the key in the store before
-it pushes (docs/architecture.rst, "Scheduling").
+it pushes (docs/backends.rst, "Scheduling").
 
 A claim (base.UniqueClaim, partition "u:<queue>") names the task that holds the key.  A push
 creates it atomically; when it exists, the push is skipped while its task may still be
