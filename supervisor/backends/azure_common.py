@@ -60,7 +60,7 @@ class Translate(Protocol):
 
 class LeaseHome(Protocol):
     """What a lease of either Azure backend reads of the backend that received it (which
-    hands itself in: no import of it in the lease modules).  Any thread."""
+    hands itself in: no import of it in the lease modules).  Read on any thread."""
 
     @property
     def queue_name(self) -> str: ...
