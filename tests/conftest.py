@@ -311,10 +311,12 @@ def env(tmp_path: Path):
     assert not survivors, f"task processes survived the test: {survivors}"
 
 
-def wait_for_no_marked(timeout: float) -> list[psutil.Process]:
+def wait_gone(find: Callable[[], list[psutil.Process]], timeout: float) -> list[psutil.Process]:
+    """Wait up to ``timeout`` s until ``find`` finds no process; those still there are
+    killed and returned (the caller's test fails on them)."""
     deadline = time.monotonic() + timeout
     while True:
-        left = [p for p in marked_processes() if _is_ours(p)]
+        left = find()
         if not left or time.monotonic() > deadline:
             for p in left:
                 try:
@@ -323,6 +325,10 @@ def wait_for_no_marked(timeout: float) -> list[psutil.Process]:
                     pass
             return left
         time.sleep(0.1)
+
+
+def wait_for_no_marked(timeout: float) -> list[psutil.Process]:
+    return wait_gone(lambda: [p for p in marked_processes() if _is_ours(p)], timeout)
 
 
 def _is_ours(proc: psutil.Process) -> bool:

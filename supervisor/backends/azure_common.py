@@ -1,4 +1,5 @@
-"""What the two Azure backends share: secret scrubbing, short error details, the rules of
+"""What the two Azure backends share: secret scrubbing, the constructor state a lease reads
+(names, the SDK error mapping), short error details, the rules of
 ``jobq-ctl requeue`` (which records match, what a requeued body looks like) and which queue
 names are where failed tasks go.  Nothing here talks to the network.
 """
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from functools import partial
+from typing import Protocol
 
 from .base import FailedRecord
 
@@ -46,6 +49,42 @@ class Scrubber:
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text
+
+
+class Translate(Protocol):
+    """An Azure backend's ``errors.translate``: an SDK error as the seam's."""
+
+    def __call__(self, exc: BaseException, what: str, scrub: Scrubber,
+                 lease: bool = False) -> Exception: ...
+
+
+class LeaseHome(Protocol):
+    """What a lease of either Azure backend reads of the backend that received it (which
+    hands itself in: no import of it in the lease modules).  Read on any thread."""
+
+    @property
+    def queue_name(self) -> str: ...
+
+    @property
+    def worker_id(self) -> str: ...
+
+    def translate_lease(self, exc: BaseException, what: str) -> Exception:
+        """An SDK error about this one message as the seam's: "gone" is LeaseLost."""
+        ...
+
+
+class AzureBackendState:
+    """The constructor state both Azure backends share, a ``LeaseHome`` (set on the main
+    thread before any lease exists, then only read: any thread)."""
+
+    def _init_azure(self, queue: str, worker_id: str, connection_string: str | None,
+                    account_url: str | None, translate: Translate) -> None:
+        self.queue_name = queue
+        self.worker_id = worker_id
+        self._connection_string = connection_string
+        self.scrub = Scrubber(connection_string, account_url)
+        self.translate = partial(translate, scrub=self.scrub)
+        self.translate_lease = partial(translate, scrub=self.scrub, lease=True)  # any thread
 
 
 def short(text: str, limit: int = 300) -> str:

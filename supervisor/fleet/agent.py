@@ -63,23 +63,20 @@ class RunningTaskView(Protocol):
     and ``cancel``, which it sets once."""
 
     cancel: Union[Cancel, None]
+    # Fields of the worker's RunningTask dataclass as they are (the main thread writes
+    # ``exited_at``); the properties below are narrower views of its fields' types.
+    task_id: str
+    attempt: int
+    task: Union[Task, None]
+    started: float
+    exited_at: Union[float, None]
 
-    @property
-    def task_id(self) -> str: ...
-    @property
-    def attempt(self) -> int: ...
-    @property
-    def task(self) -> Union[Task, None]: ...
     @property
     def lease(self) -> object: ...
     @property
     def proc(self) -> _Process: ...
     @property
     def keeper(self) -> _Keeper: ...
-    @property
-    def started(self) -> float: ...
-    @property
-    def exited_at(self) -> Union[float, None]: ...
 
 
 # (state, tasks, slots total, outcome counts): what the worker record shows (ControlAgent)

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import Env, Supervisor, command, marked_processes
+from tests.conftest import Env, Supervisor, command, marked_processes, wait_gone
 
 from .broker import ServiceBusTestBroker
 
@@ -109,17 +109,7 @@ class SbEnv(Env):
         return found
 
     def wait_no_tasks(self, timeout: float) -> list[psutil.Process]:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = self.tasks()
-            if not left or time.monotonic() > deadline:
-                for proc in left:
-                    try:
-                        proc.kill()
-                    except psutil.NoSuchProcess:
-                        pass
-                return left
-            time.sleep(0.1)
+        return wait_gone(self.tasks, timeout)
 
     def ctl(self, *args: str, check: bool = True, input: str | None = None,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -20,6 +20,12 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
+def db(tmp_path: Path) -> str:
+    """The path of a SQLite queue file in tmp_path, not made yet."""
+    return str(tmp_path / "jobs.db")
+
+
+@pytest.fixture
 def world(tmp_path: Path) -> Iterator[SimpleNamespace]:
     """A follower's world (tests/fakes/follow.py): the real stores and an EventClock."""
     yield from follow_world(tmp_path)

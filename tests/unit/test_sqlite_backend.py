@@ -21,11 +21,6 @@ LOCK = 60.0
 
 
 @pytest.fixture
-def db(tmp_path) -> str:
-    return str(tmp_path / "jobs.db")
-
-
-@pytest.fixture
 def open_backend(db, close_at_end) -> Callable[..., SqliteBackend]:
     def make(worker: str = "A", **kwargs) -> SqliteBackend:
         return close_at_end(SqliteBackend(db, "default", worker, **kwargs))

@@ -56,11 +56,6 @@ def kill(p: subprocess.Popen, reap: bool = True) -> None:
 
 
 @pytest.fixture
-def db(tmp_path) -> str:
-    return str(tmp_path / "jobs.db")
-
-
-@pytest.fixture
 def open_backend(db, close_at_end) -> Callable[..., SqliteBackend]:
     def make(worker: str, pids: tuple[int, ...] = (), **kwargs) -> SqliteBackend:
         """A backend of worker ``worker`` whose leases are held by ``pids`` (default: us)."""

@@ -24,11 +24,6 @@ INTERVAL = 300.0
 
 
 @pytest.fixture
-def db(tmp_path) -> str:
-    return str(tmp_path / "jobs.db")
-
-
-@pytest.fixture
 def make(db, close_at_end) -> Callable[..., SqliteBackend]:
     """A backend on the file whose clocks are injected: ``.clock`` (the schedule, monotonic)
     and ``.wall`` (the age of a row), both at the real time it was made."""

@@ -43,7 +43,7 @@ from azure.servicebus import (
 )
 
 from ...core.task import Task, parse_or_body
-from ..azure_common import Scrubber, matches, reset_for_requeue
+from ..azure_common import AzureBackendState, matches, reset_for_requeue
 from ..base import Backend, BackendBase, BackendConfigError, FailedRecord, Lease, QueueStatus
 from ..common import held_until, mapped_errors
 from .errors import SDK_ERRORS, LockCheck, failed_record, message_text, translate
@@ -75,7 +75,7 @@ SHORT_RECEIVE_WAIT = 0.2
 _NAMESPACE = re.compile(r"^[A-Za-z][A-Za-z0-9-]{4,48}[A-Za-z0-9](\.[A-Za-z0-9.-]+)?$")
 
 
-class ServiceBusBackend(BackendBase):
+class ServiceBusBackend(AzureBackendState, BackendBase):
     """One Service Bus queue and its dead-letter sub-queue.  Main thread unless stated."""
 
     name = "servicebus"
@@ -96,12 +96,7 @@ class ServiceBusBackend(BackendBase):
         if bool(connection_string) == bool(namespace):
             raise BackendConfigError(
                 "servicebus needs exactly one of a connection string or a namespace")
-        self.queue_name = queue
-        self.worker_id = worker_id
-        self.scrub = Scrubber(connection_string, None)
-        self.translate = partial(translate, scrub=self.scrub)
-        self.translate_lease = partial(translate, scrub=self.scrub, lease=True)  # any thread
-        self._connection_string = connection_string
+        self._init_azure(queue, worker_id, connection_string, None, translate)
         self._namespace = namespace
         self.receive_wait = receive_wait
         self._credential = credential

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, TypeVar
 from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage, ServiceBusReceiver
 
 from ...core.task import Task, TaskFormatError
+from ..azure_common import LeaseHome
 from ..base import BackendError
 from ..common import mapped_errors, parse_body, settled_error
 from .errors import (
@@ -52,22 +53,12 @@ T = TypeVar("T")
 MIN_CALL = 0.5  # s: a settlement call gets at least this long
 
 
-class Home(Protocol):
+class Home(LeaseHome, Protocol):
     """What a lease uses of the ServiceBusBackend that received it (which hands itself in:
-    no import of it here).  Any thread."""
-
-    @property
-    def queue_name(self) -> str: ...
-
-    @property
-    def worker_id(self) -> str: ...
+    no import of it here), beyond what either Azure lease reads.  Any thread."""
 
     @property
     def lock_check(self) -> LockCheck: ...
-
-    def translate_lease(self, exc: BaseException, what: str) -> Exception:
-        """An SDK error about this one message as the seam's: "gone" is LeaseLost."""
-        ...
 
     def forget(self, lease: ServiceBusLease) -> None:
         """The lease is over: no longer one of the backend's unsettled leases."""

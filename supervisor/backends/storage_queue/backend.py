@@ -23,7 +23,6 @@ import math
 import re
 import time
 from collections.abc import Sequence
-from functools import partial
 from typing import TYPE_CHECKING, Callable, TypeVar, Union
 
 from azure.core.exceptions import ResourceExistsError
@@ -31,7 +30,7 @@ from azure.storage.queue import QueueClient, QueueMessage
 
 from ...core.azure_account import error_code
 from ...core.task import Task, parse_or_body
-from ..azure_common import FAILED_SUFFIX, Scrubber, matches, reset_for_requeue
+from ..azure_common import FAILED_SUFFIX, AzureBackendState, matches, reset_for_requeue
 from ..base import (
     Backend,
     BackendBase,
@@ -71,7 +70,7 @@ _NOT_ALLOWED_TO_CREATE = ("AuthorizationPermissionMismatch", "AuthorizationResou
 _QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]+[a-z0-9]$")  # 3 characters at least
 
 
-class StorageQueueBackend(BackendBase):
+class StorageQueueBackend(AzureBackendState, BackendBase):
     """A Storage Queue and its ``-failed`` companion.  Main thread unless stated."""
 
     name = "storage-queue"
@@ -112,17 +111,12 @@ class StorageQueueBackend(BackendBase):
             raise BackendConfigError(
                 f"bad Storage Queue name {queue!r}: lowercase letters, digits and single "
                 f"hyphens, 3..{63 - len(FAILED_SUFFIX)} characters (room for '-failed')")
-        self.queue_name = queue
+        self._init_azure(queue, worker_id, connection_string, account_url, translate)
         self.failed_queue_name = queue + FAILED_SUFFIX
-        self.worker_id = worker_id
         # The queues this process made at start it makes again when they vanish (an
         # emulator restarted in memory, a mistaken delete); a read-only command made none.
         self.recreate = create
-        self._connection_string = connection_string
         self._account_url = account_url
-        self.scrub = Scrubber(connection_string, account_url)
-        self.translate = partial(translate, scrub=self.scrub)
-        self.translate_lease = partial(translate, scrub=self.scrub, lease=True)  # any thread
         self.connect_timeout = connect_timeout
         self._read_timeout = read_timeout
         self._credential = credential

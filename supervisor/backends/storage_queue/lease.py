@@ -13,6 +13,7 @@ from typing import Callable, Protocol, TypeVar
 from azure.storage.queue import QueueClient, QueueMessage
 
 from ...core.task import Task, TaskFormatError
+from ..azure_common import LeaseHome
 from ..base import BackendError, LeaseLost
 from ..common import mapped_errors, parse_body, settled_error
 from .errors import (
@@ -27,18 +28,12 @@ LOG = logging.getLogger("supervisor.backends.storage_queue_lease")  # pinned (la
 T = TypeVar("T")
 
 
-class Clients(Protocol):
+class Clients(LeaseHome, Protocol):
     """What a lease uses of StorageQueueBackend (which hands itself in: no import of it
-    here).  Any thread."""
-
-    @property
-    def queue_name(self) -> str: ...
+    here), beyond what either Azure lease reads.  Any thread."""
 
     @property
     def failed_queue_name(self) -> str: ...
-
-    @property
-    def worker_id(self) -> str: ...
 
     @property
     def connect_timeout(self) -> float: ...
@@ -55,10 +50,6 @@ class Clients(Protocol):
 
     def translate(self, exc: BaseException, what: str) -> Exception:
         """An SDK error as the seam's (errors.translate)."""
-        ...
-
-    def translate_lease(self, exc: BaseException, what: str) -> Exception:
-        """The same about this one message: "gone" is LeaseLost."""
         ...
 
 
