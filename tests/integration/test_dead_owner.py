@@ -125,7 +125,13 @@ def test_ctl_requeue_and_cancel_act_on_a_killed_workers_task_at_once(env, comman
 def test_any_ctl_write_takes_back(env):
     log = env.tmp / "runs"
     [tid] = env.push(beating_task(log))
-    kill(running(env))
+    sup = running(env)
+    lifeline = [p for p in psutil.Process(sup.pid).children()
+                if "supervisor.worker.lifeline" in " ".join(p.cmdline())]
+    kill(sup)
+    # while the killed worker's lifeline still exits, its owner is "dying" and a write takes
+    # nothing back yet (by design); under load that can outlast kill()'s return
+    assert not psutil.wait_procs(lifeline, timeout=30)[1], "the lifeline outlived its worker"
     res = env.ctl("push", "-c", "true")
     assert "is gone (its process ended): took back 1 running task(s)" in res.stderr
     assert (env.job(tid)["status"], env.job(tid)["attempt"]) == ("pending", 1)
