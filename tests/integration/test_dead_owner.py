@@ -22,9 +22,12 @@ BOUND = 10.0  # s from the SIGKILL to the task running again (the issue's accept
 
 def running(env: Env, tasks: int = 1) -> Supervisor:
     """A worker (default lease) running the ``tasks`` beating tasks pushed (attempt 1, each
-    with a child in its group and one that left it)."""
+    with a child in its group and one that left it, and its start line written: a run killed
+    before that line would leave no trace of attempt 1 in the log)."""
     sup = env.supervisor("-n", str(tasks), name="killed")
-    wait_for(lambda: long_sleeps() == 2 * tasks, 30, what=f"the tasks running\n{sup.log()}")
+    wait_for(lambda: long_sleeps() == 2 * tasks
+             and len(runs(env.tmp / "runs").get(1, [])) >= tasks, 30,
+             what=f"the tasks running\n{sup.log()}")
     return sup
 
 
