@@ -47,12 +47,16 @@ def test_exit_status_and_summary_line(env):
 
 
 def test_sigusr1_drains(env):
-    marks = env.tmp / "done"
-    [running] = env.push(f"sleep 2; touch {marks}")
+    marks, go = env.tmp / "done", env.tmp / "go"
+    # runs until the test says so: a fixed sleep could end before the drain under load, and
+    # then the next task would start legitimately
+    [running] = env.push(f"while [ ! -e {go} ]; do sleep 0.05; done; touch {marks}")
     sup = env.supervisor("-n", "1")
     wait_for(lambda: env.job(running)["status"] == "running", 20, what="task running")
     [waiting] = env.push("true")
     sup.signal(signal.SIGUSR1)
+    sup.wait_log("draining")
+    go.touch()
     assert sup.wait(30) == 0
     assert marks.exists(), "the running task must finish, not be killed"
     assert env.job(running)["status"] == "succeeded"
