@@ -77,9 +77,9 @@ def worker_parser() -> _Parser:
                ("--renew-before", "renew at the latest this long before the lock ends"),
                ("--reaper-interval", "SQLite stale-lock reaper period (also of the purge of "
                 "succeeded tasks); 0 disables both"),
-               ("--retention", "SQLite: succeeded tasks older than this are purged (default "
-                "7d, as --task-output-retention; 0 keeps them for ever); failed and "
-                "cancelled tasks are kept"),
+               ("--retention", "SQLite, PostgreSQL: succeeded tasks older than this are "
+                "purged (default 7d, as --task-output-retention; 0 keeps them for ever); "
+                "failed and cancelled tasks are kept"),
                ("--stale-lock-age",
                 "reap running jobs whose lock expired this long ago (default: lock)"),
                ("--kill-timeout", "SIGTERM to SIGKILL escalation delay; 0 never escalates"))
