@@ -155,3 +155,23 @@ def test_retention_purges_old_succeeded_tasks_only(pg_url: str, close_at_end) ->
     backend.maintenance()  # not due again before --reaper-interval
     assert backend.prune_succeeded(backend.wall() + 1) == 1
     assert backend.admin().task_states([t.id for t in tasks]) == {tasks[4].id: "failed"}
+
+
+def test_a_lease_given_back_without_delay_keeps_its_place(pg_url: str, close_at_end) -> None:
+    """Received ahead and given back (or preempted): it is still before the tasks pushed after
+    it, as on SQLite; a retry's delay puts it behind them."""
+    queue = close_at_end(open_queue(pg_url, "jobs", "w1"))
+    first, second, third = Task(cmd="echo 1"), Task(cmd="echo 2"), Task(cmd="echo 3")
+    queue.push([first, second, third])
+    (lease,) = queue.receive(1, 30.0)
+    assert lease.message_id == first.id
+    lease.release(False)
+    (again,) = queue.receive(1, 30.0)
+    assert again.message_id == first.id
+    again.release(True, 0.0)
+    leases = queue.receive(3, 30.0)
+    assert [le.message_id for le in leases] == [first.id, second.id, third.id]
+    leases[0].release(True, 0.2)
+    assert [le.message_id for le in queue.receive(3, 30.0)] == []
+    wait_for(lambda: [le.message_id for le in queue.receive(1, 30.0)] == [first.id], 10,
+             what="the delayed retry")

@@ -80,10 +80,14 @@ class PostgresLease:
 
     def release(self, count_attempt: bool, delay: float = 0.0) -> None:
         """Back to pending, ready ``delay`` seconds from the database's now; without
-        ``count_attempt`` (preemption) the attempt taken at receive is given back."""
+        ``count_attempt`` (preemption) the attempt taken at receive is given back.  Without a
+        delay it keeps its run_at, so its place in line (run_at orders tasks of one priority,
+        as seq does on SQLite): a lease received ahead and given back is not sent behind the
+        tasks pushed after it."""
         self._settle("release", "state='pending', owner=NULL, locked_until=NULL, worker=NULL, "
-                     "run_at = now() + make_interval(secs => %s), attempt = attempt - %s",
-                     (max(0.0, delay), 0 if count_attempt else 1))
+                     "run_at = CASE WHEN %s > 0 THEN now() + make_interval(secs => %s) "
+                     "ELSE run_at END, attempt = attempt - %s",
+                     (max(0.0, delay), max(0.0, delay), 0 if count_attempt else 1))
 
     def dead_letter(self, reason: str, output_tail: str, exit_status: int | None = None) -> None:
         self._end("dead-letter", "state='failed', reason=%s, output_tail=%s, exit_status=%s",
