@@ -172,6 +172,7 @@ def test_an_attempt_older_than_the_retention_is_purged_by_a_worker(sq, stores):
         reader.close()
 
 
+@pytest.mark.timing  # the issue's 10 s bound (11.8 s once in the busy bulk phase)
 def test_logs_of_an_unreachable_blob_store_is_one_line_within_10s(sq, stores):
     """The table answers; the blob service accepts connections and never answers."""
     task_id = _push(sq, stores.env(), "echo out")

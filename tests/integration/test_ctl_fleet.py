@@ -91,7 +91,8 @@ def test_workers_json_and_text_show_live_workers_and_their_tasks(queue):
     res = ctl(db, "workers")
     assert res.returncode == 0, res.stderr
     assert "vm7:1:aa" in res.stdout and "1/4" in res.stdout and "vm8:3:cc" not in res.stdout
-    assert "t-1  attempt 2  pid 999  running 1m0" in res.stdout
+    # 65 s when the record was written; jobq-ctl starts can take seconds each under load
+    assert "t-1  attempt 2  pid 999  running 1m" in res.stdout
     assert "$ echo xxx" in res.stdout
     assert "lost" in ctl(db, "workers", "--all").stdout
 
