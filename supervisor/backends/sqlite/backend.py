@@ -42,7 +42,7 @@ from .db import (
 )
 from .lease import SqliteLease
 from .owner import DeadOwnerPass, TakenBack
-from .retention import Purger, purge_all
+from .retention import purge_all, purger
 
 __all__ = ["SqliteBackend", "SqliteLease"]
 
@@ -107,7 +107,7 @@ class SqliteBackend(BackendBase):
         self.taken_back_at_open: list[TakenBack] = []
         self.clock = time.monotonic  # the reaper's schedule (tests inject a clock)
         self.wall = time.time  # the age of a succeeded task (tests inject a clock)
-        self.purger = Purger(self, retention, reaper_interval)
+        self.purger = purger(self, retention, reaper_interval)
         self._data_version = -1
         self._lease_lock = threading.Lock()
         self._lease_busy_ms = 0
