@@ -29,6 +29,7 @@ from ..common import command_of, held_until
 from .admin import PostgresAdmin, oldest_pending_age
 from .db import Database
 from .lease import PostgresLease
+from .listener import QueueWake
 from .retention import purge_all, purger
 
 __all__ = ["PostgresBackend", "PostgresLease", "START_NONCE"]
@@ -60,9 +61,11 @@ class PostgresBackend(BackendBase):
 
     def __init__(self, db: Database, queue: str, worker_id: str, *,
                  retention: float = RETENTION_DEFAULT, reaper_interval: float = 300.0,
-                 serve: bool = False) -> None:
+                 serve: bool = False, wake: QueueWake | None = None) -> None:
         """A backend on ``db`` (opened, its schema checked: open.py) for ``queue`` (main
-        thread).  ``serve``: a worker starts on the queue (recorded in the queues table)."""
+        thread).  ``serve``: a worker starts on the queue (recorded in the queues table).
+        A worker's: ``wake``, its share of the LISTEN connection (listener.py; None:
+        ``--postgres-notify off``, poll only)."""
         self.db = db
         self.queue = queue
         self.worker_id = worker_id
@@ -75,6 +78,9 @@ class PostgresBackend(BackendBase):
         # Housekeeping passes in order (maintenance): each is called on the main thread and
         # keeps its own schedule.  The expired-lease reaper goes here too.
         self.passes: list[Callable[[], object]] = [self.purger.maintenance]
+        # pg-wake (listener.py): the change probe reads the wake-up flag of this queue
+        self.wake = wake
+        self.change_probe = wake is not None
         if serve:
             self._execute(f"INSERT INTO {self.queues_table} (name, first_served) "
                           "VALUES (%s, now()) ON CONFLICT (name) DO UPDATE SET first_served = "
@@ -118,6 +124,17 @@ class PostgresBackend(BackendBase):
         """Every housekeeping pass in ``passes``, each on its own schedule (main thread)."""
         for one_pass in self.passes:
             one_pass()
+
+    # pg-wake: the change probe
+    def changed(self) -> bool:
+        """This queue was NOTIFYed, or the listener (re)connected, since the last call (main
+        thread; only with ``change_probe``: a listener)."""
+        return self.wake is None or self.wake.changed()
+
+    def wake_with(self, wake: Callable[[], None]) -> None:
+        """A NOTIFY for this queue wakes the main loop at once (listener.py)."""
+        if self.wake is not None:
+            self.wake.wake_with(wake)
 
     # -- producer / operator side --------------------------------------------------------
     def push(self, tasks: Sequence[Task]) -> list[str]:
@@ -268,5 +285,8 @@ class PostgresBackend(BackendBase):
         return PostgresAdmin(self)
 
     def close(self) -> None:
+        if self.wake is not None:  # pg-wake: the last queue's close ends the listener
+            self.wake.close()
+            self.wake = None
         self.db.close()
 

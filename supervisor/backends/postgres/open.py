@@ -12,6 +12,7 @@ from ...core.settings import Settings
 from .backend import PostgresBackend
 from .connect import open_pools
 from .db import Database
+from .listener import queue_wake
 from .schema import check_schema
 
 
@@ -24,10 +25,17 @@ def open_postgres(settings: Settings, for_ctl: bool = False,
         db = Database(pools, settings.postgres_schema)
         with db.main("schema check") as conn:
             check_schema(conn, settings.postgres_schema, create, settings.postgres_url)
-        return PostgresBackend(db, settings.queue, settings.worker_id,
-                               retention=settings.retention,
-                               reaper_interval=settings.reaper_interval,
-                               serve=not for_ctl)
+        # pg-wake: a worker listens for pushes; jobq-ctl never
+        wake = None if for_ctl else queue_wake(settings)
+        try:
+            return PostgresBackend(db, settings.queue, settings.worker_id,
+                                   retention=settings.retention,
+                                   reaper_interval=settings.reaper_interval,
+                                   serve=not for_ctl, wake=wake)
+        except BaseException:
+            if wake is not None:
+                wake.close()
+            raise
     except BaseException:
         pools.close()
         raise

@@ -1,0 +1,141 @@
+"""The wake-up listener (supervisor/backends/postgres/listener.py) on a real server: a NOTIFY
+sets its queue's flag, a restart is reconnected and counts as a change, closing it ends its
+thread and its connection, and the queues of one worker share one listener."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from supervisor.backends.postgres import listener as listener_mod
+from supervisor.backends.postgres.connect import APP_WORKER, connect, one_line
+from supervisor.backends.postgres.listener import WakeListener
+
+CHANNEL = "jobq.wake"
+
+
+def make(url: str) -> WakeListener:
+    return WakeListener(lambda: connect(url, application_name=APP_WORKER), CHANNEL,
+                        describe=lambda exc: one_line(exc, url))
+
+
+def notify(url: str, queue: str, channel: str = CHANNEL) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_notify(%s, %s)", (channel, queue))
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def listening_backends(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
+            "query LIKE 'LISTEN %%' AND pid <> pg_backend_pid()").fetchone()[0]
+
+
+@pytest.fixture
+def listener(pg_url):
+    lst = make(pg_url)
+    lst.watch("q")
+    lst.start()
+    try:
+        assert lst.listening.wait(10)
+        assert lst.changed("q")  # the first LISTEN counts as a change
+        yield lst
+    finally:
+        lst.close()
+
+
+def test_a_notify_sets_its_queues_flag_once(pg_url, listener):
+    assert not listener.changed("q")
+    notify(pg_url, "other")  # a queue this worker does not serve: no flag, nothing kept
+    notify(pg_url, "q")
+    assert wait_for(lambda: listener.changed("q"), 5)
+    assert not listener.changed("q")  # taken
+    assert not listener.changed("other")
+    notify(pg_url, "q", channel="otherschema.wake")  # another schema's channel
+    time.sleep(0.2)
+    assert not listener.changed("q")
+
+
+def test_notify_reaches_the_flag_fast(pg_url, listener):
+    """From the NOTIFY's commit to the flag: well under the main loop's 100 ms probe."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        delays = []
+        for _ in range(20):
+            t0 = time.monotonic()
+            conn.execute("SELECT pg_notify(%s, 'q')", (CHANNEL,))
+            assert wait_for(lambda: listener.changed("q"), 5)
+            delays.append(time.monotonic() - t0)
+    delays.sort()
+    print(f"NOTIFY -> flag: median {delays[10] * 1000:.2f} ms, max {delays[-1] * 1000:.2f} ms")
+    assert delays[10] < 0.05
+
+
+def test_after_a_server_restart_it_listens_again_and_counts_that_as_a_change(
+        pg_server, pg_url, listener, caplog):
+    assert listener.connects == 1
+    pg_server.restart()
+    assert wait_for(lambda: listener.connects == 2, 30), "the listener did not reconnect"
+    assert listener.changed("q")  # a NOTIFY may have been lost meanwhile
+    notify(pg_url, "q")
+    assert wait_for(lambda: listener.changed("q"), 5)
+    assert "pg-test-s3cret" not in caplog.text
+
+
+def test_a_server_down_for_a_while_is_retried_with_back_off(pg_server, pg_url, listener,
+                                                            caplog):
+    pg_server.stop()
+    assert wait_for(lambda: not listener.listening.is_set(), 10)
+    time.sleep(2.0)
+    assert not listener.changed("q")  # down: the probe says nothing new, the poll goes on
+    pg_server.start()
+    assert wait_for(lambda: listener.listening.is_set(), 30)
+    assert listener.changed("q")
+    assert "PostgreSQL wake-up listener unavailable" in caplog.text
+    assert "pg-test-s3cret" not in caplog.text
+
+
+def test_close_ends_the_thread_and_the_connection_at_once(pg_url):
+    lst = make(pg_url)
+    lst.watch("q")
+    lst.start()
+    assert lst.listening.wait(10)
+    assert listening_backends(pg_url) == 1
+    t0 = time.monotonic()
+    lst.close()
+    assert time.monotonic() - t0 < 1.0
+    assert not any(t.name == "pg-wake-listener" and t.is_alive()
+                   for t in threading.enumerate())
+    assert wait_for(lambda: listening_backends(pg_url) == 0, 5)
+
+
+def test_the_queues_of_a_worker_share_one_listener(pg_url):
+    key = (pg_url, CHANNEL)
+    first = listener_mod.acquire(key, "a", lambda: make(pg_url))
+    try:
+        second = listener_mod.acquire(key, "b", lambda: make(pg_url))
+        assert second is first
+        assert first.listening.wait(10)
+        assert listening_backends(pg_url) == 1
+        first.changed("a"), first.changed("b")
+        notify(pg_url, "b")
+        assert wait_for(lambda: first.changed("b"), 5)
+        assert not first.changed("a")
+        listener_mod.release(key, "a")
+        assert first.listening.is_set()  # b still listens
+    finally:
+        listener_mod.release(key, "a")
+        listener_mod.release(key, "b")
+    assert key not in listener_mod._shared
+    assert wait_for(lambda: listening_backends(pg_url) == 0, 5)
