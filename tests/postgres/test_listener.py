@@ -139,3 +139,27 @@ def test_the_queues_of_a_worker_share_one_listener(pg_url):
         listener_mod.release(key, "b")
     assert key not in listener_mod._shared
     assert wait_for(lambda: listening_backends(pg_url) == 0, 5)
+
+
+def test_a_worker_listens_and_jobq_ctl_or_notify_off_never_does(pg_url, close_at_end):
+    """A worker's backend probes for changes through the listener and a push wakes it;
+    ``jobq-ctl`` (for_ctl) and ``--postgres-notify off`` open no LISTEN connection and have
+    no change probe (poll only)."""
+    from supervisor.core.task import Task
+    from tests.postgres.queue import open_queue
+
+    ctl = close_at_end(open_queue(pg_url, "q", for_ctl=True))
+    off = close_at_end(open_queue(pg_url, "q", "w2", postgres_notify="off"))
+    assert not ctl.change_probe and not off.change_probe
+    assert listening_backends(pg_url) == 0
+    worker = close_at_end(open_queue(pg_url, "q", "w1"))
+    woken = threading.Event()
+    worker.wake_with(woken.set)
+    assert worker.change_probe
+    assert wait_for(lambda: listening_backends(pg_url) == 1)
+    assert wait_for(worker.changed)  # the first LISTEN
+    woken.clear()
+    ctl.push([Task(cmd="true")])
+    assert woken.wait(5) and worker.changed() and not worker.changed()
+    worker.close()
+    assert wait_for(lambda: listening_backends(pg_url) == 0, 5)
