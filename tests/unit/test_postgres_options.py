@@ -62,3 +62,11 @@ def test_bad_schema_name_is_one_line_exit_2(name: str, capsys) -> None:
 def test_bad_notify_mode_is_exit_2(capsys) -> None:
     assert ctl_main(["--backend", "postgres", "--postgres-notify", "maybe", "size"]) == 2
     assert "--postgres-notify" in capsys.readouterr().err
+
+
+def test_options_also_after_the_ctl_sub_command(capsys) -> None:
+    """jobq-ctl takes the backend options before or after the sub-command: --print needs no
+    server, and shows the schema given after ``migrate``."""
+    assert ctl_main(["migrate", "--backend", "postgres", "--postgres-schema", "other",
+                     "--print"]) == 0
+    assert 'CREATE SCHEMA IF NOT EXISTS "other"' in capsys.readouterr().out
