@@ -77,9 +77,9 @@ def worker_parser() -> _Parser:
                ("--renew-before", "renew at the latest this long before the lock ends"),
                ("--reaper-interval", "stale-lock reaper period (also of the purge of "
                 "succeeded tasks; default sqlite 300s, postgres 10s); 0 disables both"),
-               ("--retention", "SQLite: succeeded tasks older than this are purged (default "
-                "7d, as --task-output-retention; 0 keeps them for ever); failed and "
-                "cancelled tasks are kept"),
+               ("--retention", "SQLite, PostgreSQL: succeeded tasks older than this are "
+                "purged (default 7d, as --task-output-retention; 0 keeps them for ever); "
+                "failed and cancelled tasks are kept"),
                ("--stale-lock-age",
                 "reap running jobs whose lock expired this long ago (default sqlite: "
                 "the lock, postgres 0)"),

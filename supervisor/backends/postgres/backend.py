@@ -74,6 +74,7 @@ class PostgresBackend(BackendBase):
         self.owner = f"{worker_id}#{START_NONCE}"
         self.jobs = db.tables.jobs
         self.queues_table = db.tables.queues
+        self.location = db.location
         self.clock: Callable[[], float] = time.monotonic  # the schedule (tests inject one)
         self.wall: Callable[[], float] = time.time
         self.purger = purger(self, retention, reaper_interval)
@@ -287,9 +288,9 @@ class PostgresBackend(BackendBase):
         names = [n for (n,) in self._query(f"SELECT name FROM {self.queues_table} UNION "
                                            f"SELECT DISTINCT queue FROM {self.jobs} ORDER BY 1")]
         there = f"its queues: {', '.join(names)}" if names else "it has no queue yet"
-        raise QueueNotFound(f"queue {self.queue!r} does not exist in PostgreSQL schema "
-                            f"{self.db.schema} ({there}; a queue exists once a task was pushed "
-                            f"to it or a worker served it)")
+        raise QueueNotFound(f"queue {self.queue!r} does not exist in {self.location} ({there}; "
+                            f"a queue exists once a task was pushed to it or a worker served "
+                            f"it)")
 
     def served_queues(self) -> list[str]:
         return [n for (n,) in self._query(f"SELECT name FROM {self.queues_table} "

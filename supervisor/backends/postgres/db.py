@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..base import BackendError
-from .connect import Pools, PoolTimeout, execute, failure, psycopg
+from .connect import Pools, PoolTimeout, describe, execute, failure, psycopg
 from .schema import Tables, wake_channel
 
 MAIN_WAIT = 5.0  # s the main thread waits for a free connection of its pool
@@ -29,6 +29,8 @@ class Database:
         self.schema = schema
         self.tables = Tables.of(schema)
         self.wake_channel = wake_channel(schema)
+        # for messages: host:port/dbname, never a password
+        self.location = f"PostgreSQL schema {schema} on {describe(pools.url)}"
 
     @contextmanager
     def errors(self, what: str, duplicate: str | None = None) -> Iterator[None]:

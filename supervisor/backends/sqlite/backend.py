@@ -86,6 +86,7 @@ class SqliteBackend(BackendBase):
         BackendError (``jobq-ctl size`` on a mistyped path must not make an empty queue).
         ``serve``: a worker starts on the queue (recorded: backends/sqlite/queues.py)."""
         self.path = path
+        self.location = os.path.abspath(path)
         self.queue = queue
         self.worker_id = worker_id
         self.max_attempts = max_attempts
