@@ -147,3 +147,21 @@ def test_a_worker_listens_and_jobq_ctl_or_notify_off_never_does(pg_url, close_at
     assert woken.wait(5) and worker.changed() and not worker.changed()
     worker.close()
     assert wait_for(lambda: listening_backends(pg_url) == 0, 5)
+
+
+def test_the_worker_is_woken_once_until_it_asks(pg_url, listener):
+    """A worker with no free slot asks no probe: the pushes meanwhile wake it once, not at
+    each one; once it asked, the next push wakes it again."""
+    wakes: list[str] = []
+    listener.watch("z")  # a second queue of the worker: its NOTIFY comes after the five
+    listener.changed("z")
+    listener.wake = lambda: wakes.append("woken")
+    for _ in range(5):
+        notify(pg_url, "q")
+    notify(pg_url, "z")
+    assert wait_for(lambda: listener.changed("z"), 5)  # the five came before it, in order
+    assert wakes == ["woken", "woken"]  # once for q, once for z
+    assert listener.changed("q") and not listener.changed("q")
+    wakes.clear()
+    notify(pg_url, "q")
+    assert wait_for(lambda: wakes == ["woken"], 5)

@@ -123,11 +123,13 @@ class WakeListener:
     # -- the listener thread -----------------------------------------------------------
     def _mark(self, queues: Iterable[str] | None) -> None:
         """Set the flags of ``queues`` (None: of every watched queue) and wake the worker
-        when one of them is watched."""
+        when one of them was not set yet: a busy worker, which asks no probe until a slot
+        is free, is woken once, not at every push."""
         with self._lock:
             marked = self._queues if queues is None else self._queues.intersection(queues)
-            self._changed |= marked
-        if marked:
+            new = marked - self._changed
+            self._changed |= new
+        if new:
             self.wake()
 
     def _run(self) -> None:

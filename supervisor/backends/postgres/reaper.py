@@ -21,8 +21,10 @@ renewing)``, as on SQLite.
 
 Not done in the receive itself: that statement would have to visit every running row of the
 queue on every receive (the index on running rows has no ``locked_until``, and must not, for
-HOT heartbeats), on the hot path of every worker; a pass every few seconds from one worker
-costs the same once.
+HOT heartbeats), on the hot path of every worker.  Measured on the 2-core VM with 20,000
+pending rows: a one-row receive took 0.09 ms with 1,000 or 5,000 running rows beside it, and
+0.42 / 2.31 ms with the rescue folded into it as a CTE; this pass costs 0.49 / 2.43 ms, but
+once every ``--reaper-interval`` instead of at every receive.
 """
 
 from __future__ import annotations
