@@ -8,16 +8,16 @@ database (the queues of a worker share it: ``acquire``/``release``) holds a conn
 own, outside the pools -- psycopg's ``Connection.notifies`` holds the connection's lock while it
 waits -- and one thread, started through core/threads.py, that waits on that connection's
 socket and a pipe (``close`` writes to it, so the thread ends at once).  A notification sets
-the flag of its queue; the backend's ``changed()`` probe, which the idle main loop asks every
-100 ms (worker/loop.py), takes it.  The poll stays the backstop: a flag only brings a receive
-forward.
+the flag of its queue and wakes the idle main loop (``Backend.wake_with``: a WAKE on its event
+queue, worker/loop.py), whose receive then asks the backend's ``changed()`` probe, which takes
+the flag.  The poll stays the backstop: a flag only brings a receive forward.
 
 A connection that breaks (a server restart, a failover, a cut link) is opened and LISTENed
 again with back-off (core/backoff.py), and every flag is set once it is: a NOTIFY sent while
 it was down was lost.  A link that goes silent without breaking is found by a ``SELECT 1``
 after ``PING_EVERY`` seconds without traffic, which the connection's TCP user timeout bounds
-(connect.py: ``CONNECTION_DEFAULTS``).  While it is down, the probe says "nothing new": the worker
-polls, as with ``--postgres-notify off``.
+(connect.py: ``CONNECTION_DEFAULTS``).  While it is down, the probe says "nothing new": the
+worker polls, as with ``--postgres-notify off``.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class WakeListener:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._pipe_open = True
         self._outage = Outage("PostgreSQL wake-up listener", log, clock, backoff_min=0.5,
                               backoff_max=10.0, effect=OUTAGE_EFFECT,
                               recovery="%(store)s listening again after %(failures)d failed "
@@ -106,19 +107,27 @@ class WakeListener:
 
     def close(self) -> None:
         """Stop the thread (it closes its connection) and wait a moment for it."""
+        if self._stop.is_set():
+            return
         self._stop.set()
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:  # the pipe is full: the thread is being woken already
-            pass
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(STOP_WAIT)
-        if self._thread is None or not self._thread.is_alive():
-            for fd in (self._wake_r, self._wake_w):
+        with self._lock:
+            if self._pipe_open:
                 try:
-                    os.close(fd)
-                except OSError:
+                    os.write(self._wake_w, b"x")
+                except OSError:  # the pipe is full: the thread is being woken already
                     pass
+        if self._thread is None:
+            self._close_pipe()
+        elif self._thread is not threading.current_thread():
+            self._thread.join(STOP_WAIT)  # it closes the pipe as it ends
+
+    def _close_pipe(self) -> None:
+        """Once, by whoever ends last: the thread as it ends, or ``close`` without one."""
+        with self._lock:
+            if self._pipe_open:
+                self._pipe_open = False
+                os.close(self._wake_r)
+                os.close(self._wake_w)
 
     # -- the listener thread -----------------------------------------------------------
     def _mark(self, queues: Iterable[str] | None) -> None:
@@ -154,6 +163,7 @@ class WakeListener:
             self.listening.clear()
             if conn is not None:
                 _close_quietly(conn)
+            self._close_pipe()
 
     def _open(self) -> psycopg.Connection | None:
         """A connection that LISTENs, or None after a failure (logged, back-off set)."""
@@ -179,7 +189,7 @@ class WakeListener:
         while not self._stop.is_set():
             left = quiet_since + PING_EVERY - self.clock()
             if left <= 0:
-                conn.execute("SELECT 1")  # a silent link breaks here (LISTEN_OPTIONS)
+                conn.execute("SELECT 1")  # a silent link breaks here (tcp_user_timeout)
                 quiet_since = self.clock()
                 continue
             ready, _, _ = select.select([conn.pgconn.socket, self._wake_r], [], [], left)
