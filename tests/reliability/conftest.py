@@ -1,5 +1,6 @@
-"""Fixtures of the reliability suite: `env` (SQLite) and `sq` (Storage Queue on the session's
-Azurite), like those of tests/conftest.py and tests/azure, but the check that no task process
+"""Fixtures of the reliability suite: `env` (SQLite), `sq` (Storage Queue on the session's
+Azurite) and `pg` (a database of its own on the session's PostgreSQL server), like those of
+tests/conftest.py, tests/azure and tests/postgres, but the check that no task process
 survived only looks at this test's own tasks: every supervisor started through them carries
 JOBQ_RELIABILITY_RUN=<id> in its environment, which its tasks inherit.  (The machine may run
 other suites at the same time; their tasks are none of our business.)"""
@@ -16,6 +17,7 @@ import pytest
 
 from tests.azure_envs import SqEnv
 from tests.conftest import Env, Supervisor, processes_by_environment, wait_for
+from tests.postgres.pg_env import PgEnv
 
 RUN_VAR = "JOBQ_RELIABILITY_RUN"
 
@@ -38,6 +40,12 @@ class RelEnv(_Scoped, Env):
 class RelSqEnv(_Scoped, SqEnv):
     def __init__(self, tmp: Path, port: int, queue: str, run_id: str) -> None:
         super().__init__(tmp, port, queue)
+        self.run_id = run_id
+
+
+class RelPgEnv(_Scoped, PgEnv):
+    def __init__(self, tmp: Path, server, url: str, run_id: str) -> None:
+        super().__init__(tmp, server, url)
         self.run_id = run_id
 
 
@@ -88,6 +96,14 @@ def env(tmp_path, run_id):
 def sq(tmp_path, azurite, queue_name, run_id):
     e = RelSqEnv(tmp_path, azurite.port, queue_name, run_id)
     e.ctl("clear")  # creates the queue and its -failed twin (size no longer does)
+    yield e
+    e.cleanup()
+    assert_no_survivors(run_id)
+
+
+@pytest.fixture
+def pg(tmp_path, pg_server, pg_url, run_id):
+    e = RelPgEnv(tmp_path, pg_server, pg_url, run_id)
     yield e
     e.cleanup()
     assert_no_survivors(run_id)
