@@ -17,7 +17,8 @@ import pytest
 
 from tests.azure_envs import SqEnv
 from tests.conftest import Env, Supervisor, processes_by_environment, wait_for
-from tests.postgres.pg_env import PgEnv
+from tests.postgres.env import PgEnv
+from tests.postgres.faults import through
 
 RUN_VAR = "JOBQ_RELIABILITY_RUN"
 
@@ -44,9 +45,19 @@ class RelSqEnv(_Scoped, SqEnv):
 
 
 class RelPgEnv(_Scoped, PgEnv):
+    """PgEnv, and the server (for its faults); a supervisor may talk to it through a
+    FaultProxy's port (``via_port``), as SqEnv's may."""
+
     def __init__(self, tmp: Path, server, url: str, run_id: str) -> None:
-        super().__init__(tmp, server, url)
+        super().__init__(tmp, url)
+        self.server = server
         self.run_id = run_id
+
+    def supervisor(self, *args: str, env: dict[str, str] | None = None,
+                   via_port: int | None = None, **kw) -> Supervisor:
+        full = {"JOBQ_POSTGRES_URL": through(self.url, via_port)} if via_port else {}
+        full.update(env or {})
+        return super().supervisor(*args, env=full, **kw)
 
 
 def run_processes(run_id: str) -> list[psutil.Process]:
