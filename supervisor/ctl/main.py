@@ -136,8 +136,9 @@ def ctl_parser() -> _Parser:
                     help="with --all-failed: the cancelled tasks too")
     cl = cmd("clear", "delete pending tasks (or, with --failed, failed ones)")
     cl.add_argument("--failed", action="store_true", help="delete failed tasks instead")
-    pr = cmd("prune", "SQLite: delete succeeded tasks older than --retention now (workers do "
-                      "it every --reaper-interval); failed and cancelled tasks are kept")
+    pr = cmd("prune", "SQLite, PostgreSQL: delete succeeded tasks older than --retention now "
+                      "(workers do it every --reaper-interval); failed and cancelled tasks are "
+                      "kept")
     pr.add_argument("--older-than", type=_duration, default=None, metavar="DURATION",
                     help="this age instead of --retention (e.g. 1d, 12h; 0: every succeeded "
                          "task)")

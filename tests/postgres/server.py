@@ -95,7 +95,11 @@ class PgServer:
         self.log_path = self.root / "server.log"
         self.port = 0
         self._as_postgres = os.geteuid() == 0
-        self._initdb()
+        try:
+            self._initdb()
+        except BaseException:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
 
     # -- running the server's own programs ---------------------------------------------
     def _run(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:

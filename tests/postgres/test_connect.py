@@ -136,6 +136,24 @@ def test_two_pools_renewals_do_not_wait_behind_the_main_pool(pg_server, pg_url) 
     assert pools.main.closed and pools.lease.closed
 
 
+def test_pool_connections_break_within_a_renew_interval(pg_url) -> None:
+    """tcp_user_timeout: min(30 s, the renew interval), so a renewal sent into a black-holed
+    link fails in time for its retry; a URL's own value wins."""
+    import psycopg.conninfo
+
+    def user_timeout(pools: pg.Pools) -> str:
+        return psycopg.conninfo.conninfo_to_dict(pools.main.conninfo)["tcp_user_timeout"]
+
+    for settings, expected in ((_settings(pg_url), "30000"),  # lock 300 s: renew every 100 s
+                               (_settings(pg_url, lock_duration=30.0), "10000"),
+                               (_settings(pg_url + "?tcp_user_timeout=5000"), "5000")):
+        pools = pg.open_pools(settings, for_ctl=True)
+        try:
+            assert user_timeout(pools) == expected
+        finally:
+            pools.close()
+
+
 def test_ctl_pools_and_notify_off(pg_url) -> None:
     pools = pg.open_pools(_settings(pg_url, postgres_notify="off"), for_ctl=True)
     try:

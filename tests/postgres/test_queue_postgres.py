@@ -120,3 +120,38 @@ def test_a_renewal_is_a_hot_update(pg_url: str, close_at_end) -> None:
     assert after[1] - before[1] == renewals, (before, after)
     for lease in leases:
         lease.complete()
+
+
+def test_a_poison_body_is_a_lease_without_a_task(pg_url: str, close_at_end) -> None:
+    backend = close_at_end(open_queue(pg_url, "jobs", "w1"))
+    backend.push_raw("not json at all", "poison-1")
+    (lease,) = backend.receive(5, 30.0)
+    assert lease.task is None and lease.format_error and "not JSON" in lease.format_error
+    assert (lease.message_id, lease.raw_body, lease.attempt) == ("poison-1", "not json at all", 1)
+    lease.dead_letter(f"bad message: {lease.format_error}", lease.raw_body)
+    (record,) = backend.failed()
+    assert (record.id, record.command, record.body) == ("poison-1", "", "not json at all")
+
+
+def test_retention_purges_old_succeeded_tasks_only(pg_url: str, close_at_end) -> None:
+    """The worker's maintenance pass deletes the tasks that succeeded more than --retention
+    ago, in batches; failed and recent ones stay; jobq-ctl prune does the same at once."""
+    from tests.fakes.clock import FakeClock
+
+    backend = close_at_end(open_queue(pg_url, "jobs", "w1", retention=7 * 86400.0))
+    backend.clock = FakeClock(1000.0)
+    tasks = [Task(cmd=f"echo {i}") for i in range(5)]
+    backend.push(tasks)
+    leases = {le.message_id: le for le in backend.receive(5, 30.0)}
+    for task in tasks[:4]:
+        leases[task.id].complete()
+    leases[tasks[4].id].dead_letter("failed", "")
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # three of them, and the failed
+        conn.execute("UPDATE jobq.jobs SET ended_at = now() - interval '8 days' "
+                     "WHERE id = ANY(%s)", ([t.id for t in tasks[:3]] + [tasks[4].id],))
+    backend.maintenance()
+    left = backend.admin().task_states([t.id for t in tasks])
+    assert left == {tasks[3].id: "succeeded", tasks[4].id: "failed"}
+    backend.maintenance()  # not due again before --reaper-interval
+    assert backend.prune_succeeded(backend.wall() + 1) == 1
+    assert backend.admin().task_states([t.id for t in tasks]) == {tasks[4].id: "failed"}

@@ -56,6 +56,7 @@ CONNECT_TIMEOUT = 10  # s: libpq's connect_timeout unless the URL sets one
 # connection, a pooled one) learns of a dead server in idle + interval * count seconds.
 CONNECTION_DEFAULTS = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10",
                        "keepalives_count": "3", "tcp_user_timeout": "30000"}
+USER_TIMEOUT = 30.0  # s: the default tcp_user_timeout, the longest the pools use
 MAIN_POOL_MAX = 4  # main thread's receive/push + the reaper + an admin query at once
 POOL_CLOSE_TIMEOUT = 5.0  # s: pool.close waits this long for its threads
 
@@ -107,10 +108,11 @@ for _name in ("psycopg", "psycopg.pool"):
 
 
 # -- connection strings --------------------------------------------------------------------
-def conninfo(url: str | None, application_name: str) -> str:
+def conninfo(url: str | None, application_name: str, user_timeout: float | None = None) -> str:
     """The libpq connection string: ``url`` (None or empty: libpq's ``PG*`` variables and
-    ``~/.pgpass``) with our defaults where it sets none.  A string libpq cannot parse is a
-    BackendConfigError naming ``--postgres-url`` (redacted)."""
+    ``~/.pgpass``) with our defaults where it sets none; ``user_timeout`` (s) instead of the
+    default ``tcp_user_timeout``.  A string libpq cannot parse is a BackendConfigError naming
+    ``--postgres-url`` (redacted)."""
     try:
         given = psycopg.conninfo.conninfo_to_dict(url or "")
     except psycopg.Error as exc:
@@ -118,6 +120,8 @@ def conninfo(url: str | None, application_name: str) -> str:
             f"--postgres-url: not a libpq connection string: {one_line(exc, url)}") from None
     defaults: dict[str, Any] = {"application_name": application_name,
                                 "connect_timeout": str(CONNECT_TIMEOUT), **CONNECTION_DEFAULTS}
+    if user_timeout is not None:
+        defaults["tcp_user_timeout"] = str(max(1000, int(user_timeout * 1000)))
     extra = {k: v for k, v in defaults.items() if k not in given and _env_unset(k)}
     try:
         return psycopg.conninfo.make_conninfo(url or "", **extra)
@@ -191,12 +195,16 @@ def open_pools(settings: Settings, *, for_ctl: bool) -> Pools:
     worker (exit 2), BackendError for jobq-ctl (exit 1).  The lease pool holds up to
     ``--num-workers`` connections (one per running task at worst; idle ones close after 10
     minutes) and checks a connection before lending it: after a server restart a renewal
-    gets a live one instead of spending its try on a dead one."""
+    gets a live one instead of spending its try on a dead one.  The pools' connections break
+    after ``tcp_user_timeout`` = min(30 s, renew interval) of unacknowledged data (unless the
+    URL sets it)."""
     app = APP_CTL if for_ctl else APP_WORKER
     prepare = settings.postgres_notify == "on"
     url = settings.postgres_url
     connect(url, application_name=app, prepare=prepare, fatal=not for_ctl).close()
-    info = conninfo(url, app)
+    # A renewal sent into a black-holed link breaks within one renew interval (at most the
+    # default 30 s), so that its retry still comes before the lease deadline.
+    info = conninfo(url, app, user_timeout=min(USER_TIMEOUT, settings.renew_every))
     kwargs: dict[str, Any] = {"autocommit": True}
     if not prepare:
         kwargs["prepare_threshold"] = None
