@@ -109,10 +109,15 @@ class LeaseLog:
         value: datetime = row[0]
         return value.timestamp()
 
+    def times(self, task_id: str, attempt: int) -> list[float]:
+        """When (epoch s, the database's clock) that attempt's lease was set while running:
+        the receive, then each renewal."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT EXTRACT(EPOCH FROM at) FROM public.test_lease_log WHERE id=%s AND "
+                "attempt=%s AND state='running' ORDER BY at", (task_id, attempt)).fetchall()
+        return [float(r[0]) for r in rows]
+
     def renewals(self, task_id: str, attempt: int) -> int:
         """How many times that attempt's lease was set while running (the receive included)."""
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM public.test_lease_log WHERE id=%s AND attempt=%s "
-                "AND state='running'", (task_id, attempt)).fetchone()
-        return int(row[0]) if row else 0
+        return len(self.times(task_id, attempt))
