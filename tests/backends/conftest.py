@@ -164,9 +164,7 @@ def postgres_kit(pg_url: str, close_at_end) -> Kit:
     return Kit("postgres", make, Traits(peek_shows_held=True, size_counts_leased=False,
                                         clear_takes_leased=False, lists_running=True,
                                         message_id_is_task_id=True),
-               lapse=lambda: None,
-               bugs={"lapsed-lease-return": "no expired-lease pass in PostgresBackend.passes "
-                     "yet: a lapsed lease stays running"})
+               lapse=lambda: None)  # pg-wake: the reaper's pass takes a lapsed lease back
 
 
 KITS = ["sqlite_kit",
