@@ -48,7 +48,7 @@ def open_backend(settings: Settings, for_ctl: bool = False, create: bool = True,
             settings.worker_id,
             max_attempts=settings.max_attempts,
             stale_lock_age=settings.stale_age,
-            reaper_interval=settings.reaper_interval,
+            reaper_interval=settings.reaper_every,
             busy_timeout=CTL_BUSY_TIMEOUT if for_ctl else MAIN_BUSY_TIMEOUT,
             create=create,
             serve=not for_ctl,  # a worker starts on the queue (backends/sqlite/queues.py)

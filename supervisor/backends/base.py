@@ -13,7 +13,7 @@ Every backend maps its SDK's errors onto these:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -256,6 +256,13 @@ class Backend(Protocol):
         when ``change_probe``)."""
         ...
 
+    def wake_with(self, wake: Callable[[], None]) -> None:
+        """From now on call ``wake`` (from any thread) when ``changed`` turns true on a thread
+        of the backend's own (PostgreSQL: a NOTIFY heard by its listener), so that the idle
+        main loop looks at once instead of at its next probe (main thread, before the first
+        receive; only when ``change_probe``)."""
+        ...
+
     def quick_writes(self) -> contextlib.AbstractContextManager[None]:
         """A block in which the calling thread's lease writes must not wait for the backend
         (main thread; only entered when ``quick_settle``)."""
@@ -323,6 +330,9 @@ class BackendBase:
     def changed(self) -> bool:
         """Without a probe the answer is always "maybe" (never asked: ``change_probe``)."""
         return True
+
+    def wake_with(self, wake: Callable[[], None]) -> None:
+        """A probe that learns of news only when asked (SQLite) has nobody to wake."""
 
     def quick_writes(self) -> contextlib.AbstractContextManager[None]:
         """Without quick writes a block is just a block (never entered: ``quick_settle``)."""

@@ -136,6 +136,10 @@ class MultiQueueBackend(BackendBase):
         """Any queue's probe says maybe; every probe is asked, so each forgets what it saw."""
         return any([b.changed() for b in self.backends.values()])
 
+    def wake_with(self, wake: Callable[[], None]) -> None:
+        for b in self.backends.values():
+            b.wake_with(wake)
+
     @contextlib.contextmanager
     def quick_writes(self) -> Iterator[None]:
         """Every queue's quick-writes block (a lease writes through its own queue's)."""

@@ -47,6 +47,13 @@ LOCK_DEFAULTS: dict[str, tuple[float, float | None]] = {
     "postgres": (300.0, None),
 }
 
+# Per-backend defaults of the stale-lock reaper: (--reaper-interval, --stale-lock-age or None
+# = the lock duration).  PostgreSQL: a dead host's lease comes back within ~10 s of its
+# lock's end (backends/postgres/reaper.py); the others: a pass every 5 minutes, a lock
+# expired by its own length.
+REAPER_DEFAULTS: dict[str, tuple[float, float | None]] = {"postgres": (10.0, 0.0)}
+REAPER_DEFAULT: tuple[float, float | None] = (300.0, None)
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -105,9 +112,9 @@ class Settings:
     lock_duration: float | None = None  # None: the backend's default
     renew_interval: float | None = None  # None: the backend's default
     renew_before: float = 10.0
-    reaper_interval: float = 300.0
+    reaper_interval: float | None = None  # None: the backend's (REAPER_DEFAULTS)
     retention: float = 7 * 86_400.0  # s a succeeded task stays in the SQLite queue; 0: for ever
-    stale_lock_age: float | None = None  # None: the lock duration
+    stale_lock_age: float | None = None  # None: the backend's (REAPER_DEFAULTS)
     kill_timeout: float = 600.0
     lock_lost_behavior: str = "sigkill"
     max_attempts: int = 5
@@ -192,7 +199,18 @@ class Settings:
 
     @property
     def stale_age(self) -> float:
-        return self.stale_lock_age if self.stale_lock_age is not None else self.lock
+        if self.stale_lock_age is not None:
+            return self.stale_lock_age
+        default = REAPER_DEFAULTS.get(self.backend, REAPER_DEFAULT)[1]
+        return default if default is not None else self.lock
+
+    @property
+    def reaper_every(self) -> float:
+        """Seconds between stale-lock reaper passes (0: none): the flag, else the backend's
+        default."""
+        if self.reaper_interval is not None:
+            return self.reaper_interval
+        return REAPER_DEFAULTS.get(self.backend, REAPER_DEFAULT)[0]
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> Settings:
@@ -250,7 +268,7 @@ class Settings:
             )
         for name in ("reaper_interval", "retention", "kill_timeout", "retry_delay",
                      "retry_delay_max", "renew_before"):
-            if getattr(self, name) < 0:
+            if (getattr(self, name) or 0) < 0:
                 raise bad(name.replace("_", "-"), "must not be negative")
         if self.stale_lock_age is not None and self.stale_lock_age < 0:
             raise bad("stale-lock-age", "must not be negative")

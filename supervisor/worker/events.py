@@ -9,7 +9,8 @@
   resumed, or a drain/stop command for this worker.  A cancel does not come through here: the
   control thread sets it on the task and wakes the watchdog, as a lost lock does.
 * ``Wake`` -- nothing to hand over, only "look again now": a task's output reached EOF (the
-  output pump thread, via the launcher).
+  output pump thread, via the launcher); the backend heard of new work (PostgreSQL's
+  listener thread, through ``Backend.wake_with``).
 
 A lost lock does not come through here: the keeper wakes the watchdog, which kills the task;
 the main loop hears of the exit as a SIGCHLD and reaps it.

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Union
 
 from ..backends.base import Backend, BackendConfigError, BackendError
 from ..core.settings import EXIT_TASKS_FAILED, Settings
-from .events import ControlRequest, Event, ScheduledEventChanged, TaskStart
+from .events import WAKE, ControlRequest, Event, ScheduledEventChanged, TaskStart
 from .keeper import LeaseKeeper
 from .launch import Launcher
 from .lifecycle import Lifecycle, State
@@ -75,8 +75,12 @@ class Worker:
         self.lifeline: Lifeline | None = None
         self.output_pump = OutputPump.for_worker(settings)  # and the output-store thread
         self.next_lifeline_flush = clock()
-        # A cheap "anything new?" probe lets an idle worker start pushed work at once.
+        # A cheap "anything new?" probe lets an idle worker start pushed work at once; a
+        # backend that hears of news on a thread of its own (PostgreSQL's LISTEN) also ends
+        # the wait then, instead of at the next probe.
         self.change_probe = backend.change_probe
+        if self.change_probe:
+            backend.wake_with(lambda: self.events.put(WAKE))
         self.watchdog = Watchdog(kill_timeout=settings.kill_timeout,
                                  lock_lost_behavior=settings.lock_lost_behavior, clock=clock,
                                  exclude_pids=self._helper_pids)

@@ -75,13 +75,14 @@ def worker_parser() -> _Parser:
                    help=f"seconds between lease renewals ({_per_backend(1, 'lock/3')})")
     _durations(p,
                ("--renew-before", "renew at the latest this long before the lock ends"),
-               ("--reaper-interval", "SQLite stale-lock reaper period (also of the purge of "
-                "succeeded tasks); 0 disables both"),
+               ("--reaper-interval", "stale-lock reaper period (also of the purge of "
+                "succeeded tasks; default sqlite 300s, postgres 10s); 0 disables both"),
                ("--retention", "SQLite, PostgreSQL: succeeded tasks older than this are "
                 "purged (default 7d, as --task-output-retention; 0 keeps them for ever); "
                 "failed and cancelled tasks are kept"),
                ("--stale-lock-age",
-                "reap running jobs whose lock expired this long ago (default: lock)"),
+                "reap running jobs whose lock expired this long ago (default sqlite: "
+                "the lock, postgres 0)"),
                ("--kill-timeout", "SIGTERM to SIGKILL escalation delay; 0 never escalates"))
     p.add_argument("--lock-lost-behavior", choices=LOCK_LOST_BEHAVIORS,
                    help="signal sent to a task whose lease is lost")

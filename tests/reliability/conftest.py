@@ -1,5 +1,6 @@
-"""Fixtures of the reliability suite: `env` (SQLite) and `sq` (Storage Queue on the session's
-Azurite), like those of tests/conftest.py and tests/azure, but the check that no task process
+"""Fixtures of the reliability suite: `env` (SQLite), `sq` (Storage Queue on the session's
+Azurite) and `pg` (a database of its own on the session's PostgreSQL server), like those of
+tests/conftest.py, tests/azure and tests/postgres, but the check that no task process
 survived only looks at this test's own tasks: every supervisor started through them carries
 JOBQ_RELIABILITY_RUN=<id> in its environment, which its tasks inherit.  (The machine may run
 other suites at the same time; their tasks are none of our business.)"""
@@ -16,6 +17,8 @@ import pytest
 
 from tests.azure_envs import SqEnv
 from tests.conftest import Env, Supervisor, processes_by_environment, wait_for
+from tests.postgres.env import PgEnv
+from tests.postgres.faults import through
 
 RUN_VAR = "JOBQ_RELIABILITY_RUN"
 
@@ -39,6 +42,22 @@ class RelSqEnv(_Scoped, SqEnv):
     def __init__(self, tmp: Path, port: int, queue: str, run_id: str) -> None:
         super().__init__(tmp, port, queue)
         self.run_id = run_id
+
+
+class RelPgEnv(_Scoped, PgEnv):
+    """PgEnv, and the server (for its faults); a supervisor may talk to it through a
+    FaultProxy's port (``via_port``), as SqEnv's may."""
+
+    def __init__(self, tmp: Path, server, url: str, run_id: str) -> None:
+        super().__init__(tmp, url)
+        self.server = server
+        self.run_id = run_id
+
+    def supervisor(self, *args: str, env: dict[str, str] | None = None,
+                   via_port: int | None = None, **kw) -> Supervisor:
+        full = {"JOBQ_POSTGRES_URL": through(self.url, via_port)} if via_port else {}
+        full.update(env or {})
+        return super().supervisor(*args, env=full, **kw)
 
 
 def run_processes(run_id: str) -> list[psutil.Process]:
@@ -88,6 +107,14 @@ def env(tmp_path, run_id):
 def sq(tmp_path, azurite, queue_name, run_id):
     e = RelSqEnv(tmp_path, azurite.port, queue_name, run_id)
     e.ctl("clear")  # creates the queue and its -failed twin (size no longer does)
+    yield e
+    e.cleanup()
+    assert_no_survivors(run_id)
+
+
+@pytest.fixture
+def pg(tmp_path, pg_server, pg_url, run_id):
+    e = RelPgEnv(tmp_path, pg_server, pg_url, run_id)
     yield e
     e.cleanup()
     assert_no_survivors(run_id)

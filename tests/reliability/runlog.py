@@ -8,6 +8,7 @@ shell pid); its last line is its last sign of life.
 from __future__ import annotations
 
 import re
+import signal
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from pathlib import Path
 import psutil
 
 from tests.conftest import Supervisor, marked_processes, wait_for
+from tests.integration.helpers import death_time
 
 LOCK_LOSS = re.compile(r"\[([^\]|]+)\] (?:lock lost|finished after lock loss)")
 
@@ -153,3 +155,21 @@ def assert_nothing_left(lifelines: list[Lifeline], timeout: float = 15.0) -> Non
     assert not left, f"task processes alive after their supervisors: {left}"
     stuck = [ll.proc.pid for ll in lifelines if not gone(ll.proc)]
     assert not stuck, f"lifeline helpers still running: {stuck}"
+
+
+def sigkill_timed(sup: Supervisor, lifeline: Lifeline, timeout: float = 15.0) -> float:
+    """SIGKILL ``sup``; the seconds from the signal until no task process of it is alive
+    (psutil): those alive before it, polled, then sweeps by its lifeline's marker until one
+    finds none (a process spawned just before the kill counts too).  A sweep that finds none
+    counts as the time it ended: a bound from above."""
+    before = marked_processes(lifeline.token + ":")
+    killed_at = time.time()
+    sup.signal(signal.SIGKILL)
+    assert sup.wait(10) == -signal.SIGKILL
+    assert death_time(before, timeout) is not None, \
+        f"a killed supervisor's tasks lived on: {before}"
+    deadline = time.monotonic() + timeout
+    while marked_processes(lifeline.token + ":"):
+        assert time.monotonic() < deadline, "a killed supervisor's tasks lived on"
+        time.sleep(0.01)
+    return time.time() - killed_at

@@ -316,3 +316,18 @@ def test_cli_connection_string_not_in_repr(monkeypatch: pytest.MonkeyPatch) -> N
     s = parse_worker_settings([])
     assert s.connection_string == "AccountKey=SECRET"
     assert "SECRET" not in repr(s)
+
+
+def test_reaper_defaults_are_per_backend() -> None:
+    """PostgreSQL takes an expired lease back within ~10 s of its lock's end (a pass every
+    10 s, no stale age); SQLite keeps its 5-minute pass and a stale age of one lock; a value
+    given is the value, for every backend."""
+    pg = Settings(backend="postgres")
+    assert (pg.reaper_every, pg.stale_age) == (10.0, 0.0)
+    lite = Settings(backend="sqlite")
+    assert (lite.reaper_every, lite.stale_age) == (300.0, lite.lock)
+    for backend in ("postgres", "sqlite"):
+        given = Settings(backend=backend, reaper_interval=0.0, stale_lock_age=60.0)
+        assert (given.reaper_every, given.stale_age) == (0.0, 60.0)
+    with pytest.raises(SettingsError, match="--reaper-interval"):
+        Settings(backend="postgres", reaper_interval=-1.0).validate()

@@ -29,6 +29,8 @@ from ..common import command_of, held_until
 from .admin import PostgresAdmin, oldest_pending_age
 from .db import Database
 from .lease import PostgresLease
+from .listener import QueueWake
+from .reaper import ExpiredLeaseReaper
 from .retention import purge_all, purger
 
 __all__ = ["PostgresBackend", "PostgresLease", "START_NONCE"]
@@ -60,9 +62,12 @@ class PostgresBackend(BackendBase):
 
     def __init__(self, db: Database, queue: str, worker_id: str, *,
                  retention: float = RETENTION_DEFAULT, reaper_interval: float = 300.0,
-                 serve: bool = False) -> None:
+                 serve: bool = False, reaper: ExpiredLeaseReaper | None = None,
+                 wake: QueueWake | None = None) -> None:
         """A backend on ``db`` (opened, its schema checked: open.py) for ``queue`` (main
-        thread).  ``serve``: a worker starts on the queue (recorded in the queues table)."""
+        thread).  ``serve``: a worker starts on the queue (recorded in the queues table).
+        A worker's: ``reaper``, its expired-lease pass (reaper.py); ``wake``, its share of
+        the LISTEN connection (listener.py; None: ``--postgres-notify off``, poll only)."""
         self.db = db
         self.queue = queue
         self.worker_id = worker_id
@@ -76,6 +81,16 @@ class PostgresBackend(BackendBase):
         # Housekeeping passes in order (maintenance): each is called on the main thread and
         # keeps its own schedule.  The expired-lease reaper goes here too.
         self.passes: list[Callable[[], object]] = [self.purger.maintenance]
+        # pg-wake (reaper.py, listener.py): the expired-lease pass goes first; the change
+        # probe reads the wake-up flag of this queue
+        self.reaper = reaper
+        self._taken_since_receive = False  # the reaper handed leases back since a receive
+        if reaper is not None:
+            self.passes.insert(0, self._reap)
+            # a lease lost here comes back at a pass after its lock's end + the stale age
+            self.lost_lease_return_delay = reaper.stale_age + reaper.interval
+        self.wake = wake
+        self.change_probe = wake is not None
         if serve:
             self._execute(f"INSERT INTO {self.queues_table} (name, first_served) "
                           "VALUES (%s, now()) ON CONFLICT (name) DO UPDATE SET first_served = "
@@ -111,6 +126,7 @@ class PostgresBackend(BackendBase):
             "RETURNING j.id, j.body, j.attempt, EXTRACT(EPOCH FROM j.locked_until - now()), "
             "j.priority, j.run_at",
             (self.queue, max_messages, self.owner, self.worker_id, lock_duration))
+        self._taken_since_receive = False  # pg-wake: what the reaper handed back was seen
         # RETURNING's order is not the claim's: the receive order again
         rows.sort(key=lambda r: (-r[4], r[5], r[0]))
         return [PostgresLease(self, row, self.owner) for row in rows]
@@ -119,6 +135,29 @@ class PostgresBackend(BackendBase):
         """Every housekeeping pass in ``passes``, each on its own schedule (main thread)."""
         for one_pass in self.passes:
             one_pass()
+
+    # pg-wake: the reaper's pass, the change probe, and what --exit-when-empty waits for
+    def _reap(self) -> None:
+        """The expired-lease pass when due (reaper.py) (main thread)."""
+        assert self.reaper is not None
+        if self.reaper.maintenance():
+            self._taken_since_receive = True
+
+    def changed(self) -> bool:
+        """This queue was NOTIFYed, or the listener (re)connected, since the last call (main
+        thread; only with ``change_probe``: a listener)."""
+        return self.wake is None or self.wake.changed()
+
+    def wake_with(self, wake: Callable[[], None]) -> None:
+        """A NOTIFY for this queue wakes the main loop at once (listener.py)."""
+        if self.wake is not None:
+            self.wake.wake_with(wake)
+
+    def leases_coming_back(self) -> bool:
+        """The reaper's last pass failed (expired leases wait for the next one), or it handed
+        leases back after the last receive, which could not see them (main thread)."""
+        return self.reaper is not None and (self.reaper.outage.backoff > 0
+                                            or self._taken_since_receive)
 
     # -- producer / operator side --------------------------------------------------------
     def push(self, tasks: Sequence[Task]) -> list[str]:
@@ -269,5 +308,8 @@ class PostgresBackend(BackendBase):
         return PostgresAdmin(self)
 
     def close(self) -> None:
+        if self.wake is not None:  # pg-wake: the last queue's close ends the listener
+            self.wake.close()
+            self.wake = None
         self.db.close()
 

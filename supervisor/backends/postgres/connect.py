@@ -46,6 +46,8 @@ except ImportError as exc:  # the 'postgres' extra is not installed
         "--backend postgres needs psycopg 3 and psycopg-pool: pip install "
         "'jobq-supervisor[postgres]'") from exc
 
+from .deadlines import DEADLINES  # noqa: E402 (needs psycopg, checked just above)
+
 APP_WORKER = "jobq-supervisor"  # application_name: what pg_stat_activity shows
 APP_CTL = "jobq-ctl"
 CONNECT_TIMEOUT = 10  # s: libpq's connect_timeout unless the URL sets one
@@ -184,6 +186,7 @@ class Pools:
         for pool in (self.lease, self.main):
             if pool is not None and not pool.closed:
                 pool.close(timeout=POOL_CLOSE_TIMEOUT)
+        DEADLINES.stop()
 
 
 def open_pools(settings: Settings, *, for_ctl: bool) -> Pools:
@@ -210,7 +213,7 @@ def open_pools(settings: Settings, *, for_ctl: bool) -> Pools:
                           name="jobq-main", num_workers=1)
     lease = None if for_ctl else ConnectionPool(
         info, kwargs=kwargs, min_size=1, max_size=max(1, settings.num_workers), open=False,
-        name="jobq-lease", num_workers=1, check=ConnectionPool.check_connection)
+        name="jobq-lease", num_workers=1, check=DEADLINES.check)
     pools = Pools(main, lease, url, prepare)
     try:
         with signals_blocked():  # the pools' threads start here and inherit the mask

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..base import BackendError
 from .connect import Pools, PoolTimeout, describe, execute, failure, psycopg
+from .deadlines import DEADLINES
 from .schema import Tables, wake_channel
 
 MAIN_WAIT = 5.0  # s the main thread waits for a free connection of its pool
@@ -63,7 +64,8 @@ class Database:
         if timeout <= 0:
             raise BackendError("PostgreSQL: lease write: no time left for the call")
         pool = self.pools.lease or self.pools.main  # jobq-ctl holds no leases of its own
-        with self.errors("lease write"), pool.connection(timeout=timeout) as conn:
+        with self.errors("lease write"), DEADLINES.within(deadline), \
+                pool.connection(timeout=timeout) as conn, DEADLINES.bounded(conn):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise BackendError("PostgreSQL: lease write: no connection in time")

@@ -12,6 +12,8 @@ from ...core.settings import Settings
 from .backend import PostgresBackend
 from .connect import open_pools
 from .db import Database
+from .listener import queue_wake
+from .reaper import expired_lease_reaper
 from .schema import check_schema
 
 
@@ -24,10 +26,18 @@ def open_postgres(settings: Settings, for_ctl: bool = False,
         db = Database(pools, settings.postgres_schema)
         with db.main("schema check") as conn:
             check_schema(conn, settings.postgres_schema, create, settings.postgres_url)
-        return PostgresBackend(db, settings.queue, settings.worker_id,
-                               retention=settings.retention,
-                               reaper_interval=settings.reaper_interval,
-                               serve=not for_ctl)
+        # pg-wake: a worker rescues expired leases and listens for pushes; jobq-ctl neither
+        reaper = None if for_ctl else expired_lease_reaper(settings, db)
+        wake = None if for_ctl else queue_wake(settings)
+        try:
+            return PostgresBackend(db, settings.queue, settings.worker_id,
+                                   retention=settings.retention,
+                                   reaper_interval=settings.reaper_every,
+                                   serve=not for_ctl, reaper=reaper, wake=wake)
+        except BaseException:
+            if wake is not None:
+                wake.close()
+            raise
     except BaseException:
         pools.close()
         raise

@@ -1,0 +1,143 @@
+"""Client-side deadlines for the lease threads' statements.
+
+A server that hangs -- SIGSTOPped, a host stalled in swap, a link a middlebox black-holes --
+keeps accepting and acknowledging bytes while nothing answers: the statement_timeout the
+server would enforce never fires, libpq's tcp_user_timeout neither, and psycopg waits for
+ever.  A renewal must give up within the time it was given (base.Lease.renew), so each one
+runs ``within`` its deadline: the connection it uses (the pool's check of it included, see
+``check``) is registered while the call lasts, and one watcher thread shuts the socket of a
+call still running at its deadline down.  The call then fails at once (a psycopg
+OperationalError: a BackendError for the keeper, which retries while the lease lasts) and
+the pool discards the broken connection.
+
+Threads: ``within``, ``bounded`` and ``check`` on the lease threads; ``_watch`` on the
+watcher, started with the first bounded call, ended by ``stop`` (when the pools close) or after
+WATCH_IDLE seconds without a call.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from ...core.threads import start_thread
+
+WATCH_IDLE = 60.0  # s without a bounded call before the watcher thread ends
+STOP_WAIT = 2.0  # s ``stop`` waits for the watcher to end
+
+
+class CallDeadlines:
+    """The calls in flight and their deadlines (one for the process: ``DEADLINES``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: dict[int, tuple[float, psycopg.Connection[Any]]] = {}
+        self._cut: set[int] = set()
+        self._keys = itertools.count()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._local = threading.local()
+
+    @contextmanager
+    def within(self, deadline: float) -> Iterator[None]:
+        """The calling thread's ``bounded`` calls in the block end by ``deadline``
+        (time.monotonic())."""
+        self._local.deadline = deadline
+        try:
+            yield
+        finally:
+            self._local.deadline = None
+
+    @contextmanager
+    def bounded(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        """Calls on ``conn`` in the block are cut at the calling thread's deadline
+        (``within``; none: not bounded).  A cut call raises OperationalError saying so."""
+        deadline = getattr(self._local, "deadline", None)
+        if deadline is None:
+            yield
+            return
+        key = next(self._keys)
+        with self._lock:
+            self._calls[key] = (deadline, conn)
+            if self._watcher is None:
+                self._stop.clear()
+                self._watcher = start_thread(self._watch, "jobq-pg-deadlines")
+        self._wake.set()
+        try:
+            yield
+        except psycopg.OperationalError:
+            with self._lock:
+                cut = key in self._cut
+            if cut:
+                raise psycopg.OperationalError(
+                    "no answer from the server in time (it hangs, or the link does)") from None
+            raise
+        finally:
+            with self._lock:
+                self._calls.pop(key, None)
+                self._cut.discard(key)
+
+    def check(self, conn: psycopg.Connection[Any]) -> None:
+        """The lease pool's check of a connection before lending it, bounded like the call
+        that asked for it (that call's thread)."""
+        with self.bounded(conn):
+            ConnectionPool.check_connection(conn)
+
+    def _watch(self) -> None:
+        """Watcher thread: cut the calls past their deadline; end when idle."""
+        idle_since = time.monotonic()
+        while True:
+            self._wake.clear()
+            now = time.monotonic()
+            with self._lock:
+                for key, (deadline, conn) in self._calls.items():
+                    if deadline <= now and key not in self._cut:
+                        # Under the lock: the call cannot end and its connection go to
+                        # another call before the cut.
+                        self._cut.add(key)
+                        _shutdown(conn)
+                pending = [d for k, (d, _) in self._calls.items() if k not in self._cut]
+                if self._calls:
+                    idle_since = now
+                elif self._stop.is_set() or now - idle_since >= WATCH_IDLE:
+                    self._watcher = None
+                    return
+            wait = min(pending, default=now + WATCH_IDLE) - now
+            self._wake.wait(max(0.0, wait))
+
+    def stop(self) -> None:
+        """End the watcher once no call is in flight (a later call starts another); wait
+        for it a moment (the thread that closes the pools)."""
+        with self._lock:
+            watcher = self._watcher
+        if watcher is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        watcher.join(STOP_WAIT)
+
+
+def _shutdown(conn: psycopg.Connection[Any]) -> None:
+    """Shut ``conn``'s socket down both ways (its owner's blocked read returns at once)."""
+    try:
+        fd = os.dup(conn.fileno())
+    except (OSError, psycopg.Error):
+        return  # closed already
+    try:
+        with socket.socket(fileno=fd) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+DEADLINES = CallDeadlines()
