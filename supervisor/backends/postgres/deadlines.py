@@ -44,6 +44,10 @@ class CallDeadlines:
         self._cut: set[int] = set()
         self._keys = itertools.count()
         self._wake = threading.Event()
+        # When the watcher looks next (monotonic; inf: it is not waiting on a deadline).  A
+        # call whose deadline is later needs no wake-up: a thread's calls mostly carry the
+        # same bound, so the watcher wakes about once per bound, not once per statement.
+        self._armed = float("inf")
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._local = threading.local()
@@ -71,8 +75,13 @@ class CallDeadlines:
             self._calls[key] = (deadline, conn)
             if self._watcher is None:
                 self._stop.clear()
+                self._armed = float("inf")
                 self._watcher = start_thread(self._watch, "jobq-pg-deadlines")
-        self._wake.set()
+            wake = deadline < self._armed
+            if wake:
+                self._armed = deadline
+        if wake:
+            self._wake.set()
         try:
             yield
         except psycopg.OperationalError:
@@ -112,7 +121,8 @@ class CallDeadlines:
                 elif self._stop.is_set() or now - idle_since >= WATCH_IDLE:
                     self._watcher = None
                     return
-            wait = min(pending, default=now + WATCH_IDLE) - now
+                self._armed = min(pending, default=float("inf"))
+            wait = min(self._armed, now + WATCH_IDLE) - now
             self._wake.wait(max(0.0, wait))
 
     def stop(self) -> None:
