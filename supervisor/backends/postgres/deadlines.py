@@ -32,6 +32,7 @@ from psycopg_pool import ConnectionPool
 from ...core.threads import start_thread
 
 WATCH_IDLE = 60.0  # s without a bounded call before the watcher thread ends
+TICK = 0.25  # s: the watcher looks at least this often while calls come
 STOP_WAIT = 2.0  # s ``stop`` waits for the watcher to end
 
 
@@ -44,9 +45,9 @@ class CallDeadlines:
         self._cut: set[int] = set()
         self._keys = itertools.count()
         self._wake = threading.Event()
-        # When the watcher looks next (monotonic; inf: it is not waiting on a deadline).  A
-        # call whose deadline is later needs no wake-up: a thread's calls mostly carry the
-        # same bound, so the watcher wakes about once per bound, not once per statement.
+        # When the watcher looks next (monotonic).  A call whose deadline is later needs no
+        # wake-up (Event.set and a thread switch per statement cost the per-task path): the
+        # watcher looks at least every TICK, and calls carry bounds of a second and more.
         self._armed = float("inf")
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -121,8 +122,10 @@ class CallDeadlines:
                 elif self._stop.is_set() or now - idle_since >= WATCH_IDLE:
                     self._watcher = None
                     return
-                self._armed = min(pending, default=float("inf"))
-            wait = min(self._armed, now + WATCH_IDLE) - now
+                # Nothing in flight: look again in a TICK anyway, so that the next calls
+                # (bounds of a second and more) need not wake the watcher either.
+                self._armed = min(pending, default=now + TICK)
+            wait = self._armed - now
             self._wake.wait(max(0.0, wait))
 
     def stop(self) -> None:
