@@ -73,7 +73,10 @@ def test_sigterm_during_a_freeze_reaches_the_task_within_a_second(pg: PgEnv, pg_
     wait_for(lambda: ready_count(out) == 1, 60, what="the task to start")
     procs = freeze(pg_server)
     try:
-        time.sleep(2.5)  # the main loop's receives now hang until they are cut
+        # The first receive into the freeze hangs until it is cut and logs; its retry comes
+        # a second later ("retrying in 1s") and hangs again: the SIGTERM lands in that one.
+        wait_for(lambda: "receive failed" in sup.log(), 30, what=f"a cut receive\n{sup.log()}")
+        time.sleep(1.5)
         t0 = time.time()
         sup.signal(signal.SIGTERM)
         wait_for(lambda: term_times(out), 30, what=f"SIGTERM to the task\n{sup.log()}")
