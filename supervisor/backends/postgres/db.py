@@ -20,6 +20,7 @@ from .deadlines import DEADLINES
 from .schema import Tables, wake_channel
 
 MAIN_WAIT = 5.0  # s the main thread waits for a free connection of its pool
+MAIN_BOUND_MIN = 1.0  # s: the least a worker's main-thread statement is given (a busy server)
 
 
 class Database:
@@ -27,6 +28,11 @@ class Database:
 
     def __init__(self, pools: Pools, schema: str) -> None:
         self.pools = pools
+        # A worker's main-thread calls (receive, maintenance, push) end within this many
+        # seconds, a hung server's too (deadlines.py cuts the socket): the main loop blocks no
+        # longer than one poll interval and acts on its signals.  None (jobq-ctl, the schema
+        # check at start): unbounded.  open.py sets it once the schema is checked.
+        self.main_bound: float | None = None
         self.schema = schema
         self.tables = Tables.of(schema)
         self.wake_channel = wake_channel(schema)
@@ -51,10 +57,24 @@ class Database:
     def main(self, what: str, duplicate: str | None = None
              ) -> Iterator[psycopg.Connection[Any]]:
         """A connection of the main pool (autocommit; ``conn.transaction()`` for more than
-        one statement), its errors mapped as ``errors(what, duplicate)`` does."""
-        with self.errors(what, duplicate), \
-                self.pools.main.connection(timeout=MAIN_WAIT) as conn:
+        one statement), its errors mapped as ``errors(what, duplicate)`` does.  With
+        ``main_bound`` the wait for the connection and every statement in the block end within
+        that many seconds (BackendError; a cut connection leaves the pool)."""
+        bound = self.main_bound
+        if bound is None:
+            with self.errors(what, duplicate), \
+                    self.pools.main.connection(timeout=MAIN_WAIT) as conn:
+                yield conn
+            return
+        with self.errors(what, duplicate), DEADLINES.within(time.monotonic() + bound), \
+                self.pools.main.connection(timeout=min(MAIN_WAIT, bound)) as conn, \
+                DEADLINES.bounded(conn):
             yield conn
+
+    def bound_main(self, poll_interval: float) -> None:
+        """Bound the worker's main-thread calls by one poll interval, at least
+        MAIN_BOUND_MIN (main thread, at start)."""
+        self.main_bound = max(MAIN_BOUND_MIN, poll_interval)
 
     def lease_statement(self, sql: str, args: tuple[Any, ...], timeout: float) -> list[tuple]:
         """Run one statement on the lease pool, giving up within ``timeout`` seconds: the

@@ -32,6 +32,7 @@ from psycopg_pool import ConnectionPool
 from ...core.threads import start_thread
 
 WATCH_IDLE = 60.0  # s without a bounded call before the watcher thread ends
+TICK = 0.25  # s: the watcher looks at least this often while calls come
 STOP_WAIT = 2.0  # s ``stop`` waits for the watcher to end
 
 
@@ -44,6 +45,10 @@ class CallDeadlines:
         self._cut: set[int] = set()
         self._keys = itertools.count()
         self._wake = threading.Event()
+        # When the watcher looks next (monotonic).  A call whose deadline is later needs no
+        # wake-up (Event.set and a thread switch per statement cost the per-task path): the
+        # watcher looks at least every TICK, and calls carry bounds of a second and more.
+        self._armed = float("inf")
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._local = threading.local()
@@ -71,8 +76,13 @@ class CallDeadlines:
             self._calls[key] = (deadline, conn)
             if self._watcher is None:
                 self._stop.clear()
+                self._armed = float("inf")
                 self._watcher = start_thread(self._watch, "jobq-pg-deadlines")
-        self._wake.set()
+            wake = deadline < self._armed
+            if wake:
+                self._armed = deadline
+        if wake:
+            self._wake.set()
         try:
             yield
         except psycopg.OperationalError:
@@ -112,7 +122,10 @@ class CallDeadlines:
                 elif self._stop.is_set() or now - idle_since >= WATCH_IDLE:
                     self._watcher = None
                     return
-            wait = min(pending, default=now + WATCH_IDLE) - now
+                # Nothing in flight: look again in a TICK anyway, so that the next calls
+                # (bounds of a second and more) need not wake the watcher either.
+                self._armed = min(pending, default=now + TICK)
+            wait = self._armed - now
             self._wake.wait(max(0.0, wait))
 
     def stop(self) -> None:

@@ -26,6 +26,8 @@ def open_postgres(settings: Settings, for_ctl: bool = False,
         db = Database(pools, settings.postgres_schema)
         with db.main("schema check") as conn:
             check_schema(conn, settings.postgres_schema, create, settings.postgres_url)
+        if not for_ctl:
+            db.bound_main(settings.poll_interval)
         # pg-wake: a worker rescues expired leases and listens for pushes; jobq-ctl neither
         reaper = None if for_ctl else expired_lease_reaper(settings, db)
         wake = None if for_ctl else queue_wake(settings)
