@@ -237,6 +237,39 @@ def azurite_blob(tmp_path_factory):
         yield port
 
 
+# -- PostgreSQL: one real server per test session (per xdist worker) ---------------------
+# Here, not in tests/postgres/conftest.py, for the reason above: tests/postgres and the
+# backend contract suite (tests/backends) share the one server.
+@pytest.fixture(scope="session")
+def pg_server():
+    """The session's PostgreSQL server (tests.postgres.server.PgServer).  Not installed: a
+    failure under CI (scripts/test installs it), else a skip that says why, on one line."""
+    from tests.postgres.server import PgServer, why_no_server
+
+    why = why_no_server()
+    if why:
+        if os.environ.get("CI"):  # CI must run them
+            pytest.fail(f"PostgreSQL tests: {why}")
+        pytest.skip(f"PostgreSQL tests: {why}")
+    server = PgServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def pg_url(pg_server) -> Iterator[str]:
+    """A fresh, empty database of the session's server for this test: its libpq URI (TCP,
+    password).  A test that stopped or froze the server leaves it running for the next."""
+    pg_server.ensure_running()
+    name = pg_server.create_database()
+    yield pg_server.url(name)
+    pg_server.ensure_running()
+    pg_server.drop_database(name)
+
+
 @pytest.fixture
 def sq(tmp_path: Path, azurite, queue_name: str):
     """One test's Storage Queue on the session's Azurite (tests.azure_envs.SqEnv), made (with
