@@ -54,6 +54,10 @@ def open_backend(settings: Settings, for_ctl: bool = False, create: bool = True,
             serve=not for_ctl,  # a worker starts on the queue (backends/sqlite/queues.py)
             retention=settings.retention,
         )
+    if settings.backend == "postgres":
+        from .postgres.open import open_postgres
+
+        return open_postgres(settings, for_ctl=for_ctl, create=create)
     # An option of the other Azure backend is a mistake worth one clear line.
     for option, only_for in (("namespace", "servicebus"), ("account_url", "storage-queue")):
         if settings.backend in AZURE and settings.backend != only_for \

@@ -214,6 +214,9 @@ class Backend(Protocol):
     # Ids per ``requeue`` call when many are requeued at once (SQLite: its host parameter
     # limit); None (the default): all in one call.
     requeue_chunk: int | None
+    # Where the queue lives, for messages (SQLite: the database file; PostgreSQL: the schema
+    # and its server); None (the default): the queue's name says it all.
+    location: str | None
 
     def receive(self, max_messages: int, lock_duration: float) -> Sequence[Lease]: ...
 
@@ -311,6 +314,7 @@ class BackendBase:
     keeps_succeeded: bool = False
     no_retry_delay: str | None = None
     requeue_chunk: int | None = None
+    location: str | None = None
 
     def admin(self) -> QueueAdmin | None:
         """No index of tasks by id."""

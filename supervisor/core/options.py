@@ -16,7 +16,15 @@ from typing import Any, NoReturn
 import configargparse
 
 from .config_file import PATH_ATTR, IniFile, ini_options
-from .settings import BACKENDS, CONTROL_MODES, EXIT_USAGE, Settings, SettingsError, parse_duration
+from .settings import (
+    BACKENDS,
+    CONTROL_MODES,
+    EXIT_USAGE,
+    POSTGRES_NOTIFY_MODES,
+    Settings,
+    SettingsError,
+    parse_duration,
+)
 from .sizes import parse_size
 
 
@@ -189,6 +197,17 @@ def add_backend_options(p: argparse.ArgumentParser, suppress: bool = False) -> N
     p.add_argument("--namespace",
                    help="Service Bus namespace NAME.servicebus.windows.net, with "
                         "DefaultAzureCredential", **kw)
+    p.add_argument("--postgres-url",
+                   help="PostgreSQL: libpq connection string, URI or key=value, TLS by its "
+                        "sslmode (secret when it holds a password: prefer env "
+                        "JOBQ_POSTGRES_URL or ~/.pgpass); empty: libpq's PG* variables",
+                   **kw)
+    p.add_argument("--postgres-schema",
+                   help="PostgreSQL: the schema of jobq's tables (default jobq)", **kw)
+    p.add_argument("--postgres-notify", choices=POSTGRES_NOTIFY_MODES,
+                   help="PostgreSQL: wake idle workers by LISTEN/NOTIFY (default on); off "
+                        "behind PgBouncer in transaction mode (poll only, no prepared "
+                        "statements)", **kw)
     p.add_argument("--control", choices=CONTROL_MODES,
                    help="fleet control store (workers, cancels, pause, drain): auto = the "
                         "queue's SQLite file, or Table Storage in the Storage Queue's account "

@@ -10,6 +10,7 @@ A name is a secret when
 * one of its words ends with one of ``SECRET_SUFFIXES`` (``DBPASSWORD``, ``MYTOKEN``), or
 * two words next to each other are a phrase of ``SECRET_PHRASES``
   (``AZURE_STORAGE_CONNECTION_STRING``),
+or it is one of ``SECRET_NAMES`` (``JOBQ_POSTGRES_URL``, ``PGPASSFILE``),
 and it is not in ``NOT_SECRET`` (``PWD``: the shell's working directory) nor let through by
 the operator (``--pass-env NAME,NAME``).
 
@@ -34,6 +35,9 @@ SECRET_WORDS = frozenset({
 SECRET_SUFFIXES = ("password", "passwd", "passphrase", "secret", "secrets", "token", "tokens",
                    "apikey", "credential", "credentials")
 SECRET_PHRASES = frozenset({("connection", "string"), ("conn", "str"), ("conn", "string")})
+# Whole names that are secrets though no word says so: the PostgreSQL backend's URL (it may
+# hold the password) and libpq's password file.
+SECRET_NAMES = frozenset({"JOBQ_POSTGRES_URL", "PGPASSFILE", "PGPASSWORD"})
 # Whole names that match a word but are no secret.
 NOT_SECRET = frozenset({"PWD"})
 
@@ -49,6 +53,8 @@ def name_words(name: str) -> list[str]:
 
 def is_secret_name(name: str) -> bool:
     """Does the name of an environment variable say it holds a secret?"""
+    if name in SECRET_NAMES:
+        return True
     if name in NOT_SECRET:
         return False
     words = name_words(name)

@@ -19,7 +19,12 @@ from dataclasses import dataclass, fields
 # worker/loop.py.
 EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_FAILURES, EXIT_TASKS_FAILED = 0, 1, 2, 3, 4
 
-BACKENDS = ("sqlite", "storage-queue", "servicebus")
+BACKENDS = ("sqlite", "storage-queue", "servicebus", "postgres")
+# --postgres-notify: LISTEN/NOTIFY wake-ups, or poll only (PgBouncer in transaction mode)
+POSTGRES_NOTIFY_MODES = ("on", "off")
+# --postgres-schema: a plain lower-case SQL identifier, the same quoted or not (pg_* are
+# the server's own)
+POSTGRES_SCHEMA_NAME = re.compile(r"(?!pg_)[a-z_][a-z0-9_]{0,62}")
 # How a worker's several queues take turns (backends/multi.py)
 QUEUE_ORDERS = ("strict", "round-robin")
 LOCK_LOST_BEHAVIORS = ("sigkill", "sigterm")
@@ -38,6 +43,8 @@ LOCK_DEFAULTS: dict[str, tuple[float, float | None]] = {
     "sqlite": (2700.0, 120.0),
     "storage-queue": (600.0, None),
     "servicebus": (60.0, None),
+    # outlives a managed server's failover (a minute or two) with renewals every 100 s
+    "postgres": (300.0, None),
 }
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$", re.IGNORECASE)
@@ -89,6 +96,11 @@ class Settings:
     connection_string: str | None = None
     account_url: str | None = None
     namespace: str | None = None
+    # PostgreSQL (backends/postgres/): a libpq connection string, URI or key=value (None or
+    # empty: libpq's PG* environment variables and ~/.pgpass)
+    postgres_url: str | None = None
+    postgres_schema: str = "jobq"
+    postgres_notify: str = "on"  # one of POSTGRES_NOTIFY_MODES
     num_workers: int = 1
     lock_duration: float | None = None  # None: the backend's default
     renew_interval: float | None = None  # None: the backend's default
@@ -149,7 +161,7 @@ class Settings:
 
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in fields(self)}
-        for secret in ("connection_string", "control_connection_string"):
+        for secret in ("connection_string", "control_connection_string", "postgres_url"):
             if shown.get(secret):
                 shown[secret] = "<redacted>"
         return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
@@ -215,6 +227,12 @@ class Settings:
                 self.namespace):
             raise bad("connection-string", "servicebus needs exactly one of "
                       "--connection-string (or JOBQ_CONNECTION_STRING) and --namespace")
+        if not POSTGRES_SCHEMA_NAME.fullmatch(self.postgres_schema):
+            raise bad("postgres-schema", f"invalid schema name {self.postgres_schema!r} "
+                      "(lower-case letters, digits and _, not starting with a digit or pg_, "
+                      "at most 63)")
+        if self.postgres_notify not in POSTGRES_NOTIFY_MODES:
+            raise bad("postgres-notify", "must be on or off")
         if self.num_workers < 1:
             raise bad("num-workers", "must be at least 1")
         if self.lock_duration is not None and self.lock_duration <= 0:

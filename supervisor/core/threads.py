@@ -9,10 +9,12 @@ where the handler enqueues them at once.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import logging
 import queue
 import signal
 import threading
+from collections.abc import Iterator
 from typing import Callable
 
 from .signals import CAUGHT_SIGNALS
@@ -30,6 +32,18 @@ def start_thread(target: Callable[[], None], name: str) -> threading.Thread:
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     return thread
+
+
+@contextlib.contextmanager
+def signals_blocked() -> Iterator[None]:
+    """The supervisor's signals blocked on this thread for the block (any thread): a thread a
+    library starts in it (psycopg_pool's workers, at ``open``) inherits the mask, so that a
+    signal never lands there.  One that arrives meanwhile stays pending until the block ends."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def start_fast(target: Callable[[], None]) -> None:

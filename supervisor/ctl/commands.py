@@ -15,6 +15,7 @@ from .fleet_commands import (
     cmd_status,
     cmd_workers,
 )
+from .migrate_command import cmd_migrate
 from .output_commands import cmd_logs
 from .queue_commands import cmd_clear, cmd_failed, cmd_peek, cmd_prune, cmd_push, cmd_requeue
 from .result_command import cmd_result
@@ -56,6 +57,7 @@ COMMANDS: dict[str, Handler] = {
     "stop": lambda ns, c: cmd_command(ns, c.control(), "stop"),
     "result": lambda ns, c: cmd_result(ns, c.backend, c.control()),
     "dashboard": _dashboard,  # it opens its clients per thread (supervisor/dashboard/)
+    "migrate": lambda ns, c: cmd_migrate(ns, c.settings),  # PostgreSQL: its own connection
 }
 # Commands that open their own clients: open_clients opens nothing for them.
-OPENS_OWN = frozenset({"dashboard"})
+OPENS_OWN = frozenset({"dashboard", "migrate"})

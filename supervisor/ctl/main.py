@@ -141,6 +141,11 @@ def ctl_parser() -> _Parser:
     pr.add_argument("--older-than", type=_duration, default=None, metavar="DURATION",
                     help="this age instead of --retention (e.g. 1d, 12h; 0: every succeeded "
                          "task)")
+    mg = cmd("migrate", "PostgreSQL: create or upgrade the schema of --postgres-schema "
+                        "(safe while workers run and when several hosts run it at once)")
+    mg.add_argument("--print", action="store_true",
+                    help="print the SQL instead (for a DBA to apply, e.g. with psql); "
+                         "connects to nothing")
     _add_fleet_commands(cmd)
     # -- dashboard (supervisor/dashboard/) --
     db = cmd("dashboard", "serve a web view of the queue and its workers (needs the "
@@ -249,10 +254,10 @@ def _status_each(ns: argparse.Namespace, settings: Settings) -> int:
 def _run(ns: argparse.Namespace, settings: Settings) -> int:
     """One command on one queue (main thread)."""
     handler = COMMANDS[ns.command]
-    if ns.command in OPENS_OWN:
-        return handler(ns, Clients(settings))
     clients: Clients | None = None
     try:
+        if ns.command in OPENS_OWN:
+            return handler(ns, Clients(settings))
         refuse_before_opening(ns, settings)
         clients = open_clients(ns, settings)
         return handler(ns, clients)

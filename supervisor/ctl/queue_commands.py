@@ -221,9 +221,10 @@ def warn_unserved(ns: argparse.Namespace, backend: Backend) -> None:
         return  # the tasks are pushed; this was only a courtesy
     if served is None or ns.queue in served:
         return
-    print(f"jobq-ctl: warning: no worker has ever served queue {ns.queue!r} in "
-          f"{os.path.abspath(ns.sqlite_path)} (served: {', '.join(served) or 'none'}); the "
-          f"tasks wait until a worker starts on it", file=sys.stderr)
+    where = f" in {backend.location}" if backend.location else ""
+    print(f"jobq-ctl: warning: no worker has ever served queue {ns.queue!r}{where} (served: "
+          f"{', '.join(served) or 'none'}); the tasks wait until a worker starts on it",
+          file=sys.stderr)
 
 
 def _schedule_text(task: Task, now: float) -> str:

@@ -66,8 +66,9 @@ def worker_parser() -> _Parser:
     add_backend_options(p)
     p.add_argument("-n", "--num-workers", type=int, help="tasks run at once")
     p.add_argument("--lock-duration", type=_duration,
-                   help="lease length (default sqlite 2700s, storage-queue 600s; servicebus: "
-                        "the queue's LockDuration when it can be read, else this, default 60s)")
+                   help="lease length (default sqlite 2700s, storage-queue 600s, postgres "
+                        "300s; servicebus: the queue's LockDuration when it can be read, else "
+                        "this, default 60s)")
     p.add_argument("--visibility-timeout", dest="lock_duration", type=_duration,
                    default=argparse.SUPPRESS, help="alias of --lock-duration (Storage Queue)")
     p.add_argument("--renew-interval", type=_duration,

@@ -171,7 +171,8 @@ def test_a_renewal_without_time_gives_up_and_keeps_the_lease(kit: Kit) -> None:
     eventually(lambda: backend.size() == 0, "size 0 after complete")
 
 
-def test_a_lapsed_lease_taken_by_another_is_lost(kit: Kit) -> None:
+def test_a_lapsed_lease_taken_by_another_is_lost(kit: Kit, request) -> None:
+    kit.known_bug(request, "lapsed-lease-return")
     mine, theirs = kit.backend, kit.make(worker="w2")
     task = Task(cmd="x")
     mine.push([task])

@@ -75,11 +75,14 @@ def test_task_environment(env, monkeypatch):
     sup = env.supervisor("--exit-when-empty", "--queue", "default", env={
         "AZURE_STORAGE_CONNECTION_STRING": "DefaultEndpointsProtocol=x;AccountKey=SECRET1",
         "JOBQ_CONNECTION_STRING": "Endpoint=sb://x;SharedAccessKey=SECRET2",
-        "MY_API_KEY": "SECRET3", "HARMLESS": "visible"})
+        "MY_API_KEY": "SECRET3", "HARMLESS": "visible",
+        # PostgreSQL's (issue 28): no word of these names says "secret"
+        "JOBQ_POSTGRES_URL": "postgresql://u:SECRET4@db/jobs", "PGPASSWORD": "SECRET5",
+        "PGPASSFILE": "/etc/SECRET6.pgpass", "PGHOST": "db.example"})
     assert sup.wait(30) == 0
     text = out.read_text()
     assert "SECRET" not in text
-    assert "HARMLESS=visible" in text and "FOO=bar baz" in text
+    assert "HARMLESS=visible" in text and "FOO=bar baz" in text and "PGHOST=db.example" in text
     assert "JOBQ_QUEUE_NAME=default" in text and "JOBQ_ATTEMPT=1" in text
     assert "PYTHONUNBUFFERED=1" in text and "JOBQ_TASK_ID=" in text
     assert text.strip().endswith("/tmp")

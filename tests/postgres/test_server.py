@@ -60,3 +60,12 @@ def test_server_stops_restarts_and_leaves_nothing_behind():
     assert not alive, f"PostgreSQL processes survived: {alive}"
     assert not server.root.exists()
     assert wait_port_closed(server.port)
+
+
+def test_without_postgresql_the_tests_skip_or_fail_under_ci(monkeypatch):
+    """No initdb: one line saying why (the fixture skips with it, or fails under CI)."""
+    from tests.postgres import server
+
+    monkeypatch.setattr(server, "find_bindir", lambda: None)
+    why = server.why_no_server()
+    assert why is not None and "apt-get install postgresql" in why and "\n" not in why

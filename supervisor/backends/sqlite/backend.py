@@ -42,7 +42,7 @@ from .db import (
 )
 from .lease import SqliteLease
 from .owner import DeadOwnerPass, TakenBack
-from .retention import Purger, purge_all
+from .retention import purge_all, purger
 
 __all__ = ["SqliteBackend", "SqliteLease"]
 
@@ -86,6 +86,7 @@ class SqliteBackend(BackendBase):
         BackendError (``jobq-ctl size`` on a mistyped path must not make an empty queue).
         ``serve``: a worker starts on the queue (recorded: backends/sqlite/queues.py)."""
         self.path = path
+        self.location = os.path.abspath(path)
         self.queue = queue
         self.worker_id = worker_id
         self.max_attempts = max_attempts
@@ -107,7 +108,7 @@ class SqliteBackend(BackendBase):
         self.taken_back_at_open: list[TakenBack] = []
         self.clock = time.monotonic  # the reaper's schedule (tests inject a clock)
         self.wall = time.time  # the age of a succeeded task (tests inject a clock)
-        self.purger = Purger(self, retention, reaper_interval)
+        self.purger = purger(self, retention, reaper_interval)
         self._data_version = -1
         self._lease_lock = threading.Lock()
         self._lease_busy_ms = 0

@@ -24,14 +24,14 @@ import sqlite3
 from contextlib import AbstractContextManager
 from typing import Callable, Protocol
 
-from ...core.settings import format_duration
 from ..base import BackendError
+from ..purger import PURGE_AGAIN, Purger
+from ..purger import purge_all as shared_purge_all
 
 log = logging.getLogger("jobq.sqlite")
 
 PURGE_BATCH = 500  # rows per write transaction (~5-15 ms on these machines)
-PURGE_BUDGET = 0.05  # s of one maintenance pass spent purging
-PURGE_AGAIN = 1.0  # s to the next pass while more rows are due
+__all__ = ["PURGE_AGAIN", "PURGE_BATCH", "PURGE_SQL", "purge_all", "purge_batch", "purger"]
 
 PURGE_SQL = ("DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE queue=? "
              "AND status='succeeded' AND updated_at<? LIMIT ?)")
@@ -61,53 +61,10 @@ def purge_batch(backend: Queue, before: float, batch: int = PURGE_BATCH) -> int:
 def purge_all(backend: Queue, before: float, batch: int = PURGE_BATCH) -> int:
     """Every task that succeeded before ``before``, batch after batch; how many (jobq-ctl
     prune)."""
-    total = 0
-    while True:
-        n = purge_batch(backend, before, batch)
-        total += n
-        if n < batch:
-            return total
+    return shared_purge_all(purge_batch, backend, before, batch)
 
 
-class Purger:
-    """When the worker purges (its main thread, from ``SqliteBackend.maintenance``).
-
-    ``retention`` 0 or ``interval`` 0 (``--reaper-interval 0``): never.  The schedule reads
-    the backend's ``clock`` (monotonic) and the age its ``wall`` clock, both injectable."""
-
-    def __init__(self, backend: Queue, retention: float, interval: float,
-                 batch: int = PURGE_BATCH, budget: float = PURGE_BUDGET) -> None:
-        self.backend = backend
-        self.retention = retention
-        self.interval = interval
-        self.batch = batch
-        self.budget = budget
-        self.next_at = 0.0  # the first maintenance pass purges
-
-    def maintenance(self) -> int:
-        """Purge what is due, for at most ``budget`` seconds; how many rows went (main
-        thread).  A failure is logged and tried again at the next interval."""
-        if not self.retention or not self.interval:
-            return 0
-        clock = self.backend.clock
-        start = clock()
-        if start < self.next_at:
-            return 0
-        before = self.backend.wall() - self.retention
-        total, more = 0, False
-        try:
-            while True:
-                n = purge_batch(self.backend, before, self.batch)
-                total += n
-                more = n == self.batch
-                if not more or clock() - start >= self.budget:
-                    break
-        except BackendError as exc:
-            log.warning("purge of succeeded tasks skipped this round (next try in %.0fs): %s",
-                        self.interval, exc)
-        if total:
-            log.info("purged %d succeeded task(s) older than %s%s", total,
-                     format_duration(self.retention), ", more to go" if more else "")
-        self.next_at = start + (PURGE_AGAIN if more else self.interval)
-        return total
-
+def purger(backend: Queue, retention: float, interval: float) -> Purger:
+    """When the worker purges (its main thread, from ``SqliteBackend.maintenance``): the
+    schedule every queue that keeps succeeded tasks shares (backends/purger.py)."""
+    return Purger(backend, retention, interval, purge_batch, PURGE_BATCH, log)

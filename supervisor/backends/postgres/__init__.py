@@ -1,0 +1,2 @@
+"""The PostgreSQL backend: connect.py (connections, pools, errors, redaction), schema.py
+(the tables and their migrations)."""

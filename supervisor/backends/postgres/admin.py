@@ -1,0 +1,92 @@
+"""The PostgreSQL queue's admin queries (base.QueueAdmin): the state of given task ids, taking
+back given tasks whose lease expired, taking pending tasks off the queue on a cancel, one
+task's row, the cancelled count; and the age of the oldest pending task.  The caller's thread
+(jobq-ctl's main thread, a dashboard request thread: each with a backend of its own), on the
+main pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from ...core.task import MAX_PRIORITY
+from ..base import QueueAdmin, TakenBack, TaskDetail
+
+
+class Queue(Protocol):
+    """What the admin queries use of PostgresBackend (which hands itself in)."""
+
+    queue: str
+    jobs: str  # the quoted, schema-qualified jobs table
+
+    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple]: ...
+
+
+# The first ready pending task of each priority (one step down the pending index, which is in
+# (queue, priority DESC, run_at, id) order), then the earliest of those: an ORDER BY run_at
+# over every priority would sort every pending task.
+OLDEST_SQL = (
+    "SELECT EXTRACT(EPOCH FROM min(first.run_at)) FROM generate_series(0, %s) AS p(priority), "
+    "LATERAL (SELECT run_at FROM {jobs} WHERE queue=%s AND state='pending' "
+    "AND priority=p.priority AND run_at <= now() ORDER BY run_at LIMIT 1) AS first")
+
+
+def oldest_pending_age(backend: Queue, now: float) -> float | None:
+    """Seconds the longest-waiting ready task has waited since it became ready (its
+    ``run_at``: pushed, its --delay passed, or its retry back-off ended), or None when none
+    is ready.  A task held back is not waiting for a worker and is not counted (the
+    autoscaling gauge must not read a task delayed a day as a day of backlog)."""
+    rows = backend._query(OLDEST_SQL.format(jobs=backend.jobs), (MAX_PRIORITY, backend.queue))
+    if not rows or rows[0][0] is None:
+        return None
+    return max(0.0, now - float(rows[0][0]))
+
+
+class PostgresAdmin(QueueAdmin):
+    """``PostgresBackend.admin()``: the queries above on that backend (its thread)."""
+
+    def __init__(self, backend: Queue) -> None:
+        self.backend = backend
+
+    def task_states(self, ids: Sequence[str]) -> dict[str, str]:
+        b = self.backend
+        return dict(b._query(f"SELECT id, state FROM {b.jobs} WHERE queue=%s AND id = ANY(%s)",
+                             (b.queue, list(ids))))
+
+    def take_back(self, ids: Sequence[str]) -> dict[str, TakenBack]:
+        """Those of ``ids`` whose lease expired (its worker stopped renewing: gone), put back
+        to pending now; the next receive counts the attempt, and the worker that gets one past
+        its attempts fails it without a run.  A task whose lease is alive is left alone."""
+        b = self.backend
+        rows = b._query(
+            f"UPDATE {b.jobs} SET state='pending', owner=NULL, locked_until=NULL, "
+            "run_at=now() WHERE queue=%s AND id = ANY(%s) AND state='running' AND "
+            "locked_until < now() RETURNING id, worker", (b.queue, list(ids)))
+        return {i: TakenBack(i, worker, "pending") for i, worker in rows}
+
+    def cancel_pending(self, ids: Sequence[str], reason: str, now: float) -> set[str]:
+        """Fail those of ``ids`` still pending with ``reason``, in one statement; the ids it
+        took.  A task a worker claimed meanwhile is untouched (its row is locked or running)."""
+        b = self.backend
+        rows = b._query(
+            f"UPDATE {b.jobs} SET state='failed', reason=%s, ended_at=to_timestamp(%s), "
+            "owner=NULL, locked_until=NULL WHERE queue=%s AND state='pending' AND "
+            "id = ANY(%s) RETURNING id", (reason, now, b.queue, list(ids)))
+        return {i for (i,) in rows}
+
+    def task_detail(self, task_id: str) -> TaskDetail | None:
+        b = self.backend
+        rows = b._query(f"SELECT state, attempt, body, reason, worker, EXTRACT(EPOCH FROM "
+                        f"locked_until) FROM {b.jobs} WHERE queue=%s AND id=%s",
+                        (b.queue, task_id))
+        if not rows:
+            return None
+        state, attempt, body, reason, worker, until = rows[0]
+        return TaskDetail(state, attempt, body, reason, worker,
+                          None if until is None else float(until))
+
+    def cancelled_count(self) -> int:
+        b = self.backend
+        return int(b._query(f"SELECT count(*) FROM {b.jobs} WHERE queue=%s AND "
+                            "state='failed' AND reason LIKE 'cancelled%%'", (b.queue,))[0][0])

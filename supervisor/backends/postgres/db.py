@@ -1,0 +1,74 @@
+"""What the queue (backend.py, lease.py, admin.py, retention.py) uses of a database: the
+schema's tables by name, a connection of the main pool, one bounded statement on the lease
+pool, and psycopg's errors mapped onto the seam's (connect.failure: one redacted line).
+
+Threads: ``main()`` is the main thread's (and jobq-ctl's, a dashboard request's: each with a
+backend of its own); ``lease_statement`` the lease threads', on the lease pool that nothing
+else uses, so a renewal never waits behind a receive or an admin query.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..base import BackendError
+from .connect import Pools, PoolTimeout, describe, execute, failure, psycopg
+from .schema import Tables, wake_channel
+
+MAIN_WAIT = 5.0  # s the main thread waits for a free connection of its pool
+
+
+class Database:
+    """The pools of one backend (connect.open_pools) and the schema its tables are in."""
+
+    def __init__(self, pools: Pools, schema: str) -> None:
+        self.pools = pools
+        self.schema = schema
+        self.tables = Tables.of(schema)
+        self.wake_channel = wake_channel(schema)
+        # for messages: host:port/dbname, never a password
+        self.location = f"PostgreSQL schema {schema} on {describe(pools.url)}"
+
+    @contextmanager
+    def errors(self, what: str, duplicate: str | None = None) -> Iterator[None]:
+        """psycopg's and the pool's errors in the block -> BackendError, one redacted line,
+        not chained.  ``duplicate``: the line for a primary-key violation (a task id pushed
+        twice)."""
+        try:
+            yield
+        except psycopg.errors.UniqueViolation as exc:
+            if duplicate is not None and (exc.diag.constraint_name or "").endswith("pkey"):
+                raise BackendError(duplicate) from None
+            raise failure(exc, what, self.pools.url) from None
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise failure(exc, what, self.pools.url) from None
+
+    @contextmanager
+    def main(self, what: str, duplicate: str | None = None
+             ) -> Iterator[psycopg.Connection[Any]]:
+        """A connection of the main pool (autocommit; ``conn.transaction()`` for more than
+        one statement), its errors mapped as ``errors(what, duplicate)`` does."""
+        with self.errors(what, duplicate), \
+                self.pools.main.connection(timeout=MAIN_WAIT) as conn:
+            yield conn
+
+    def lease_statement(self, sql: str, args: tuple[Any, ...], timeout: float) -> list[tuple]:
+        """Run one statement on the lease pool, giving up within ``timeout`` seconds: the
+        wait for a connection, then the statement under a statement timeout of the time left
+        (lease threads).  Raises BackendError."""
+        deadline = time.monotonic() + timeout
+        if timeout <= 0:
+            raise BackendError("PostgreSQL: lease write: no time left for the call")
+        pool = self.pools.lease or self.pools.main  # jobq-ctl holds no leases of its own
+        with self.errors("lease write"), pool.connection(timeout=timeout) as conn:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BackendError("PostgreSQL: lease write: no connection in time")
+            return execute(conn, sql, args, timeout=left).fetchall()
+
+    def close(self) -> None:
+        self.pools.close()
+

@@ -1,0 +1,101 @@
+"""The lease of the PostgreSQL backend: one running row, fenced by (id, owner, attempt).
+
+Made on the main thread by PostgresBackend.receive; renewed and settled by its LeaseKeeper
+thread on the backend's lease pool (connections no receive or admin query ever waits on), each
+statement under a statement timeout shorter than the time the call may take.  Every write is
+``UPDATE ... WHERE id=%s AND owner=%s AND attempt=%s AND state='running'``: the owner is unique
+per process start and the attempt is counted at each receive, so a worker whose lease was taken
+back -- and perhaps handed out again -- matches no row, changes nothing and learns its lease is
+gone (LeaseLost).  Lock times come from the database clock (``now()``); the kill deadline is the
+worker's own monotonic rule (docs/architecture.rst, "The lease deadline rule").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ...core.task import Task
+from ..base import LeaseLost
+from ..common import parse_body, settled_error
+
+# A settlement may wait this long for the database (its keeper thread retries a BackendError
+# while the lease lasts).
+SETTLE_TIMEOUT = 10.0
+
+
+class Writer(Protocol):
+    """What a lease uses of PostgresBackend (which hands itself in: no import of it here)."""
+
+    queue: str
+    worker_id: str  # shown as who ran the task
+    jobs: str  # the quoted, schema-qualified jobs table
+
+    def lease_write(self, sql: str, args: tuple[Any, ...], timeout: float) -> list[tuple]:
+        """One statement on the lease pool, bounded by ``timeout``; its rows."""
+        ...
+
+
+class PostgresLease:
+    """A running task held by this worker.  Used from its LeaseKeeper thread only (or the
+    main thread before the thread exists)."""
+
+    def __init__(self, backend: Writer, row: tuple, owner: str) -> None:
+        """``row``: (id, body, attempt, seconds granted) as the receive returned it."""
+        self._backend = backend
+        self.queue = backend.queue
+        self.message_id, self.raw_body, self.attempt, granted = row[:4]
+        self.lock_duration = float(granted)
+        self._fence = (self.message_id, owner, self.attempt)
+        self._over = False  # settled, or found lost: nothing more is sent
+        self.format_error: str | None
+        self.task: Task | None
+        self.task, self.format_error = parse_body(self.raw_body)
+
+    def _write(self, what: str, assignments: str, args: tuple, timeout: float) -> list[tuple]:
+        """One fenced UPDATE.  LeaseLost when it matched no row (the lease was taken back,
+        perhaps handed out again, or settled), BackendError on a database that failed or did
+        not answer within ``timeout``."""
+        if self._over:
+            raise settled_error(f"task {self.message_id}: {what}")
+        rows = self._backend.lease_write(
+            f"UPDATE {self._backend.jobs} SET {assignments} "
+            "WHERE id=%s AND owner=%s AND attempt=%s AND state='running' RETURNING "
+            "EXTRACT(EPOCH FROM locked_until - now())", args + self._fence, timeout)
+        if not rows:
+            self._over = True
+            raise LeaseLost(f"task {self.message_id}: {what}: lease (attempt {self.attempt}) "
+                            f"no longer held by this worker")
+        return rows
+
+    def renew(self, timeout: float) -> float:
+        """Extend the lock by its length from the database's now; the seconds granted as the
+        database computed them (keeper thread).  Only ``locked_until`` changes and no index
+        covers it: a HOT update."""
+        rows = self._write("renew", "locked_until = now() + make_interval(secs => %s)",
+                           (self.lock_duration,), timeout)
+        return float(rows[0][0])
+
+    def complete(self) -> None:
+        self._end("complete", "state='succeeded', exit_status=0, reason=NULL", ())
+
+    def release(self, count_attempt: bool, delay: float = 0.0) -> None:
+        """Back to pending, ready ``delay`` seconds from the database's now; without
+        ``count_attempt`` (preemption) the attempt taken at receive is given back."""
+        self._settle("release", "state='pending', owner=NULL, locked_until=NULL, worker=NULL, "
+                     "run_at = now() + make_interval(secs => %s), attempt = attempt - %s",
+                     (max(0.0, delay), 0 if count_attempt else 1))
+
+    def dead_letter(self, reason: str, output_tail: str, exit_status: int | None = None) -> None:
+        self._end("dead-letter", "state='failed', reason=%s, output_tail=%s, exit_status=%s",
+                  (reason, output_tail, exit_status))
+
+    def _end(self, what: str, assignments: str, args: tuple) -> None:
+        """Succeeded or failed: ended now, by this worker (``worker`` keeps who ran it)."""
+        self._settle(what, f"{assignments}, owner=NULL, locked_until=NULL, ended_at=now(), "
+                     "worker=%s", args + (self._backend.worker_id,))
+
+    def _settle(self, what: str, assignments: str, args: tuple) -> None:
+        """The last write of the lease: the row leaves 'running', so the fence can never match
+        again; afterwards nothing more is sent."""
+        self._write(what, assignments, args, SETTLE_TIMEOUT)
+        self._over = True

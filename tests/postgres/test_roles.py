@@ -1,0 +1,83 @@
+"""The GRANTs of docs/backends.rst ("Roles"), applied as written: the admin role migrates,
+the worker role reads and writes rows (and finds the schema current, creating nothing), the
+operators' role only reads."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from supervisor.backends.postgres import schema as sc
+from tests.postgres.server import PASSWORD
+from tests.postgres.test_schema import ctl
+
+pytestmark = pytest.mark.timeout(90)
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "backends.rst"
+ROLES = ("jobq_admin", "jobq_worker", "jobq_reader")
+
+
+def documented_grants() -> tuple[str, str]:
+    """The Roles section's SQL: (the first block: the admin role, the rest)."""
+    text = DOCS.read_text().split("**Roles.**", 1)[1].split(".. code-block:: sql", 1)[1]
+    lines = []
+    for line in text.splitlines()[1:]:
+        if line and not line.startswith("    "):
+            break
+        lines.append(line[4:])
+    sql = "\n".join(lines).strip()
+    first, rest = re.split(r"\n\s*\n", sql, maxsplit=1)
+    return first, rest
+
+
+@pytest.fixture
+def roles(pg_server, pg_url):
+    """Unique role names for this test (roles belong to the whole server)."""
+    suffix = uuid.uuid4().hex[:8]
+    names = {r: f"{r}_{suffix}" for r in ROLES}
+    yield names
+    pg_server.ensure_running()
+    pg_server.drop_database(pg_url.rsplit("/", 1)[1])  # what the roles own goes with it
+    for name in names.values():
+        pg_server.admin(f"DROP ROLE IF EXISTS {name}")
+
+
+def test_documented_grants(pg_server, pg_url, roles) -> None:
+    db = pg_url.rsplit("/", 1)[1]
+
+    def local(sql: str) -> str:
+        sql = sql.replace("DATABASE jobs", f"DATABASE {db}")
+        for role, name in roles.items():
+            sql = sql.replace(role, name)
+        return sql
+
+    def url(role: str, password: str) -> str:
+        return pg_url.replace(f"postgres:{PASSWORD}@", f"{roles[role]}:{password}@")
+
+    first, rest = documented_grants()
+    pg_server.admin(local(first), dbname=db)
+    res = ctl(url("jobq_admin", "admin-secret"), "migrate")
+    assert (res.returncode, res.stdout) == (0, "schema jobq: created at version 1\n"), res.stderr
+    with psycopg.connect(pg_url, autocommit=True) as su:
+        su.execute(local(rest))
+    worker = url("jobq_worker", "worker-secret")
+    with psycopg.connect(worker, autocommit=True) as conn:
+        assert sc.check_schema(conn, "jobq", create=True) == 1
+        conn.execute("INSERT INTO jobq.queues (name, first_served) VALUES ('q', now())")
+        conn.execute("INSERT INTO jobq.jobs (id, queue, body) VALUES ('t1', 'q', '{}')")
+        assert conn.execute("UPDATE jobq.jobs SET state = 'running', attempt = attempt + 1 "
+                            "WHERE id = 't1'").rowcount == 1
+        conn.execute("SELECT pg_advisory_xact_lock(1)")
+        conn.execute("SELECT pg_notify('jobq.wake', 'q')")
+        assert conn.execute("DELETE FROM jobq.jobs WHERE id = 't1'").rowcount == 1
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("CREATE TABLE jobq.other (x int)")
+    assert ctl(worker, "migrate").stdout == "schema jobq: at version 1 already\n"
+    with psycopg.connect(url("jobq_reader", "reader-secret"), autocommit=True) as conn:
+        assert sc.check_schema(conn, "jobq", create=False) == 1
+        assert conn.execute("SELECT count(*) FROM jobq.jobs").fetchone() == (0,)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("INSERT INTO jobq.jobs (id, queue, body) VALUES ('t2', 'q', '{}')")
