@@ -37,11 +37,11 @@ def fleet_size(per_task: dict[str, float], idle: dict[str, float],
     stmts = tasks_per_s * per_task["statements"] + workers * idle["statements_per_hour"] / 3600
     return {
         "workers": workers, "tasks_per_s": tasks_per_s, "slots": workers * SLOTS,
-        "wal_mib_per_s": wal / 2**20, "statements_per_s": stmts,
+        "wal_kib_per_s": wal / 1024, "statements_per_s": stmts,
         "connections_per_worker": conns, "workers_within_max_connections": by_conns,
         "summary": f"~{workers:,} workers -n 4 ({workers * SLOTS:,} tasks running, "
                    f"{tasks_per_s:,.0f} tasks/s, {stmts:,.0f} stmts/s, "
-                   f"{wal / 2**20:.1f} MiB/s WAL); {conns:.0f} connections each: "
+                   f"{wal / 1024:.0f} KiB/s WAL); {conns:.0f} connections each: "
                    f"{by_conns} workers fit max_connections={MAX_CONNECTIONS}, PgBouncer "
                    "beyond",
         "assumptions": f"{TASK_S:.0f} s tasks, every slot busy; server CPU per task as "

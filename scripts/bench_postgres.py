@@ -142,15 +142,20 @@ class PgFigure:
     def jobq_env(self, db: str) -> dict[str, str]:
         return {"JOBQ_POSTGRES_URL": self.srv.url(db)}
 
+    def ctl(self, db: str, *args: str) -> None:
+        """``jobq-ctl ARGS --backend postgres`` on ``db``; raises unless it exits 0."""
+        done = subprocess.run([str(BIN / "jobq-ctl"), *args, "--backend", "postgres"],
+                              env={**os.environ, **self.jobq_env(db)}, capture_output=True,
+                              text=True, timeout=1800)
+        if done.returncode != 0:
+            raise BenchError(f"jobq-ctl {args[0]} failed ({done.returncode}): "
+                             f"{done.stderr[-2000:]}")
+
     def push(self, db: str, n: int) -> None:
         """``n`` ``true`` tasks with ``jobq-ctl push --file`` (which creates the schema)."""
         tasks = self.b.tmp / "pg-tasks.txt"
         tasks.write_text("true\n" * n)
-        done = subprocess.run([str(BIN / "jobq-ctl"), "push", "--backend", "postgres",
-                               "--file", str(tasks)], env={**os.environ, **self.jobq_env(db)},
-                              capture_output=True, text=True, timeout=1800)
-        if done.returncode != 0:
-            raise BenchError(f"jobq-ctl push failed ({done.returncode}): {done.stderr[-2000:]}")
+        self.ctl(db, "push", "--file", str(tasks))
 
     def measured(self, side: str, db: str, run: Callable[[], float]) -> float:
         probe = Probe(self.srv, db)
@@ -191,7 +196,7 @@ def idle_worker(fig: PgFigure, window: float) -> dict[str, float]:
     """An idle jobq-supervisor -n 4 on an empty queue: its costs over ``window`` seconds
     (from 5 s after its start: start-up is not idling), per hour; the connections it holds."""
     db = fig.fresh_db("idle", 0)
-    fig.push(db, 0)  # the schema, as any queue has
+    fig.ctl(db, "migrate")  # the schema, as any queue has
     probe = Probe(fig.srv, db)
     with supervisor(["--backend", "postgres", "-n", "4"], fig.b.tmp, fig.jobq_env(db),
                     log="pg-idle.log") as proc:
@@ -288,7 +293,7 @@ def fig_postgres(b: Bench) -> None:
           f"{per('procrastinate')}", "statements: pg_stat_statements (BEGIN/COMMIT count)")
     b.row("PostgreSQL idle worker -n 4, per hour",
           f"{idle['statements_per_hour']:.0f} stmts, "
-          f"{idle['wal_bytes_per_hour'] / 2**20:.1f} MiB WAL, "
+          f"{idle['wal_bytes_per_hour'] / 1024:.0f} KiB WAL, "
           f"{idle['server_cpu_s_per_hour']:.1f} CPU-s",
           f"{idle['window_s']:.0f} s window x {3600 / idle['window_s']:.0f}; "
           f"{idle['connections']:.0f} connections held", "")
