@@ -39,6 +39,7 @@ from bench_measure import (
     sqlite_throughput,
 )
 from bench_output import blob_store_rate, output_rate, store_rate
+from bench_postgres import fig_postgres
 from bench_receive import receive_time
 from bench_rtt import fig_drain_servicebus_rtt
 from bench_startup import fig_startup
@@ -274,6 +275,8 @@ FIGURES = [
     Figure(fig_receive_depth),
     # Azurite of its own (queue, table, blob) and the Service Bus test broker; needs Azurite
     Figure(fig_startup, azurite=True),
+    # one PostgreSQL server of its own (fsync on), PgQueuer and Procrastinate in their venvs
+    Figure(fig_postgres),
 ]
 
 

@@ -33,10 +33,9 @@ from statistics import median
 from typing import Any, TypeVar
 
 from bench_measure import push_with_retry, raw_azurite_rate, raw_spawn_rate
-from benchlib import BIN, REPO, Bench, BenchError, log_tail, stop, wait_until
+from benchlib import BIN, REPO, Bench, BenchError, log_tail, peer_venv, stop, wait_until
 
 AI4S_VERSION = "3.13.1"
-AI4S_VENV = REPO / ".bench" / "ai4s-venv"
 T = TypeVar("T")
 SUMMARY = re.compile(r"summary: succeeded=(\d+) failed=(\d+) .*lock_lost=(\d+)")
 
@@ -141,17 +140,7 @@ def in_threads_timed(open_: Callable[[], AbstractContextManager[T]],
 # --------------------------------------------------------------------------- ai4s-jobq
 def ai4s_jobq() -> Path:
     """ai4s-jobq's command in its own venv, made once (pip install from the index)."""
-    exe = AI4S_VENV / "bin" / "ai4s-jobq"
-    py = AI4S_VENV / "bin" / "python"
-    probe = [str(py), "-c", "import importlib.metadata as m; print(m.version('ai4s-jobq'))"]
-    if exe.exists() and subprocess.run(probe, capture_output=True, text=True, timeout=60
-                                       ).stdout.strip() == AI4S_VERSION:
-        return exe
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(AI4S_VENV)], check=True,
-                   timeout=120)
-    subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    f"ai4s-jobq=={AI4S_VERSION}"], check=True, timeout=900)
-    return exe
+    return peer_venv("ai4s-jobq", AI4S_VERSION) / "ai4s-jobq"
 
 
 def queue_length(conn_str: str, queue: str) -> int:

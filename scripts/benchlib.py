@@ -72,6 +72,24 @@ def free_port() -> int:
         return port
 
 
+def peer_venv(dist: str, version: str, requirement: str | None = None) -> Path:
+    """The bin folder of a venv under ``.bench/`` holding ``dist`` at ``version`` (pip
+    installs ``requirement``, default ``dist==version``, from the index), made once and
+    made again only when the installed version differs: peers the bench compares with run
+    in venvs of their own, never in the project's."""
+    venv = REPO / ".bench" / f"{dist}-venv"
+    py = venv / "bin" / "python"
+    probe = [str(py), "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"]
+    if py.exists() and subprocess.run(probe, capture_output=True, text=True, timeout=60
+                                      ).stdout.strip() == version:
+        return venv / "bin"
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True,
+                   timeout=120)
+    subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    requirement or f"{dist}=={version}"], check=True, timeout=900)
+    return venv / "bin"
+
+
 def log_tail(path: Path, chars: int = 2000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
 
