@@ -264,7 +264,7 @@ class PgServer:
 
         with psycopg.connect(host=str(self.sockets), port=self.port, user=SUPERUSER,
                              dbname=dbname, autocommit=True, connect_timeout=30) as conn:
-            cur = conn.execute(sql, params)  # type: ignore[arg-type]
+            cur = conn.execute(sql, params)
             return cur.fetchall() if cur.description else []
 
     def create_database(self, name: str | None = None) -> str:
