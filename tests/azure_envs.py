@@ -5,15 +5,13 @@ make them (``sq``, ``table``, ``stores``) are in tests/conftest.py."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from dataclasses import dataclass
 
 from azure.storage.queue import QueueClient
 
 from supervisor.fleet.output.azure_blob import BlobOutputStore
 from tests.azurite import ACCOUNT, ACCOUNT_KEY, blob_connection_string, queue_connection_string
-from tests.conftest import Env, command
+from tests.conftest import Env
 
 
 class SqEnv(Env):
@@ -30,17 +28,6 @@ class SqEnv(Env):
 
     def secret_env(self, port: int | None = None) -> dict[str, str]:
         return {"JOBQ_CONNECTION_STRING": queue_connection_string(port or self.port)}
-
-    def ctl(self, *args, check=True, input=None, env=None):
-        full = dict(os.environ)
-        full.update(self.secret_env())
-        full.update(env or {})
-        res = subprocess.run(command("jobq-ctl") + self.base_args() + list(args),
-                             capture_output=True, text=True, timeout=60, input=input,
-                             env=full, cwd=self.tmp)
-        if check and res.returncode != 0:
-            raise AssertionError(f"jobq-ctl {args} failed: {res.stderr}")
-        return res
 
     def supervisor(self, *args, env=None, via_port: int | None = None, **kw):
         full = self.secret_env(via_port)

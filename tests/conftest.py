@@ -151,13 +151,19 @@ class Env:
         self.sups: list[Supervisor] = []
 
     def base_args(self) -> list[str]:
+        """The options both commands get to reach this test's queue."""
         return ["--sqlite-path", str(self.db)]
+
+    def secret_env(self) -> dict[str, str]:
+        """What both commands get in their environment to reach it (a connection string)."""
+        return {}
 
     def ctl(self, *args: str, check: bool = True, input: str | None = None,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         full_env = dict(os.environ)
+        full_env.update(self.secret_env())
         full_env.update(env or {})
-        res = subprocess.run(command("jobq-ctl") + ["--sqlite-path", str(self.db), *args],
+        res = subprocess.run(command("jobq-ctl") + self.base_args() + list(args),
                              capture_output=True, text=True, timeout=60, input=input,
                              env=full_env, cwd=self.tmp)
         if check and res.returncode != 0:
@@ -179,7 +185,8 @@ class Env:
 
     def supervisor(self, *args: str, env: dict[str, str] | None = None,
                    name: str | None = None, **kw) -> Supervisor:
-        sup = Supervisor(self.tmp, self.base_args() + list(args), env,
+        sup = Supervisor(self.tmp, self.base_args() + list(args),
+                         {**self.secret_env(), **(env or {})},
                          name or f"sup{len(self.sups)}", **kw)
         self.sups.append(sup)
         return sup

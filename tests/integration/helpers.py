@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from tests.conftest import marked_processes
+from tests.conftest import Supervisor, marked_processes
 
 # A process that records when SIGTERM reached it (wall clock), then exits after a delay.
 TERM_RECORDER = r'''
@@ -99,6 +99,23 @@ def death_time(procs: list[psutil.Process], timeout: float) -> float | None:
             return time.time()
         time.sleep(0.01)
     return None
+
+
+def kill_and_watch(sup: Supervisor) -> tuple[float, float]:
+    """SIGKILL ``sup``: (the wall time of the SIGKILL, the time its tasks' processes were all
+    seen dead -- its lifeline kills them)."""
+    ours = {c.pid for c in psutil.Process(sup.pid).children(recursive=True)}
+    procs = [p for p in marked_processes() if p.pid in ours]
+    assert procs
+    dead: list[float] = []
+    watcher = threading.Thread(target=lambda: dead.append(death_time(procs, 30) or 0.0))
+    killed_at = time.time()
+    sup.signal(signal.SIGKILL)
+    watcher.start()
+    assert sup.wait(10) == -signal.SIGKILL
+    watcher.join()
+    assert dead[0], "the killed worker's tasks outlived it"
+    return killed_at, dead[0]
 
 
 def cancel_dies_at_grace(sup: Any, store: Any, queue: str, task_id: str,

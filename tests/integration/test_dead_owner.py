@@ -6,14 +6,12 @@ killed supervisor's lifeline kills its tasks, and the task runs again only after
 from __future__ import annotations
 
 import signal
-import threading
-import time
 
 import psutil
 import pytest
 
-from tests.conftest import Env, Supervisor, marked_processes, wait_for
-from tests.integration.helpers import beating_task, death_time, long_sleeps, runs
+from tests.conftest import Env, Supervisor, wait_for
+from tests.integration.helpers import beating_task, kill_and_watch, long_sleeps, runs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,31 +29,14 @@ def running(env: Env, tasks: int = 1) -> Supervisor:
     return sup
 
 
-def kill(sup: Supervisor) -> tuple[float, list[float]]:
-    """SIGKILL ``sup``: (the wall time of the SIGKILL, a list
-    that gets the time its tasks' processes were all seen dead)."""
-    ours = {c.pid for c in psutil.Process(sup.pid).children(recursive=True)}
-    procs = [p for p in marked_processes() if p.pid in ours]
-    assert procs
-    dead: list[float] = []
-    watcher = threading.Thread(target=lambda: dead.append(death_time(procs, 30) or 0.0))
-    killed_at = time.time()
-    sup.signal(signal.SIGKILL)
-    watcher.start()
-    assert sup.wait(10) == -signal.SIGKILL
-    watcher.join()
-    assert dead[0], "the killed worker's tasks outlived it"
-    return killed_at, dead
-
-
-def second_run_start(log, killed_at: float, dead: list[float]) -> float:
+def second_run_start(log, killed_at: float, dead: float) -> float:
     """The second run's start; it is within BOUND of the SIGKILL, after the first run's
     processes died and after the first run's last line."""
     start = runs(log)[2][0][1]
     print(f"running again {start - killed_at:.2f}s after the SIGKILL "
-          f"(old tree dead after {dead[0] - killed_at:.2f}s)")
+          f"(old tree dead after {dead - killed_at:.2f}s)")
     assert start - killed_at < BOUND, f"back after {start - killed_at:.1f}s"
-    assert dead[0] < start and runs(log)[1][-1][1] < start, "the two runs overlap"
+    assert dead < start and runs(log)[1][-1][1] < start, "the two runs overlap"
     return start
 
 
@@ -65,7 +46,7 @@ def test_another_workers_pass_runs_a_killed_workers_task_within_10s(env):
     sup = running(env)
     other = env.supervisor(name="other")
     other.wait_log(" started: ")
-    killed_at, dead = kill(sup)
+    killed_at, dead = kill_and_watch(sup)
     wait_for(lambda: 2 in runs(log), 30, what=f"the second run\n{other.log()}")
     second_run_start(log, killed_at, dead)
     wait_for(lambda: env.job(tid)["status"] == "succeeded", 30, what="succeeded")
@@ -88,7 +69,7 @@ def test_a_batch_run_takes_back_a_killed_workers_task(env, when):
         batch = env.supervisor("--exit-when-empty", name="batch")
         wait_for(lambda: env.rows("SELECT COUNT(*) FROM jobs WHERE status='running'")
                  == [(2,)], 30, what="both running")
-    killed_at, dead = kill(sup)
+    killed_at, dead = kill_and_watch(sup)
     if batch is None:
         batch = env.supervisor("--exit-when-empty", name="batch")
     assert batch.wait(60) == 0, batch.log()
@@ -104,7 +85,7 @@ def test_a_batch_run_takes_back_a_killed_workers_task(env, when):
 def test_ctl_requeue_and_cancel_act_on_a_killed_workers_task_at_once(env, command):
     log = env.tmp / "runs"
     [tid] = env.push(beating_task(log))
-    kill(running(env))
+    kill_and_watch(running(env))
     # status only looks: the task is still in the table as running, shown as its dead
     # worker's, with what will happen to it
     status = env.ctl("status").stdout
@@ -131,9 +112,9 @@ def test_any_ctl_write_takes_back(env):
     sup = running(env)
     lifeline = [p for p in psutil.Process(sup.pid).children()
                 if "supervisor.worker.lifeline" in " ".join(p.cmdline())]
-    kill(sup)
+    kill_and_watch(sup)
     # while the killed worker's lifeline still exits, its owner is "dying" and a write takes
-    # nothing back yet (by design); under load that can outlast kill()'s return
+    # nothing back yet (by design); under load that can outlast kill_and_watch()'s return
     assert not psutil.wait_procs(lifeline, timeout=30)[1], "the lifeline outlived its worker"
     res = env.ctl("push", "-c", "true")
     assert "is gone (its process ended): took back 1 running task(s)" in res.stderr

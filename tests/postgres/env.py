@@ -4,8 +4,6 @@ through ``JOBQ_POSTGRES_URL``, and ``rows``/``job`` read the jobs table."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,7 +11,7 @@ from pathlib import Path
 import psycopg
 
 from supervisor.backends.postgres.lease import PostgresLease
-from tests.conftest import Env, command
+from tests.conftest import Env
 
 
 class PgEnv(Env):
@@ -27,18 +25,6 @@ class PgEnv(Env):
 
     def secret_env(self) -> dict[str, str]:
         return {"JOBQ_POSTGRES_URL": self.url}
-
-    def ctl(self, *args: str, check: bool = True, input: str | None = None,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        full = dict(os.environ)
-        full.update(self.secret_env())
-        full.update(env or {})
-        res = subprocess.run(command("jobq-ctl") + self.base_args() + list(args),
-                             capture_output=True, text=True, timeout=60, input=input,
-                             env=full, cwd=self.tmp)
-        if check and res.returncode != 0:
-            raise AssertionError(f"jobq-ctl {args} failed: {res.stderr}")
-        return res
 
     def serve(self, queue: str | None = None) -> None:
         """Record the queue as served, as a worker's start does (no "never served" warning)."""
@@ -62,12 +48,6 @@ class PgEnv(Env):
             yield mine
         finally:
             backend.close()
-
-    def supervisor(self, *args: str, env: dict[str, str] | None = None,
-                   name: str | None = None, **kw):
-        full = self.secret_env()
-        full.update(env or {})
-        return super().supervisor(*args, env=full, name=name, **kw)
 
     def rows(self, sql: str = "SELECT id, state, attempt, reason FROM jobq.jobs "
              "ORDER BY created_at, run_at, id", args: tuple = ()) -> list[tuple]:

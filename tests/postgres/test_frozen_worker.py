@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import signal
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import wait_for, wait_for_no_marked
+from tests.conftest import wait_for
 from tests.integration.helpers import death_time, ready_count, term_times, write_recorder
 from tests.postgres.env import PgEnv
 from tests.postgres.faults import LeaseLog, freeze, frozen, thaw
@@ -24,15 +23,6 @@ pytestmark = [pytest.mark.timing, pytest.mark.timeout(180)]
 
 LOCK = 6  # s: --lock-duration (renewed every 2 s; the kill deadline 4 s after a renewal)
 TERM_WITHIN = 2.0  # s: one poll interval (1 s, the main thread's bound) + a busy machine's
-
-
-@pytest.fixture
-def pg(tmp_path: Path, pg_url: str):
-    e = PgEnv(tmp_path, pg_url)
-    yield e
-    e.cleanup()
-    survivors = wait_for_no_marked(timeout=10)
-    assert not survivors, f"task processes survived the test: {survivors}"
 
 
 def test_a_freeze_longer_than_the_lease_kills_the_task_in_time_and_the_worker_goes_on(

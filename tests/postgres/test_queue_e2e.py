@@ -11,23 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for, wait_for_no_marked
+from tests.conftest import wait_for
 from tests.postgres.env import PgEnv
 
 pytestmark = pytest.mark.timeout(180)
 
 POLL = "0.2"
 DELAY = 6  # s: a --delay (jobq-ctl takes a while to start on a busy machine)
-
-
-@pytest.fixture
-def pg(tmp_path: Path, pg_url: str):
-    """One test's PostgreSQL queue (PgEnv); no task process of the test may survive it."""
-    e = PgEnv(tmp_path, pg_url)
-    yield e
-    e.cleanup()
-    survivors = wait_for_no_marked(timeout=10)
-    assert not survivors, f"task processes survived the test: {survivors}"
 
 
 def stamps(path: Path) -> list[float]:

@@ -7,15 +7,13 @@ lifeline kills its tasks first, so the two runs never overlap."""
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from datetime import datetime
 
-import psutil
 import pytest
 
-from tests.conftest import Supervisor, marked_processes, wait_for
-from tests.integration.helpers import beating_task, death_time, long_sleeps, runs
+from tests.conftest import Supervisor, wait_for
+from tests.integration.helpers import beating_task, kill_and_watch, long_sleeps, runs
 from tests.postgres.env import PgEnv
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.timing, pytest.mark.slow]
@@ -33,23 +31,6 @@ def running(pg: PgEnv, *args: str) -> Supervisor:
     return sup
 
 
-def kill(sup: Supervisor) -> tuple[float, float]:
-    """SIGKILL ``sup``: (the wall time of the SIGKILL, the time its task's processes were
-    all seen dead -- the lifeline kills them)."""
-    ours = {c.pid for c in psutil.Process(sup.pid).children(recursive=True)}
-    procs = [p for p in marked_processes() if p.pid in ours]
-    assert procs
-    dead: list[float] = []
-    watcher = threading.Thread(target=lambda: dead.append(death_time(procs, 30) or 0.0))
-    killed_at = time.time()
-    sup.signal(signal.SIGKILL)
-    watcher.start()
-    assert sup.wait(10) == -signal.SIGKILL
-    watcher.join()
-    assert dead[0], "the killed worker's task outlived it"
-    return killed_at, dead[0]
-
-
 def locked_until(pg: PgEnv, task_id: str) -> float:
     """The task's locked_until (epoch s): final once its worker is dead."""
     value = pg.job(task_id)["locked_until"]
@@ -64,7 +45,7 @@ def test_a_killed_workers_task_runs_again_on_another_worker_within_a_minute(pg: 
     sup = running(pg, "--lock-duration", "30s")
     other = pg.supervisor("-n", "1", "--lock-duration", "30s", name="other")
     other.wait_log(" started: ", 60)
-    killed_at, dead_at = kill(sup)
+    killed_at, dead_at = kill_and_watch(sup)
     until = locked_until(pg, tid)
     wait_for(lambda: 2 in runs(log), 90, what=f"the second run\n{other.log()}")
     start = runs(log)[2][0][1]
@@ -90,7 +71,7 @@ def test_on_its_last_attempt_a_killed_workers_task_fails_with_the_reason(pg: PgE
     worker = sup.log().split("worker ", 1)[1].split(" started", 1)[0]
     other = pg.supervisor("-n", "1", name="other")
     other.wait_log(" started: ", 60)
-    kill(sup)
+    kill_and_watch(sup)
     wait_for(lambda: pg.job(tid)["state"] == "failed", 60, what=f"failed\n{other.log()}")
     job = pg.job(tid)
     assert job["reason"] == f"lease expired on the last attempt (worker {worker} stopped " \
