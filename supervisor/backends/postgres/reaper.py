@@ -1,6 +1,6 @@
 """Rescue of expired leases on the PostgreSQL queue: a running task whose ``locked_until`` (the
 database clock) passed more than ``--stale-lock-age`` ago -- its worker died, froze or lost
-the server -- goes back to pending, or to failed on its last attempt (docs/architecture.rst,
+the server -- goes back to pending, or to failed on its last attempt (docs/backends.rst,
 "PostgreSQL").
 
 Every live worker tries every ``--reaper-interval`` (defaults for this backend: 10 s and 0,
