@@ -33,8 +33,8 @@ from tests.reliability.runlog import (
     sigkill_timed,
 )
 
-# serial: SIGKILLs supervisors on a schedule: CPU-heavy
-pytestmark = [pytest.mark.serial, pytest.mark.slow, pytest.mark.timeout(180)]
+# stress: SIGKILLs supervisors on a schedule (it mostly waits: ~25% of 2 cores)
+pytestmark = [pytest.mark.stress, pytest.mark.slow, pytest.mark.timeout(180)]
 
 TASKS = {"sqlite": 200, "azurite": 200, "postgres": 400}  # postgres: work for all its faults
 SUPERVISORS = {"sqlite": 4, "azurite": 4, "postgres": 3}

@@ -13,8 +13,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from tests.conftest import Env
 
-# serial: several supervisors race on one queue: CPU-heavy
-pytestmark = [pytest.mark.serial, pytest.mark.slow, pytest.mark.timeout(240)]
+# stress: several supervisors race on one queue
+pytestmark = [pytest.mark.stress, pytest.mark.slow, pytest.mark.timeout(240)]
 
 TASKS = 2000
 SUPERVISORS = {"sqlite": 4, "postgres": 2}

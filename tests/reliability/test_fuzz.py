@@ -25,8 +25,8 @@ from supervisor.backends.sqlite.backend import SqliteBackend
 from tests.conftest import Supervisor
 from tests.reliability.conftest import RelEnv, RelSqEnv, still_works
 
-# serial: many supervisors and tasks: CPU-heavy
-pytestmark = [pytest.mark.serial, pytest.mark.slow, pytest.mark.timeout(240)]
+# stress: many supervisors and tasks
+pytestmark = [pytest.mark.stress, pytest.mark.slow, pytest.mark.timeout(240)]
 
 KiB = 1024
 BODY_LIMIT = 60 * KiB  # supervisor.core.task.MAX_BODY_BYTES
