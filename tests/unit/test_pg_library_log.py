@@ -69,3 +69,11 @@ def test_the_same_message_of_a_pool_is_logged_once_per_interval(pool_log) -> Non
     assert out.lines[-1].endswith("(4 more like it in the last 31s)"), out.lines[-1]
     log.warning("error connecting in %r: %s", "jobq-main", LIBPQ)  # held back again
     assert len(out.lines) == 3
+
+
+def test_every_logger_of_psycopg_and_its_pool_is_tamed() -> None:
+    """A logger's filter sees only its own records: each of psycopg's loggers has one."""
+    import supervisor.backends.postgres.connect  # noqa: F401 (installs the filters)
+
+    for name in ("psycopg", "psycopg.pool", "psycopg.pq", "psycopg_pool.sched"):
+        assert any(isinstance(f, LibraryLogFilter) for f in logging.getLogger(name).filters), name

@@ -98,7 +98,7 @@ def _literal_passwords(url: str | None) -> list[str]:
 
 # psycopg's own log lines (the pool's "error connecting ...") redacted too, one line each and
 # not one per retry (library_log.py)
-tame(("psycopg", "psycopg.pool"), redact)
+tame(("psycopg", "psycopg_pool"), redact)
 
 
 # -- connection strings --------------------------------------------------------------------

@@ -5,8 +5,8 @@ While the server is down, psycopg_pool logs ``error connecting in 'jobq-main': .
 reconnect attempt of each pool -- every few hundred milliseconds at times -- with libpq's
 message as it is: several lines ("connection refused" and a tab-indented hint), which in a
 text log look like a traceback and split one record over lines a log shipper takes apart.
-``LibraryLogFilter`` (installed on the ``psycopg`` and ``psycopg.pool`` loggers by
-connect.py, which hands in its ``redact``) rewrites each record's message as one redacted
+``LibraryLogFilter`` (installed on psycopg's and psycopg_pool's loggers by connect.py,
+which hands in its ``redact``) rewrites each record's message as one redacted
 line (an attached exception: its one-line text after it, no traceback), and lets the same
 message of the same pool through once per ``REPEAT_EVERY`` seconds, the next one saying how
 many were held back.  The worker's own outage lines (core/backoff.py) say what the outage
@@ -69,7 +69,11 @@ def _key(record: logging.LogRecord) -> Hashable:
     return record.name, str(record.msg), first if isinstance(first, str) else None
 
 
-def tame(names: tuple[str, ...], redact: Callable[[str], str]) -> None:
-    """Install the filter on the loggers ``names`` (at import of connect.py, once)."""
-    for name in names:
-        logging.getLogger(name).addFilter(LibraryLogFilter(redact))
+def tame(packages: tuple[str, ...], redact: Callable[[str], str]) -> None:
+    """Install the filter on every logger of ``packages`` (at import of connect.py, once,
+    after the packages were imported): a logger's filter sees only the records logged on
+    that logger, not its children's (``psycopg.pq``, ``psycopg_pool.sched``...)."""
+    flt = LibraryLogFilter(redact)
+    known = list(logging.Logger.manager.loggerDict)
+    for name in {*packages, *(n for n in known for p in packages if n.startswith(p + "."))}:
+        logging.getLogger(name).addFilter(flt)
