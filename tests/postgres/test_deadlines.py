@@ -87,7 +87,7 @@ def test_closing_the_backend_ends_the_watcher_promptly_and_leaves_no_thread(
         took = time.monotonic() - t0
     left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
     assert not left, f"threads left after close: {left}"
-    assert took < 2.0, f"close took {took:.2f}s"
+    assert took < 5.0, f"close took {took:.2f}s"  # the old watcher idled 60 s
     # a later backend's call starts another watcher
     backend = open_queue(pg_url, poll_interval=1.0)
     try:
