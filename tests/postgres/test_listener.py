@@ -13,13 +13,14 @@ import pytest
 from supervisor.backends.postgres import listener as listener_mod
 from supervisor.backends.postgres.connect import APP_WORKER, connect, one_line
 from supervisor.backends.postgres.listener import WakeListener
+from tests.postgres.faults import frozen
 
 CHANNEL = "jobq.wake"
 
 
-def make(url: str) -> WakeListener:
+def make(url: str, **kw) -> WakeListener:
     return WakeListener(lambda: connect(url, application_name=APP_WORKER), CHANNEL,
-                        describe=lambda exc: one_line(exc, url))
+                        describe=lambda exc: one_line(exc, url), **kw)
 
 
 def notify(url: str, queue: str, channel: str = CHANNEL) -> None:
@@ -165,3 +166,32 @@ def test_the_worker_is_woken_once_until_it_asks(pg_url, listener):
     wakes.clear()
     notify(pg_url, "q")
     assert wait_for(lambda: wakes == ["woken"], 5)
+
+
+@pytest.mark.timeout(120)
+def test_a_frozen_server_is_noticed_by_the_keep_alive_and_listened_to_again(
+        pg_server, pg_url, caplog):
+    """SIGSTOP of the server (the kernel still acknowledges, so no TCP timeout fires): the
+    keep-alive SELECT 1 is cut at its client-side deadline, the listener says it is down
+    (the worker polls), and once the server answers again it LISTENs anew."""
+    lst = make(pg_url, ping_every=0.5, ping_timeout=1.0)
+    lst.watch("q")
+    lst.start()
+    try:
+        assert lst.listening.wait(10)
+        assert lst.changed("q")
+        with frozen(pg_server):
+            gone = wait_for(lambda: not lst.listening.is_set(), 15)
+            assert gone, "the keep-alive hung on the frozen server"
+            assert not lst.changed("q")
+        assert wait_for(lambda: lst.connects == 2 and lst.listening.is_set(), 60), \
+            "the listener did not LISTEN again after the thaw"
+        assert lst.changed("q")  # a NOTIFY may have been lost meanwhile
+        notify(pg_url, "q")
+        assert wait_for(lambda: lst.changed("q"), 10)
+        assert "no answer from the server in time" in caplog.text
+        assert "pg-test-s3cret" not in caplog.text
+    finally:
+        lst.close()
+    assert not any(t.name == "pg-wake-listener" and t.is_alive()
+                   for t in threading.enumerate())

@@ -157,6 +157,39 @@ def test_retention_purges_old_succeeded_tasks_only(pg_url: str, close_at_end) ->
     assert backend.admin().task_states([t.id for t in tasks]) == {tasks[4].id: "failed"}
 
 
+def test_the_purge_keeps_its_own_cadence_not_the_reapers(pg_url: str, close_at_end) -> None:
+    """The expired-lease reaper runs every 10 s on PostgreSQL; the purge at most once a
+    minute (retention.PURGE_EVERY), on the injected schedule clock."""
+    from supervisor.backends.postgres.retention import PURGE_EVERY
+    from tests.fakes.clock import FakeClock
+
+    backend = close_at_end(open_queue(pg_url, "jobs", "w1", retention=7 * 86400.0))
+    assert backend.reaper is not None and backend.reaper.interval == 10.0  # the default
+    backend.clock = FakeClock(1000.0)
+
+    def old_succeeded() -> str:
+        task = Task(cmd="true")
+        backend.push([task])
+        (lease,) = backend.receive(1, 30.0)
+        lease.complete()
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute("UPDATE jobq.jobs SET ended_at = now() - interval '8 days' "
+                         "WHERE id=%s", (task.id,))
+        return task.id
+
+    first = old_succeeded()
+    backend.maintenance()  # the first pass purges
+    assert backend.admin().task_states([first]) == {}
+    second = old_succeeded()
+    for _ in range(int(PURGE_EVERY // 10) - 1):  # the reaper's cadence: no purge yet
+        backend.clock.advance(10.0)
+        backend.maintenance()
+        assert backend.admin().task_states([second]) == {second: "succeeded"}
+    backend.clock.advance(PURGE_EVERY - (PURGE_EVERY // 10 - 1) * 10.0)
+    backend.maintenance()
+    assert backend.admin().task_states([second]) == {}
+
+
 def test_a_lease_given_back_without_delay_keeps_its_place(pg_url: str, close_at_end) -> None:
     """Received ahead and given back (or preempted): it is still before the tasks pushed after
     it, as on SQLite; a retry's delay puts it behind them."""

@@ -12,7 +12,8 @@ statements with a server-side timeout, and the errors that leave this package.
   is one clear line at start instead of a pool's timeout.
 * ``execute`` -- one statement under ``SET LOCAL statement_timeout``, in one round trip.
 * ``redact`` -- every message that leaves this package goes through it: no password, in
-  URI form, ``key=value`` form or quoted, ever reaches a log line or an error.
+  URI form, ``key=value`` form or quoted, ever reaches a log line or an error (psycopg's own
+  log records too: library_log.py, which also makes them one line and rate-limits them).
 * ``failure`` -- maps a psycopg error onto BackendConfigError (exit 2: the configuration can
   never work) or BackendError (transient, retried).
 
@@ -47,6 +48,7 @@ except ImportError as exc:  # the 'postgres' extra is not installed
         "'jobq-supervisor[postgres]'") from exc
 
 from .deadlines import DEADLINES  # noqa: E402 (needs psycopg, checked just above)
+from .library_log import tame  # noqa: E402
 
 APP_WORKER = "jobq-supervisor"  # application_name: what pg_stat_activity shows
 APP_CTL = "jobq-ctl"
@@ -94,17 +96,9 @@ def _literal_passwords(url: str | None) -> list[str]:
     return [s for s in found if len(s) >= _MIN_LITERAL]
 
 
-class _RedactingFilter(logging.Filter):
-    """psycopg's own log lines (the pool's "error connecting ...") redacted too."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = redact(record.getMessage())
-        record.args = None
-        return True
-
-
-for _name in ("psycopg", "psycopg.pool"):
-    logging.getLogger(_name).addFilter(_RedactingFilter())
+# psycopg's own log lines (the pool's "error connecting ...") redacted too, one line each and
+# not one per retry (library_log.py)
+tame(("psycopg", "psycopg_pool"), redact)
 
 
 # -- connection strings --------------------------------------------------------------------

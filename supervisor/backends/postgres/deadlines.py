@@ -10,9 +10,12 @@ call still running at its deadline down.  The call then fails at once (a psycopg
 OperationalError: a BackendError for the keeper, which retries while the lease lasts) and
 the pool discards the broken connection.
 
-Threads: ``within``, ``bounded`` and ``check`` on the lease threads; ``_watch`` on the
-watcher, started with the first bounded call, ended by ``stop`` (when the pools close) or after
-WATCH_IDLE seconds without a call.
+Threads: ``within``, ``bounded`` and ``check`` on the lease threads (and the main thread's and
+the wake-up listener's calls); ``_watch`` on the watcher, started through core/threads.py with
+the first bounded call and ended by its stop Event, which ``stop`` sets when a backend's pools
+close (a later call starts another).  While calls come it looks every TICK at least; after a
+TICK in which no call began it parks -- waits for the next call's wake-up with no timeout --
+so an idle worker's watcher costs nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from psycopg_pool import ConnectionPool
 
 from ...core.threads import start_thread
 
-WATCH_IDLE = 60.0  # s without a bounded call before the watcher thread ends
 TICK = 0.25  # s: the watcher looks at least this often while calls come
 STOP_WAIT = 2.0  # s ``stop`` waits for the watcher to end
 
@@ -49,9 +51,15 @@ class CallDeadlines:
         # wake-up (Event.set and a thread switch per statement cost the per-task path): the
         # watcher looks at least every TICK, and calls carry bounds of a second and more.
         self._armed = float("inf")
-        self._stop = threading.Event()
+        self._begun = 0  # calls begun so far: none since the watcher's last look -> it parks
+        self._stop = threading.Event()  # the running watcher's: set by ``stop``
         self._watcher: threading.Thread | None = None
         self._local = threading.local()
+
+    @property
+    def watcher(self) -> threading.Thread | None:
+        """The watcher thread while one runs (tests)."""
+        return self._watcher
 
     @contextmanager
     def within(self, deadline: float) -> Iterator[None]:
@@ -74,10 +82,11 @@ class CallDeadlines:
         key = next(self._keys)
         with self._lock:
             self._calls[key] = (deadline, conn)
+            self._begun += 1
             if self._watcher is None:
-                self._stop.clear()
+                stop = self._stop = threading.Event()
                 self._armed = float("inf")
-                self._watcher = start_thread(self._watch, "jobq-pg-deadlines")
+                self._watcher = start_thread(lambda: self._watch(stop), "jobq-pg-deadlines")
             wake = deadline < self._armed
             if wake:
                 self._armed = deadline
@@ -103,9 +112,10 @@ class CallDeadlines:
         with self.bounded(conn):
             ConnectionPool.check_connection(conn)
 
-    def _watch(self) -> None:
-        """Watcher thread: cut the calls past their deadline; end when idle."""
-        idle_since = time.monotonic()
+    def _watch(self, stop: threading.Event) -> None:
+        """Watcher thread: cut the calls past their deadline; park when no call came for a
+        TICK; end on ``stop`` once no call is in flight (a cut one still needs its cut)."""
+        seen = -1
         while True:
             self._wake.clear()
             now = time.monotonic()
@@ -117,25 +127,28 @@ class CallDeadlines:
                         self._cut.add(key)
                         _shutdown(conn)
                 pending = [d for k, (d, _) in self._calls.items() if k not in self._cut]
-                if self._calls:
-                    idle_since = now
-                elif self._stop.is_set() or now - idle_since >= WATCH_IDLE:
+                if not self._calls and stop.is_set():
                     self._watcher = None
                     return
-                # Nothing in flight: look again in a TICK anyway, so that the next calls
-                # (bounds of a second and more) need not wake the watcher either.
-                self._armed = min(pending, default=now + TICK)
-            wait = self._armed - now
-            self._wake.wait(max(0.0, wait))
+                if self._calls or self._begun != seen:
+                    # Calls come: look again in a TICK anyway, so that the next calls (bounds
+                    # of a second and more) need not wake the watcher either.
+                    self._armed = min(pending, default=now + TICK)
+                else:
+                    self._armed = float("inf")  # idle: the next call wakes the watcher
+                seen = self._begun
+                armed = self._armed
+            # a call or ``stop`` after the clear above sets the event: no wake-up is lost
+            self._wake.wait(None if armed == float("inf") else max(0.0, armed - now))
 
     def stop(self) -> None:
         """End the watcher once no call is in flight (a later call starts another); wait
         for it a moment (the thread that closes the pools)."""
         with self._lock:
             watcher = self._watcher
+            self._stop.set()
         if watcher is None:
             return
-        self._stop.set()
         self._wake.set()
         watcher.join(STOP_WAIT)
 

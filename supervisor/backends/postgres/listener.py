@@ -15,9 +15,11 @@ the flag.  The poll stays the backstop: a flag only brings a receive forward.
 A connection that breaks (a server restart, a failover, a cut link) is opened and LISTENed
 again with back-off (core/backoff.py), and every flag is set once it is: a NOTIFY sent while
 it was down was lost.  A link that goes silent without breaking is found by a ``SELECT 1``
-after ``PING_EVERY`` seconds without traffic, which the connection's TCP user timeout bounds
-(connect.py: ``CONNECTION_DEFAULTS``).  While it is down, the probe says "nothing new": the
-worker polls, as with ``--postgres-notify off``.
+after ``PING_EVERY`` seconds without traffic, which must answer within ``PING_TIMEOUT``: a
+client-side deadline (deadlines.py), as the LISTEN after a connect has -- a frozen server
+(SIGSTOP, a host stalled in swap) keeps acknowledging at the TCP level, so neither the TCP
+user timeout nor keepalives would ever break that call.  While it is down, the probe says
+"nothing new": the worker polls, as with ``--postgres-notify off``.
 """
 
 from __future__ import annotations
@@ -34,11 +36,13 @@ from ...core.settings import Settings
 from ...core.threads import start_thread
 from ..base import BackendError
 from .connect import APP_WORKER, connect, conninfo, one_line, psycopg
+from .deadlines import DEADLINES
 from .schema import wake_channel
 
 log = logging.getLogger("jobq.postgres")
 
 PING_EVERY = 30.0  # s without traffic before the listener checks that its link is alive
+PING_TIMEOUT = 10.0  # s the SELECT 1 (and the LISTEN after a connect) may take
 STOP_WAIT = 2.0  # s ``close`` waits for the thread to end (it is a daemon thread anyway)
 OUTAGE_EFFECT = "tasks start at the next poll meanwhile"
 
@@ -56,10 +60,13 @@ class WakeListener:
 
     def __init__(self, connect: Callable[[], psycopg.Connection], channel: str,
                  clock: Callable[[], float] = time.monotonic,
-                 describe: Callable[[BaseException], str] = str) -> None:
+                 describe: Callable[[BaseException], str] = str, *,
+                 ping_every: float = PING_EVERY, ping_timeout: float = PING_TIMEOUT) -> None:
         """``connect``: a new connection, or BackendError / psycopg.Error; ``describe``: an
         error as one line for the log, without secrets (connect.py: ``one_line``)."""
         self.connect = connect
+        self.ping_every = ping_every
+        self.ping_timeout = ping_timeout
         self.channel = channel
         self.clock = clock
         self.describe = describe
@@ -171,7 +178,7 @@ class WakeListener:
         try:
             conn = self.connect()
             conn.autocommit = True
-            conn.execute(f"LISTEN {quoted(self.channel)}")
+            self._bounded(conn, f"LISTEN {quoted(self.channel)}")
         except (psycopg.Error, OSError, BackendError) as exc:
             if conn is not None:
                 _close_quietly(conn)
@@ -187,9 +194,9 @@ class WakeListener:
         """Until stopped or the connection breaks (raises psycopg.Error)."""
         quiet_since = self.clock()
         while not self._stop.is_set():
-            left = quiet_since + PING_EVERY - self.clock()
+            left = quiet_since + self.ping_every - self.clock()
             if left <= 0:
-                conn.execute("SELECT 1")  # a silent link breaks here (tcp_user_timeout)
+                self._bounded(conn, "SELECT 1")  # a silent link or a frozen server: cut
                 quiet_since = self.clock()
                 continue
             ready, _, _ = select.select([conn.pgconn.socket, self._wake_r], [], [], left)
@@ -199,6 +206,12 @@ class WakeListener:
             # Readable: the notifications that came, or the server's goodbye -- then the
             # next read raises (the connection is closed).
             self._mark(n.payload for n in conn.notifies(timeout=0))
+
+    def _bounded(self, conn: psycopg.Connection, sql: str) -> None:
+        """``sql`` on ``conn``, cut after ``ping_timeout`` seconds (deadlines.py: the socket
+        is shut down, the call raises psycopg.OperationalError)."""
+        with DEADLINES.within(time.monotonic() + self.ping_timeout), DEADLINES.bounded(conn):
+            conn.execute(sql)
 
 
 def _close_quietly(conn: psycopg.Connection) -> None:

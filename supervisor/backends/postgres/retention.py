@@ -6,7 +6,11 @@ Rows go in batches of ``PURGE_BATCH``, each one short autocommit statement over 
 through the index on finished rows' ended_at, ``FOR UPDATE SKIP LOCKED``: two workers purging
 at once split the rows instead of waiting on each other, and no writer waits for more than one
 batch.  When and for how long a worker purges is the schedule every queue that keeps succeeded
-tasks shares (backends/purger.py); ``jobq-ctl prune`` purges everything due at once.
+tasks shares (backends/purger.py), at its own cadence: every ``--reaper-interval`` but at
+most once per ``PURGE_EVERY`` -- the expired-lease reaper runs every 10 s by default here, a
+purge of rows days old needs no such pace (each pass is a statement on the main pool, and
+the idle worker's statement count is what a fleet pays per hour).  ``jobq-ctl prune`` purges
+everything due at once.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from ..purger import purge_all as shared_purge_all
 log = logging.getLogger("jobq.postgres")
 
 PURGE_BATCH = 1000  # rows per statement
+PURGE_EVERY = 60.0  # s: the least time between two purge passes (a backlog: PURGE_AGAIN)
 
 
 class Queue(Protocol):
@@ -49,5 +54,7 @@ def purge_all(backend: Queue, before: float, batch: int = PURGE_BATCH) -> int:
 
 
 def purger(backend: Queue, retention: float, interval: float) -> Purger:
-    """The worker's purge schedule (a pass of ``PostgresBackend.maintenance``)."""
-    return Purger(backend, retention, interval, purge_batch, PURGE_BATCH, log)
+    """The worker's purge schedule (a pass of ``PostgresBackend.maintenance``): every
+    ``interval`` (``--reaper-interval``; 0: never), at least ``PURGE_EVERY`` apart."""
+    every = max(interval, PURGE_EVERY) if interval else 0.0
+    return Purger(backend, retention, every, purge_batch, PURGE_BATCH, log)
