@@ -1,0 +1,128 @@
+"""The PostgreSQL queue through a real PgBouncer in transaction pooling mode with
+``--postgres-notify off`` (``pgb`` fixture: tests/postgres/bouncer.py): real workers drain
+tasks, ``jobq-ctl`` works, ``migrate`` serialises on its transaction-level advisory lock, the
+reaper takes a dead worker's task back, and a long task keeps its lease across renewals.
+
+The bouncer hands each transaction to the next of three server connections in turn, so
+whatever relied on session state (a prepared statement, a session advisory lock, ``SET``)
+fails here; ``test_the_bouncer_pools_by_transaction`` shows that it really does."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import psycopg
+import pytest
+
+from supervisor.backends.postgres import schema as sc
+from tests.conftest import wait_for
+from tests.integration.helpers import beating_task, kill_and_watch, long_sleeps, runs
+from tests.postgres.bouncer import POOL_SIZE, PgBouncer
+from tests.postgres.env import PgEnv
+from tests.postgres.test_schema import popen_ctl
+
+pytestmark = pytest.mark.timeout(180)
+
+POLL = "0.2"
+
+
+def test_the_bouncer_pools_by_transaction(pg_bouncer: PgBouncer, bouncer_url: str) -> None:
+    """The fixture is what the tests need: transaction pooling, one client's transactions on
+    several server connections, and a prepared statement of one transaction gone in the
+    next (what ``prepare_threshold=None`` avoids)."""
+    config = {row[0]: row[1] for row in pg_bouncer.show("CONFIG")}
+    assert config["pool_mode"] == "transaction"
+    with psycopg.connect(bouncer_url, autocommit=True, prepare_threshold=None) as conn:
+        pids = {conn.execute("SELECT pg_backend_pid()").fetchone()[0] for _ in range(12)}
+        assert len(pids) == POOL_SIZE, pids
+    with psycopg.connect(bouncer_url, autocommit=True, prepare_threshold=0) as conn:
+        with pytest.raises(psycopg.errors.InvalidSqlStatementName):
+            for _ in range(12):
+                conn.execute("SELECT pg_backend_pid()")
+
+
+def test_workers_drain_tasks_each_exactly_once(pgb: PgEnv) -> None:
+    done = pgb.tmp / "done"
+    pgb.serve()
+    ids = pgb.push(*(f"echo $JOBQ_TASK_ID >> {done}" for _ in range(40)))
+    [bad] = pgb.push("echo 'the last words'; exit 3", extra=("--max-attempts", "1"))
+    assert pgb.ctl("size").stdout == "41\n"
+    assert [line.split()[0] for line in pgb.ctl("peek").stdout.splitlines()] == (ids + [bad])[:10]
+    sups = [pgb.supervisor("-n", "3", "--exit-when-empty", "--poll-interval", POLL,
+                           "--worker-id", f"w{i}") for i in range(2)]
+    assert [sup.wait(120) for sup in sups] in ([4, 0], [0, 4]), [s.log() for s in sups]
+    ran = done.read_text().split()
+    assert sorted(ran) == sorted(ids), "a task ran twice or never"
+    assert pgb.rows("SELECT state, attempt, count(*) FROM jobq.jobs WHERE id <> %s "
+                    "GROUP BY 1, 2", (bad,)) == [("succeeded", 1, 40)]
+    for sup in sups:  # no backend error, retried or not
+        assert "PostgreSQL: " not in sup.log() and "prepared" not in sup.log(), sup.log()
+    assert pgb.ctl("size").stdout == "0\n"
+    [failed] = json.loads(pgb.ctl("failed", "--json").stdout)
+    assert failed["id"] == bad and "the last words" in json.dumps(failed)
+
+
+def test_status_shows_a_running_task_and_its_lease_is_renewed(pgb: PgEnv) -> None:
+    """A long task keeps its lease across several renewals (a 3 s lease, renewed every
+    second, for a task of about 8 s), and ``jobq-ctl status`` shows it running."""
+    started = pgb.tmp / "started"
+    pgb.serve()
+    [tid] = pgb.push(f"touch {started}; sleep 8")
+    sup = pgb.supervisor("-n", "1", "--poll-interval", POLL, "--lock-duration", "3s",
+                         "--exit-when-empty")
+    wait_for(started.exists, 60, what=f"the task to start\n{sup.log()}")
+    [running] = json.loads(pgb.ctl("status", "--json").stdout)["running"]
+    assert running["id"] == tid and running["attempt"] == 1
+    seen = set()
+    while pgb.job(tid)["state"] == "running":
+        seen.add(pgb.job(tid)["locked_until"])
+        time.sleep(0.2)
+    assert sup.wait(60) == 0, sup.log()
+    job = pgb.job(tid)
+    assert (job["state"], job["attempt"]) == ("succeeded", 1), job
+    assert len(seen - {None}) >= 4, seen  # the first lock and at least three renewals
+    assert "lease" not in sup.log().lower().replace("lease expired", ""), sup.log()
+
+
+def test_the_reaper_takes_a_killed_workers_task_back(pgb: PgEnv) -> None:
+    """A SIGKILLed worker's task is taken back by another worker's reaper (its
+    transaction-level advisory lock held through the bouncer) and runs again."""
+    log = pgb.tmp / "runs"
+    pgb.serve()
+    [tid] = pgb.push(beating_task(log))
+    sup = pgb.supervisor("-n", "1", "--lock-duration", "5s", name="killed")
+    wait_for(lambda: long_sleeps() == 2 and runs(log).get(1), 60,
+             what=f"the task running\n{sup.log()}")
+    other = pgb.supervisor("-n", "1", "--lock-duration", "5s", "--reaper-interval", "1s",
+                           "--poll-interval", POLL, name="other")
+    other.wait_log(" started: ", 60)
+    kill_and_watch(sup)
+    wait_for(lambda: 2 in runs(log), 60, what=f"the second run\n{other.log()}")
+    wait_for(lambda: pgb.job(tid)["state"] == "succeeded", 60, what="succeeded")
+    assert pgb.job(tid)["attempt"] == 2
+    other.signal(signal.SIGTERM)
+    assert other.wait(30) == 0
+    assert "stopped renewing: took back 1 running task(s)" in other.log()
+
+
+def test_concurrent_migrates_through_the_bouncer(pg_server, pg_url: str,
+                                                 bouncer_url: str) -> None:
+    """``jobq-ctl migrate`` through the bouncer: its transaction-level advisory lock holds
+    for its whole transaction (three of them wait on a lock the test holds on the server
+    directly), and each exits 0, one having created the schema."""
+    with psycopg.connect(pg_url, autocommit=True) as holder:
+        with holder.transaction():
+            holder.execute("SELECT pg_advisory_xact_lock(%s)", (sc.lock_key("jobq"),))
+            procs = [popen_ctl(bouncer_url, "--postgres-notify", "off", "migrate")
+                     for _ in range(POOL_SIZE)]
+            wait_for(lambda: holder.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            ).fetchone()[0] == POOL_SIZE, 60, what="the migrates waiting on the lock")
+        outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0] * POOL_SIZE, outs
+    assert sorted(out for out, _err in outs) == [
+        f"schema jobq: at version {sc.LATEST} already\n"] * (POOL_SIZE - 1) + [
+        f"schema jobq: created at version {sc.LATEST}\n"]
+
