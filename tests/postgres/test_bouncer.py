@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from supervisor.backends.postgres import schema as sc
+from supervisor.backends.postgres.connect import POOLER_HINT, failure
 from tests.conftest import wait_for
 from tests.integration.helpers import beating_task, kill_and_watch, long_sleeps, runs
 from tests.postgres.bouncer import POOL_SIZE, PgBouncer
@@ -126,3 +127,43 @@ def test_concurrent_migrates_through_the_bouncer(pg_server, pg_url: str,
         f"schema jobq: at version {sc.LATEST} already\n"] * (POOL_SIZE - 1) + [
         f"schema jobq: created at version {sc.LATEST}\n"]
 
+
+
+def lost_prepared(url: str) -> psycopg.Error:
+    """The error a connection to ``url`` that prepares every statement meets (none: None)."""
+    with psycopg.connect(url, autocommit=True, prepare_threshold=0) as conn:
+        try:
+            for _ in range(12):
+                conn.execute("SELECT pg_backend_pid()")
+        except psycopg.Error as exc:
+            return exc
+    raise AssertionError("no statement was lost")
+
+
+def test_a_lost_prepared_statement_names_the_pooler_and_the_setting(
+        pg_url: str, bouncer_url: str) -> None:
+    """Through a transaction pooler a statement psycopg prepared goes missing: the one-line
+    error says why and what to set; a server's own error about a prepared statement does not
+    get the hint."""
+    message = str(failure(lost_prepared(bouncer_url), "receive", bouncer_url))
+    assert message.startswith("PostgreSQL: receive: prepared statement \"_pg3_")
+    assert message.endswith(POOLER_HINT) and "--postgres-notify off" in message
+    assert "\n" not in message and "pg-test-s3cret" not in message
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InvalidSqlStatementName) as raised:
+            conn.execute("EXECUTE nosuch")
+    assert POOLER_HINT not in str(failure(raised.value, "receive", pg_url))
+
+
+def test_notify_on_through_the_bouncer_tells_what_to_set(pgb: PgEnv) -> None:
+    """``--postgres-notify on`` (the default) through PgBouncer in transaction mode: psycopg
+    prepares statements and soon one is missing; the worker's warning names the pooler and
+    ``--postgres-notify off`` instead of a bare "prepared statement does not exist"."""
+    pgb.serve()
+    pgb.push(*(f"echo {i}" for i in range(30)))
+    sup = pgb.supervisor("-n", "3", "--poll-interval", POLL, "--postgres-notify", "on")
+    sup.wait_log('"_pg3_', 90)
+    sup.signal(signal.SIGTERM)
+    sup.wait(60)
+    warnings = [line for line in sup.log().splitlines() if '"_pg3_' in line]
+    assert all(POOLER_HINT in line for line in warnings), warnings
