@@ -95,8 +95,6 @@ class PgBouncer:
             "max_client_conn = 200",
             "server_round_robin = 1",
             "server_login_retry = 1",
-            # What libpq and psycopg may send at start-up that PgBouncer does not track.
-            "ignore_startup_parameters = extra_float_digits",
             "",
         ]))
         if self._as_postgres:

@@ -163,7 +163,8 @@ def test_notify_on_through_the_bouncer_tells_what_to_set(pgb: PgEnv) -> None:
     pgb.push(*(f"echo {i}" for i in range(30)))
     sup = pgb.supervisor("-n", "3", "--poll-interval", POLL, "--postgres-notify", "on")
     sup.wait_log('"_pg3_', 90)
-    sup.signal(signal.SIGTERM)
-    sup.wait(60)
+    # Not a graceful stop: its settlements may be retried for long, each try a toss-up of
+    # which server connection it reaches (what the operator is told to fix).
+    sup.stop()
     warnings = [line for line in sup.log().splitlines() if '"_pg3_' in line]
     assert all(POOLER_HINT in line for line in warnings), warnings
