@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from supervisor.backends.postgres import schema as sc
-from supervisor.backends.postgres.connect import POOLER_HINT, failure
+from supervisor.backends.postgres.connect import POOLER_HINT, execute, failure
 from tests.conftest import wait_for
 from tests.integration.helpers import beating_task, kill_and_watch, long_sleeps, runs
 from tests.postgres.bouncer import POOL_SIZE, PgBouncer
@@ -43,6 +43,20 @@ def test_the_bouncer_pools_by_transaction(pg_bouncer: PgBouncer, bouncer_url: st
             for _ in range(12):
                 conn.execute("SELECT pg_backend_pid()")
 
+
+def test_statement_timeouts_stay_in_their_transaction(bouncer_url: str) -> None:
+    """``execute``'s statement timeout is ``SET LOCAL``: it holds for its statement through
+    the bouncer and leaks into no other client's transaction on the same server
+    connections (a session ``SET`` would)."""
+    with psycopg.connect(bouncer_url, autocommit=True, prepare_threshold=None) as conn, \
+            psycopg.connect(bouncer_url, autocommit=True, prepare_threshold=None) as other:
+        for _ in range(2 * POOL_SIZE):  # every server connection had one
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                execute(conn, "SELECT pg_sleep(5)", timeout=0.2)
+        seen = {other.execute("SELECT current_setting('statement_timeout'), "
+                              "pg_backend_pid()").fetchone() for _ in range(4 * POOL_SIZE)}
+    assert {setting for setting, _pid in seen} == {"0"}
+    assert len({pid for _setting, pid in seen}) == POOL_SIZE
 
 def test_workers_drain_tasks_each_exactly_once(pgb: PgEnv) -> None:
     done = pgb.tmp / "done"
