@@ -29,7 +29,8 @@ def need_control_store(pgb: PgEnv) -> None:
                                         postgres_notify="off"), create=True)
     if store is None:
         pytest.skip("no control store on PostgreSQL in this tree (issue 29's "
-                    "fleet/control store): cancel through PgBouncer is tested once it lands")
+                    "fleet/control store): cancel and logs through PgBouncer are tested once "
+                    "it lands")
     store.close()
 
 
@@ -55,13 +56,28 @@ def test_cancel_through_the_bouncer(pgb: PgEnv) -> None:
     assert "_pg3_" not in sup.log(), sup.log()
 
 
-def test_logs_through_the_bouncer(pgb: PgEnv) -> None:
+def test_output_and_logs_through_the_bouncer(pgb: PgEnv) -> None:
+    """A worker stores its task's output through the bouncer; ``jobq-ctl logs`` (which also
+    reads the control store's result records) reads it back."""
     need_output_store()
+    from supervisor.fleet.output.base import AttemptKey
+    from tests.outstore.conftest import read_all
+
+    # by name: a tree without the store has no module to import statically
+    output_postgres = importlib.import_module("supervisor.fleet.output.postgres")
+
     pgb.serve()
     [tid] = pgb.push("for i in 1 2 3 4 5; do echo line-$i; done")
     sup = pgb.supervisor("-n", "1", "--exit-when-empty", "--poll-interval", POLL)
     assert sup.wait(60) == 0, sup.log()
+    assert "_pg3_" not in sup.log(), sup.log()
     lines = "".join(f"line-{i}\n" for i in range(1, 6))
+    store = output_postgres.PostgresOutputStore(pgb.url, "jobq", create=False, prepare=False,
+                                                notify=False)
+    try:
+        assert read_all(store, AttemptKey("default", tid, 1)) == (lines.encode(), True)
+    finally:
+        store.close()
+    need_control_store(pgb)
     assert pgb.ctl("logs", tid).stdout == lines
     assert pgb.ctl("logs", "--tail", "2", tid).stdout == "line-4\nline-5\n"
-    assert "_pg3_" not in sup.log(), sup.log()
