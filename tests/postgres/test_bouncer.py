@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 
+import psutil
 import psycopg
 import pytest
 
@@ -21,6 +22,7 @@ from tests.conftest import wait_for
 from tests.integration.helpers import beating_task, kill_and_watch, long_sleeps, runs
 from tests.postgres.bouncer import POOL_SIZE, PgBouncer
 from tests.postgres.env import PgEnv
+from tests.postgres.server import wait_port_closed
 from tests.postgres.test_schema import popen_ctl
 
 pytestmark = pytest.mark.timeout(180)
@@ -42,6 +44,22 @@ def test_the_bouncer_pools_by_transaction(pg_bouncer: PgBouncer, bouncer_url: st
             for _ in range(12):
                 conn.execute("SELECT pg_backend_pid()")
 
+
+def test_a_closed_bouncer_leaves_nothing_behind(pg_server) -> None:
+    """The fixture's promise: close() ends runuser and pgbouncer, frees the port, removes
+    the folder -- with a client still connected."""
+    bouncer = PgBouncer(pg_server)
+    try:
+        bouncer.start()
+        procs = bouncer.processes()
+        assert any(p.name() == "pgbouncer" for p in procs), procs
+        client = psycopg.connect(bouncer.url("postgres"), autocommit=True)
+        assert client.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        bouncer.close()
+    client.close()
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs)
+    assert wait_port_closed(bouncer.port) and not bouncer.root.exists()
 
 def test_statement_timeouts_stay_in_their_transaction(bouncer_url: str) -> None:
     """``execute``'s statement timeout is ``SET LOCAL``: it holds for its statement through
