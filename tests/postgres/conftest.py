@@ -7,6 +7,8 @@ the same server; every module here carries the ``postgres`` marker.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,8 +29,47 @@ def pytest_collection_modifyitems(config, items) -> None:
 def pg(tmp_path: Path, pg_url: str):
     """One test's PostgreSQL queue for the real commands (PgEnv); no task process of the
     test may survive it."""
-    e = PgEnv(tmp_path, pg_url)
+    yield from _queue_env(PgEnv(tmp_path, pg_url))
+
+
+def _queue_env(e: PgEnv) -> Iterator[PgEnv]:
     yield e
     e.cleanup()
     survivors = wait_for_no_marked(timeout=10)
     assert not survivors, f"task processes survived the test: {survivors}"
+
+
+@pytest.fixture(scope="session")
+def pg_bouncer(pg_server):
+    """The session's PgBouncer in transaction pooling mode in front of ``pg_server``
+    (tests.postgres.bouncer.PgBouncer).  Not installed: a failure under CI (scripts/test
+    installs it), else a skip that says why, on one line."""
+    from tests.postgres.bouncer import PgBouncer, why_no_bouncer
+
+    why = why_no_bouncer()
+    if why:
+        if os.environ.get("CI"):  # CI must run them
+            pytest.fail(f"PgBouncer tests: {why}")
+        pytest.skip(f"PgBouncer tests: {why}")
+    bouncer = PgBouncer(pg_server)
+    try:
+        bouncer.start()
+        yield bouncer
+    finally:
+        bouncer.close()
+
+
+@pytest.fixture
+def bouncer_url(pg_bouncer, pg_url: str) -> str:
+    """The URL of this test's fresh database (``pg_url``) through the session's PgBouncer,
+    its server connections open."""
+    dbname = pg_url.rsplit("/", 1)[1]
+    pg_bouncer.warm(dbname)
+    return pg_bouncer.url(dbname)
+
+
+@pytest.fixture
+def pgb(tmp_path: Path, bouncer_url: str):
+    """``pg`` through PgBouncer in transaction mode: every command of the test's queue gets
+    ``--postgres-notify off`` and reaches the database through the bouncer."""
+    yield from _queue_env(PgEnv(tmp_path, bouncer_url, notify="off"))

@@ -15,13 +15,20 @@ from tests.conftest import Env
 
 
 class PgEnv(Env):
-    def __init__(self, tmp: Path, url: str, queue: str = "default") -> None:
+    def __init__(self, tmp: Path, url: str, queue: str = "default",
+                 notify: str | None = None) -> None:
+        """``notify``: the ``--postgres-notify`` both commands get (None: their default)."""
         super().__init__(tmp)
         self.url = url
         self.queue = queue
+        self.notify = notify
 
     def base_args(self) -> list[str]:
-        return ["--backend", "postgres", "--queue", self.queue]
+        notify = ["--postgres-notify", self.notify] if self.notify else []
+        return ["--backend", "postgres", "--queue", self.queue, *notify]
+
+    def _settings(self) -> dict[str, str]:
+        return {"postgres_notify": self.notify} if self.notify else {}
 
     def secret_env(self) -> dict[str, str]:
         return {"JOBQ_POSTGRES_URL": self.url}
@@ -30,7 +37,7 @@ class PgEnv(Env):
         """Record the queue as served, as a worker's start does (no "never served" warning)."""
         from tests.postgres.queue import open_queue
 
-        open_queue(self.url, queue or self.queue, "test-worker").close()
+        open_queue(self.url, queue or self.queue, "test-worker", **self._settings()).close()
 
     @contextmanager
     def lease_of(self, task_id: str) -> Iterator[PostgresLease]:
@@ -38,7 +45,7 @@ class PgEnv(Env):
         with it go back untouched)."""
         from tests.postgres.queue import open_queue
 
-        backend = open_queue(self.url, self.queue, "test-worker")
+        backend = open_queue(self.url, self.queue, "test-worker", **self._settings())
         try:
             leases = backend.receive(100, 60.0)
             for lease in leases:

@@ -260,14 +260,34 @@ def one_line(exc: BaseException, url: str | None = None) -> str:
     return redact(" ".join(text.split()), url) or type(exc).__name__
 
 
+# psycopg names the statements it prepares "_pg3_<n>", per connection: on a server of its
+# own one never vanishes, collides or changes its parameters.  Only a pooler that hands one
+# client's transactions to several server connections does that -- PgBouncer in transaction
+# mode before 1.21 (or without max_prepared_statements) -- and --postgres-notify off makes
+# psycopg prepare nothing.
+POOLER_HINT = ("a connection pooler in transaction mode (PgBouncer?) is between this host and "
+               "the server: set --postgres-notify off")
+
+
+def lost_prepared_statement(exc: BaseException) -> bool:
+    """``exc`` says that a statement psycopg prepared is gone, taken or another one on the
+    server connection it reached: the sign of transaction pooling (any thread)."""
+    return isinstance(exc, (psycopg.errors.InvalidSqlStatementName,
+                            psycopg.errors.DuplicatePreparedStatement,
+                            psycopg.errors.ProtocolViolation)) and '"_pg3_' in str(exc)
+
+
 def failure(exc: BaseException, what: str, url: str | None = None, *,
             fatal: bool = False) -> BackendError | BackendConfigError:
     """The error to raise for ``exc`` met while doing ``what`` ("cannot connect to ...",
     "receive"): one redacted line starting with ``PostgreSQL: what: ``.  A statement timeout
-    says so.  ``fatal``: a configuration that can never work (BackendConfigError, exit 2);
-    else BackendError (transient)."""
+    says so; a lost prepared statement names the pooler and ``--postgres-notify off``.
+    ``fatal``: a configuration that can never work (BackendConfigError, exit 2); else
+    BackendError (transient)."""
     if isinstance(exc, psycopg.errors.QueryCanceled):
         detail = "timed out (statement_timeout)"
+    elif lost_prepared_statement(exc):
+        detail = f"{one_line(exc, url)}; {POOLER_HINT}"
     elif isinstance(exc, PoolTimeout):
         detail = "no connection in time (the server is slow or unreachable)"
     else:
