@@ -422,6 +422,7 @@ class Worker:
                 self.cleaning.append(rt)
             self.idle_since = now
         self.active = still
+        self.settlement.flush()  # the tasks that succeeded now, completed together
 
     def _forget(self, rt: RunningTask) -> None:
         self.watchdog.remove(rt)

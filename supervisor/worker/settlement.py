@@ -123,6 +123,9 @@ class Settlement:
         self.overdue: list[LeaseKeeper] = []  # past their deadline, not yet done
         # SQLite's: a short task's lease is settled on this thread when the write is instant
         self.quick_settle = backend.quick_settle
+        # PostgreSQL's: the succeeded tasks of a turn are completed in one call (``flush``)
+        self.batch_complete = backend.batch_complete
+        self.batch: list[LeaseKeeper] = []  # to complete together at the next ``flush``
         # task id -> (its keeper, delay, "released" | "lost"): what this worker gave back (or
         # lost) and when it is visible again -- see all_back_by
         self.awaiting_return: dict[str, tuple[LeaseKeeper, float, str]] = {}
@@ -250,6 +253,10 @@ class Settlement:
             self._count(keeper, ended.count)
         task = keeper.lease.task
         self.results.hand_over(record, task.unique_key if task is not None else None, keeper)
+        if (self.batch_complete and isinstance(step, Complete) and not keeper.started
+                and not keeper.lost()):
+            self.batch.append(keeper)  # completed with the others of this turn: ``flush``
+            return
         if self.quick_settle and not keeper.started:
             with self.backend.quick_writes():
                 result = keeper.settle_here()
@@ -258,6 +265,24 @@ class Settlement:
                 return
         keeper.start()  # no-op if it runs already (or was done without a thread)
         self.settling.append(keeper)
+
+    def flush(self) -> None:
+        """Complete the leases ``settle`` gathered, together in one backend call
+        (``Backend.complete_many``); a lease it did not complete goes to its keeper thread,
+        which retries (or, refused, is counted lost) as for any settlement (main thread, at
+        the end of each turn's settling)."""
+        batch, self.batch = self.batch, []
+        ready = [k for k in batch if not k.lost()]
+        errors = self.backend.complete_many([k.lease for k in ready]) if ready else []
+        results = dict(zip(map(id, ready), errors))
+        for keeper in batch:
+            result = (keeper.settled_together(results[id(keeper)])
+                      if id(keeper) in results else None)
+            if result is not None:
+                self._settled(keeper, result)
+            else:
+                keeper.start()
+                self.settling.append(keeper)
 
     def unstarted(self, keeper: LeaseKeeper, task_id: str, lost: bool = False) -> None:
         """A lease received and never started goes back to the queue, attempt not counted --

@@ -84,11 +84,29 @@ class Database:
         if timeout <= 0:
             raise BackendError("PostgreSQL: lease write: no time left for the call")
         pool = self.pools.lease or self.pools.main  # jobq-ctl holds no leases of its own
-        with self.errors("lease write"), DEADLINES.within(deadline), \
-                pool.connection(timeout=timeout) as conn, DEADLINES.bounded(conn):
+        try:
+            with self.errors("lease write"), DEADLINES.within(deadline), \
+                    pool.connection(timeout=timeout) as conn, DEADLINES.bounded(conn):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BackendError("PostgreSQL: lease write: no connection in time")
+                return execute(conn, sql, args, timeout=left).fetchall()
+        except BackendError:
+            DEADLINES.suspect()  # the server may have restarted: check before lending again
+            raise
+
+    def main_statement(self, what: str, sql: str, args: tuple[Any, ...]) -> list[tuple]:
+        """One statement of the main thread on the main pool, in a transaction of its own
+        under a statement timeout of ``main_bound`` (MAIN_BOUND_MIN when unbounded), the
+        socket cut at that bound too; its rows.  Raises BackendError."""
+        bound = self.main_bound or MAIN_BOUND_MIN
+        deadline = time.monotonic() + bound
+        with self.errors(what), DEADLINES.within(deadline), \
+                self.pools.main.connection(timeout=min(MAIN_WAIT, bound)) as conn, \
+                DEADLINES.bounded(conn):
             left = deadline - time.monotonic()
             if left <= 0:
-                raise BackendError("PostgreSQL: lease write: no connection in time")
+                raise BackendError(f"PostgreSQL: {what}: no connection in time")
             return execute(conn, sql, args, timeout=left).fetchall()
 
     def close(self) -> None:
