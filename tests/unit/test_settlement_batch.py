@@ -1,7 +1,8 @@
 """Completing a turn's succeeded tasks together (Backend.complete_many, PostgreSQL's
-``batch_complete``): one backend call for them all, no keeper thread for a lease it
-completed, a refused lease counted lost -- just that one -- and a lease the call did not
-complete handed to its keeper thread, which tries again.  The database side (one fenced
+``batch_complete``) on the completer's thread (worker/completer.py): one backend call for
+them all, no keeper thread for a lease it completed, a refused lease counted lost -- just
+that one -- and a lease the call did not complete handed to its keeper thread, which tries
+again.  The database side (one fenced
 UPDATE): tests/postgres/test_queue_postgres.py."""
 
 from __future__ import annotations
@@ -9,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from test_settlement import Harness, settled
+from test_settlement import SETTLED_WITHIN, Harness, settled
 
 from supervisor.backends.base import BackendError, Lease, LeaseLost
+from supervisor.worker.completer import Completer
 from supervisor.worker.outcomes import Unsettled
+from tests.conftest import wait_for
 from tests.fakes.backend import FakeBackend
 
 pytestmark = pytest.mark.timeout(30)
@@ -40,10 +43,16 @@ class BatchBackend(FakeBackend):
         return errors
 
 
-def test_the_succeeded_tasks_of_a_turn_complete_in_one_call() -> None:
+def batch_harness() -> tuple[Harness, BatchBackend]:
     h = Harness()
     backend = BatchBackend()
     h.settlement.backend, h.settlement.batch_complete = backend, True
+    h.settlement.completer = Completer(backend)
+    return h, backend
+
+
+def test_the_succeeded_tasks_of_a_turn_complete_in_one_call() -> None:
+    h, backend = batch_harness()
     ok, refused, timed_out, failed = (h.finished(0), h.finished(0), h.finished(0),
                                       h.finished(1))
     refused.keeper.lease.refuse = LeaseLost("lease (attempt 1) no longer held")
@@ -54,35 +63,36 @@ def test_the_succeeded_tasks_of_a_turn_complete_in_one_call() -> None:
     assert backend.batches == [] and ok.keeper.lease.calls == []
     assert settled(failed.keeper) == [("release", True, 10.0)]
     h.settlement.flush()
+    assert ok.keeper.join(SETTLED_WITHIN) and refused.keeper.join(SETTLED_WITHIN)
     assert backend.batches == [[ok.keeper.lease, refused.keeper.lease, timed_out.keeper.lease]]
-    # completed on this thread, no keeper thread
-    assert ok.keeper.done.is_set() and ok.keeper.result is not None
-    assert ok.keeper.result.unsettled is None
-    assert ok.keeper not in h.settlement.settling
-    # refused: just that lease is lost, at once
-    assert refused.keeper.done.is_set() and refused.keeper.result is not None
+    # completed on the completer's thread: no keeper thread
+    assert ok.keeper.result is not None and ok.keeper.result.unsettled is None
+    assert ok.keeper.lease.calls == [("complete",)]
+    # refused: just that lease is lost
+    assert refused.keeper.result is not None
     assert refused.keeper.result.unsettled is Unsettled.REFUSED
-    assert refused.keeper not in h.settlement.settling
-    # not done: its keeper thread tries again, and completes it
-    assert timed_out.keeper in h.settlement.settling
+    # not done: handed back, and the next prune starts its keeper thread, which completes it
+    assert wait_for(lambda: (h.settlement.prune(), timed_out.keeper.started)[1], SETTLED_WITHIN)
     assert settled(timed_out.keeper) == [("complete",)]
     h.settlement.prune()
+    assert h.settlement.settling == []
     assert h.settlement.counts == h.counts(succeeded=2, lock_lost=1, retried=1)
     h.settlement.flush()  # nothing gathered: no call
+    h.settlement.completer.stop()
     assert len(backend.batches) == 1
 
 
 def test_a_lease_past_its_deadline_is_not_completed_in_the_batch() -> None:
     """The deadline passed between the shell's exit and the flush: no call for it (the
     broker hands the message out again); its neighbour completes."""
-    h = Harness()
-    backend = BatchBackend()
-    h.settlement.backend, h.settlement.batch_complete = backend, True
+    h, backend = batch_harness()
     late, ok = h.finished(0, granted=60.0), h.finished(0, granted=2700.0)
     for rt in (late, ok):
         h.settlement.conclude(rt, h.clock.now, stopping=False)
     h.clock.advance(60.0)
     h.settlement.flush()
+    assert ok.keeper.join(SETTLED_WITHIN)
     assert backend.batches == [[ok.keeper.lease]]
+    assert wait_for(lambda: (h.settlement.prune(), late.keeper.started)[1], SETTLED_WITHIN)
     assert settled(late.keeper) == []
     assert late.keeper.result is not None and late.keeper.result.unsettled is not None
