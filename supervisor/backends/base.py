@@ -276,7 +276,9 @@ class Backend(Protocol):
         else -- within a moment, together where the backend can; for each lease in order None
         when it was completed, else what its completion raised (LeaseLost: refused for
         exactly that lease; a BackendError: not done, the lease's keeper thread tries again).
-        Main thread; only called when ``batch_complete``."""
+        Called by the worker's completer thread (worker/completer.py), while the main thread
+        goes on with its own calls: it must not share their connection.  Only called when
+        ``batch_complete``."""
         ...
 
     def oldest_pending_age(self, now: float) -> float | None:

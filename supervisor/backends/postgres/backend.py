@@ -51,8 +51,9 @@ class PostgresBackend(BackendBase):
     # A held lease costs one row and a heartbeat; claiming several rows in one statement is
     # what makes short tasks fast (worker/receive_ahead.py).
     receive_ahead = True
-    # Short tasks end several a turn: their rows are completed in one statement, on the main
-    # thread, with no keeper thread nor a transaction per task (complete_many).
+    # Short tasks end several a turn: their rows are completed together, one statement per
+    # batch on the worker's completer thread, with no keeper thread nor a transaction per
+    # task (complete_many).
     batch_complete = True
     tells_age = True  # ``oldest_pending_age``: one index step per priority (admin.py)
     priorities = True  # receive in (priority DESC, run_at, id) order: the pending index
@@ -116,7 +117,8 @@ class PostgresBackend(BackendBase):
         return self.db.lease_statement(sql, args, timeout)
 
     def batch_write(self, sql: str, args: tuple[Any, ...]) -> list[tuple]:
-        """One statement on the main pool, bounded (main thread; lease.complete_all)."""
+        """One statement on the main pool, bounded (the worker's completer thread, beside
+        the main thread's calls on another connection of the pool; lease.complete_all)."""
         return self.db.main_statement("complete", sql, args)
 
     def complete_many(self, leases: Sequence[Lease]) -> list[BaseException | None]:

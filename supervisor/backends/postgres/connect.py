@@ -57,7 +57,7 @@ CONNECT_TIMEOUT = 10  # s: libpq's connect_timeout unless the URL sets one
 CONNECTION_DEFAULTS = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10",
                        "keepalives_count": "3", "tcp_user_timeout": "30000"}
 USER_TIMEOUT = 30.0  # s: the default tcp_user_timeout, the longest the pools use
-MAIN_POOL_MAX = 4  # main thread's receive/push + the reaper + an admin query at once
+MAIN_POOL_MAX = 4  # main thread (receive, push, reaper) + the completer + an admin query
 POOL_CLOSE_TIMEOUT = 5.0  # s: pool.close waits this long for its threads
 
 LOG = logging.getLogger("supervisor.backends.postgres")

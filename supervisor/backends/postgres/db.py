@@ -4,7 +4,8 @@ pool, and psycopg's errors mapped onto the seam's (connect.failure: one redacted
 
 Threads: ``main()`` is the main thread's (and jobq-ctl's, a dashboard request's: each with a
 backend of its own); ``lease_statement`` the lease threads', on the lease pool that nothing
-else uses, so a renewal never waits behind a receive or an admin query.
+else uses, so a renewal never waits behind a receive or an admin query; ``main_statement``
+the worker's completer thread's, on a main-pool connection of its own.
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ class Database:
             raise
 
     def main_statement(self, what: str, sql: str, args: tuple[Any, ...]) -> list[tuple]:
-        """One statement of the main thread on the main pool, in a transaction of its own
+        """One statement on the main pool (the worker's completer thread; the pool lends
+        it a connection the main thread's calls do not use), in a transaction of its own
         under a statement timeout of ``main_bound`` (MAIN_BOUND_MIN when unbounded), the
         socket cut at that bound too; its rows.  Raises BackendError."""
         bound = self.main_bound or MAIN_BOUND_MIN

@@ -39,8 +39,8 @@ class Writer(Protocol):
         ...
 
     def batch_write(self, sql: str, args: tuple[Any, ...]) -> list[tuple]:
-        """One statement of the main thread on the main pool, bounded as its other calls
-        are; its rows."""
+        """One statement on the main pool (a connection of its own), bounded as the main
+        thread's calls are; its rows (the worker's completer thread)."""
         ...
 
 
@@ -118,7 +118,8 @@ def complete_all(backend: Writer, leases: Sequence[PostgresLease]) -> list[BaseE
     attempt) and ``state='running'``: a row that matched is completed exactly as
     ``complete`` would; a lease whose row matched nothing is told LeaseLost -- just that one,
     its neighbours are completed.  A failed statement completed none: each lease gets the
-    BackendError and its keeper thread tries again (main thread; Backend.complete_many)."""
+    BackendError and its keeper thread tries again (the worker's completer thread;
+    Backend.complete_many)."""
     errors: list[BaseException | None] = [None] * len(leases)
     todo = []
     for i, lease in enumerate(leases):
