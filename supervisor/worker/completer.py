@@ -82,7 +82,14 @@ class Completer:
                 if more is not None:
                     batch += more
             if batch:
-                self._complete(batch)
+                try:
+                    self._complete(batch)
+                except Exception:  # a bug here must not leave leases unsettled for good
+                    log.exception("completer: %d leases handed back to their threads",
+                                  len(batch))
+                    for keeper in batch:
+                        if not keeper.done.is_set():
+                            self._retry.put(keeper)
                 if self.wake is not None:
                     self.wake()
             if self._stop.is_set() and self._inbox.empty():
