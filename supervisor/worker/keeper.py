@@ -74,7 +74,8 @@ def next_renewal(t_sent: float, granted: float, renew_interval: float) -> float:
 class LeaseKeeper:
     """Owns one lease.  ``start`` runs it on its own thread; tests drive ``step`` directly.
 
-    Main thread: ``start``, ``finish``, ``settle_here``.  Watchdog thread: reads
+    Main thread: ``start``, ``finish``, ``settle_here``.  Completer thread:
+    ``settled_together``.  Watchdog thread: reads
     ``deadline``/``lock_lost``.
     Keeper thread: everything else.
     """
@@ -162,14 +163,16 @@ class LeaseKeeper:
     def settled_together(self, error: BaseException | None) -> SettleResult | None:
         """``settle_here`` for a step the backend applied together with others'
         (Backend.complete_many): ``error`` is what it raised for this lease, None when it
-        went through (main thread, for a keeper whose thread never started)."""
+        went through (the completer thread, worker/completer.py, for a keeper whose thread
+        never started and that nothing else touches meanwhile)."""
         if self.started or self._step is None:
             return None
         return self._done_here(None if error is None else self._outcome(error))
 
     def _done_here(self, error: Exception | None) -> SettleResult | None:
-        """After a settlement on the main thread: its result, or None when it is left to
-        the thread, which retries and logs as usual (busy, failed, or a bug)."""
+        """After a settlement off the keeper's own thread (main or completer): its result,
+        or None when it is left to that thread, which retries and logs as usual (busy,
+        failed, or a bug)."""
         if error is not None:
             return None
         self.started = True
