@@ -1,4 +1,4 @@
-"""Several queues behind one Backend: ``--queue high,default,low`` (docs/architecture.rst,
+"""Several queues behind one Backend: ``--queue high,default,low`` (docs/backends.rst,
 "Several queues per worker").
 
 One backend instance per queue, opened at start (``open_backend``); the worker sees one

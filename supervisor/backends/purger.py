@@ -12,7 +12,8 @@ seconds later instead of holding the main loop; with nothing more due, the next 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Callable, Generic, Protocol, TypeVar
 
 from ..core.settings import format_duration
 from .base import BackendError
@@ -43,22 +44,20 @@ def purge_all(purge_batch: Callable[[Q, float, int], int], backend: Q, before: f
             return total
 
 
-class Purger:
+@dataclass
+class Purger(Generic[Q]):
     """``retention`` 0 or ``interval`` 0 (``--reaper-interval 0``): never.  ``purge_batch``
     deletes up to ``batch`` rows that succeeded before a wall-clock time and says how many
     (raises BackendError)."""
 
-    def __init__(self, backend: Q, retention: float, interval: float,
-                 purge_batch: Callable[[Q, float, int], int], batch: int, log: logging.Logger,
-                 budget: float = PURGE_BUDGET) -> None:
-        self.backend = backend
-        self.retention = retention
-        self.interval = interval
-        self.batch = batch
-        self._purge = purge_batch
-        self.budget = budget
-        self.log = log
-        self.next_at = 0.0  # the first maintenance pass purges
+    backend: Q
+    retention: float
+    interval: float
+    purge_batch: Callable[[Q, float, int], int]
+    batch: int
+    log: logging.Logger
+    budget: float = PURGE_BUDGET
+    next_at: float = 0.0  # the first maintenance pass purges
 
     def maintenance(self) -> int:
         """Purge what is due, for at most ``budget`` seconds; how many rows went (main
@@ -73,7 +72,7 @@ class Purger:
         total, more = 0, False
         try:
             while True:
-                n = self._purge(self.backend, before, self.batch)
+                n = self.purge_batch(self.backend, before, self.batch)
                 total += n
                 more = n == self.batch
                 if not more or clock() - start >= self.budget:

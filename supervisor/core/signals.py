@@ -1,6 +1,6 @@
 """What jobq-supervisor does with each signal whose default action would end it.
 
-The table (docs/architecture.rst, "Signals to the worker") in one place, stdlib only: the
+The table (docs/reliability.rst, "Signals to the worker") in one place, stdlib only: the
 signal queue (worker/preemption.py) installs handlers for these, helper threads block them
 (core/threads.py), a task's shell gets them back at their defaults (worker/shell.py), and the
 lifeline

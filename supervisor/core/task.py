@@ -7,7 +7,7 @@ Wire format is the ai4s-jobq v1 envelope (plain JSON text)::
      "jobq_max_attempts": 5, "jobq_preemptions": 0,
      "jobq_sig": {"kid": "...", "iat": 1700000000, "mac": "<hex>"},   # only when signed
      "jobq_priority": 7, "jobq_not_before": 1700000000.0, "jobq_timeout": 2.0,
-     "jobq_unique_key": "..."}   # scheduling (docs/architecture.rst): each only when set
+     "jobq_unique_key": "..."}   # scheduling (docs/backends.rst): each only when set
 
 ai4s-jobq's worker rejects unknown keys inside ``kwargs``, so our own fields live at the top
 level, where it ignores them; a body without one of them reads as its default (an older

@@ -326,7 +326,7 @@ class Worker:
         if (self.active or self.launcher.starting or self.settling or self.launcher.ready
                 or self.last_empty_receive is None):
             return False
-        # and a dead worker's task is not on its way back (SQLite: docs/architecture.rst)
+        # and a dead worker's task is not on its way back (SQLite: docs/backends.rst)
         return (self.settlement.all_back_by(self.last_empty_receive)
                 and not self.backend.leases_coming_back())
 

@@ -1,5 +1,5 @@
 """Receive-ahead of short tasks: how many leases a receive may take beyond the free slots, and
-what becomes of a lease held for the next free slot (docs/architecture.rst, "The life of one
+what becomes of a lease held for the next free slot (docs/reliability.rst, "The life of one
 task").
 
 Main thread only (the Launcher's).  This module decides; the Launcher acts: it starts a held

@@ -36,7 +36,7 @@ while True:
 
 
 # Every signal whose default action would end a worker and that the worker does something
-# about (docs/architecture.rst, "Signals to the worker"), named here, not taken from the code
+# about (docs/reliability.rst, "Signals to the worker"), named here, not taken from the code
 # under test; SIGPIPE and SIGXFSZ are ignored by Python itself.
 WORKER_SIGNALS = tuple(getattr(signal, n) for n in (
     "SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM",

@@ -1,5 +1,5 @@
 """The PostgreSQL queue: a jobs table shared by many hosts, leases fenced by (id, owner,
-attempt), lock times from the database clock (docs/architecture.rst, "PostgreSQL").
+attempt), lock times from the database clock (docs/backends.rst, "PostgreSQL").
 
 ``receive`` is ONE statement: the wanted number of pending rows in (priority DESC, run_at, id)
 order, ``FOR UPDATE SKIP LOCKED`` (two workers never wait on each other's rows), set running

@@ -1,5 +1,5 @@
 """Wake-ups of the PostgreSQL queue: LISTEN on the schema's ``"<schema>.wake"`` channel, so an
-idle worker starts a pushed task at once instead of at its next poll (docs/architecture.rst,
+idle worker starts a pushed task at once instead of at its next poll (docs/backends.rst,
 "PostgreSQL").
 
 A push sends ``pg_notify('<schema>.wake', queue)`` in its own transaction (backend.py), so the

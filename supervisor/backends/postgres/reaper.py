@@ -1,6 +1,6 @@
 """Rescue of expired leases on the PostgreSQL queue: a running task whose ``locked_until`` (the
 database clock) passed more than ``--stale-lock-age`` ago -- its worker died, froze or lost
-the server -- goes back to pending, or to failed on its last attempt (docs/architecture.rst,
+the server -- goes back to pending, or to failed on its last attempt (docs/backends.rst,
 "PostgreSQL").
 
 Every live worker tries every ``--reaper-interval`` (defaults for this backend: 10 s and 0,
@@ -33,6 +33,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ...core.backoff import Outage
@@ -73,28 +74,29 @@ def last_attempt(body: str, attempt: int, max_attempts: int) -> bool:
     return attempt >= (own or max_attempts)
 
 
+@dataclass
 class ExpiredLeaseReaper:
-    """The expired-lease pass of one queue (main thread)."""
+    """The expired-lease pass of one queue (main thread).  ``interval`` 0: never
+    (``--reaper-interval 0``)."""
 
-    def __init__(self, db: Database, queue: str, *, max_attempts: int, interval: float,
-                 stale_age: float, clock: Callable[[], float] = time.monotonic,
-                 batch: int = REAP_BATCH) -> None:
-        """``interval`` 0: never (``--reaper-interval 0``)."""
-        self.db = db
-        self.queue = queue
-        self.max_attempts = max_attempts
-        self.interval = interval
-        self.stale_age = stale_age
-        self.clock = clock
-        self.batch = batch
-        self.jobs = db.tables.jobs
+    db: Database
+    queue: str
+    max_attempts: int
+    interval: float
+    stale_age: float
+    clock: Callable[[], float] = time.monotonic
+    batch: int = REAP_BATCH
+    taken_back: int = field(default=0, init=False)  # tasks this worker took back (tests, metrics)
+
+    def __post_init__(self) -> None:
+        self.jobs = self.db.tables.jobs
         # one lock per queue of the schema, apart from any other advisory lock of ours
-        self.lock_name = f"jobq-reaper {db.schema} {queue}"
-        self.next_pass = clock()  # the first pass at the first maintenance
-        self.outage = Outage("expired-lease reaper", log, clock, backoff_min=REAP_RETRY_MIN,
-                             backoff_max=max(interval, REAP_RETRY_MIN), log_every=0.0,
+        self.lock_name = f"jobq-reaper {self.db.schema} {self.queue}"
+        self.next_pass = self.clock()  # the first pass at the first maintenance
+        self.outage = Outage("expired-lease reaper", log, self.clock,
+                             backoff_min=REAP_RETRY_MIN,
+                             backoff_max=max(self.interval, REAP_RETRY_MIN), log_every=0.0,
                              repeat=True, warning=REAPER_SKIPPED, recovery=None)
-        self.taken_back = 0  # tasks this worker took back so far (tests, metrics)
 
     def maintenance(self) -> list[TakenBack]:
         """A pass when one is due (its schedule: ``interval``; after a failure, back-off);

@@ -3,8 +3,8 @@
 Every SQLite worker of a queue runs on one host (a database shared by several hosts over a
 network filesystem is not supported: README, "SQLite backend").  So a lease can name the
 processes it depends on, and any worker or ``jobq-ctl`` write can tell at once that they are
-gone, instead of waiting out the 45-minute lock and the stale-lock age (docs/architecture.rst,
-"Backends").  The ``owner`` column of a running job holds::
+gone, instead of waiting out the 45-minute lock and the stale-lock age (docs/backends.rst,
+"Where a backend plugs in").  The ``owner`` column of a running job holds::
 
     v1 HOST PIDNS BOOT PID:START [PID:START ...]
 
