@@ -39,7 +39,7 @@ import bench_pg_peers as peers
 import psutil
 from bench_dispatch import paired_runs, supervisor_drain, timed_exit, verdict
 from bench_pg_fleet import fleet_size
-from benchlib import BIN, REPO, Bench, BenchError, expect_exit, supervisor, wait_until
+from benchlib import BIN, REPO, Bench, BenchError, byte_compile, expect_exit, supervisor, wait_until
 
 # As a production server runs (PgServer's own settings are the tests': fsync off).
 PRODUCTION = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on",
@@ -257,6 +257,7 @@ def table_after(fig: PgFigure, total: int) -> dict[str, float]:
 def fig_postgres(b: Bench) -> None:
     """Acceptance 5 of issue 28: the drain next to the raw loop, PgQueuer and Procrastinate;
     costs per task and per idle worker-hour; the jobs table after 100,000 tasks; a fleet."""
+    byte_compile()  # as installed: the peers' packages are byte-compiled by pip too
     with production_server() as srv:
         fig = PgFigure(b, srv)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from bench_calls import CountedAzurite
-from benchlib import BIN, REPO, Bench, BenchError, log_tail
+from benchlib import BIN, REPO, Bench, BenchError, byte_compile, log_tail
 
 RUNS = 5
 
@@ -156,8 +156,7 @@ def servicebus_startup(tmp: Path, runs: int) -> dict[str, float]:
 
 def fig_startup(b: Bench) -> None:
     runs = 3 if b.quick else RUNS
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "supervisor")],
-                   check=True)
+    byte_compile()
     with tempfile.TemporaryDirectory(dir=b.tmp) as name:
         tmp = Path(name)
         ref = references(runs)

@@ -190,6 +190,9 @@ class Backend(Protocol):
     # The main thread may settle a lease itself inside ``quick_writes()``.  Default False
     # (and ``quick_writes`` is never entered).
     quick_settle: bool
+    # The main thread may complete the leases of the tasks that succeeded in one turn
+    # together, in one call (``complete_many``).  Default False (and it is never called).
+    batch_complete: bool
     # ``oldest_pending_age(now)`` can tell how long the oldest pending task has waited
     # (jobq-ctl status, the autoscaling gauge).  Default False (then it is never asked).
     tells_age: bool
@@ -268,6 +271,16 @@ class Backend(Protocol):
         (main thread; only entered when ``quick_settle``)."""
         ...
 
+    def complete_many(self, leases: Sequence[Lease]) -> list[BaseException | None]:
+        """``complete()`` each of ``leases`` -- leases of this backend, each settled by no one
+        else -- within a moment, together where the backend can; for each lease in order None
+        when it was completed, else what its completion raised (LeaseLost: refused for
+        exactly that lease; a BackendError: not done, the lease's keeper thread tries again).
+        Called by the worker's completer thread (worker/completer.py), while the main thread
+        goes on with its own calls: it must not share their connection.  Only called when
+        ``batch_complete``."""
+        ...
+
     def oldest_pending_age(self, now: float) -> float | None:
         """Seconds since the oldest pending task was queued (``now``: wall clock), None when
         none is pending (any one thread at a time; only asked when ``tells_age``)."""
@@ -313,6 +326,7 @@ class BackendBase:
     max_receive: int | None = None
     change_probe: bool = False
     quick_settle: bool = False
+    batch_complete: bool = False
     tells_age: bool = False
     priorities: bool = False
     max_delay: float | None = None
@@ -337,6 +351,17 @@ class BackendBase:
     def quick_writes(self) -> contextlib.AbstractContextManager[None]:
         """Without quick writes a block is just a block (never entered: ``quick_settle``)."""
         return contextlib.nullcontext()
+
+    def complete_many(self, leases: Sequence[Lease]) -> list[BaseException | None]:
+        """One lease after the other (never called: ``batch_complete``)."""
+        errors: list[BaseException | None] = []
+        for lease in leases:
+            try:
+                lease.complete()
+                errors.append(None)
+            except Exception as exc:  # each lease's own outcome, as a keeper would see it
+                errors.append(exc)
+        return errors
 
     def oldest_pending_age(self, now: float) -> float | None:
         """Cannot tell (never asked: ``tells_age``)."""

@@ -67,6 +67,7 @@ class MultiQueueBackend(BackendBase):
         self.receive_ahead = all(b.receive_ahead for b in every)
         self.change_probe = all(b.change_probe for b in every)
         self.quick_settle = all(b.quick_settle for b in every)
+        self.batch_complete = all(b.batch_complete for b in every)
         self.tells_age = all(b.tells_age for b in every)
         self.no_retry_delay = first.no_retry_delay  # one kind of backend for every queue
 
@@ -147,6 +148,17 @@ class MultiQueueBackend(BackendBase):
             for b in self.backends.values():
                 stack.enter_context(b.quick_writes())
             yield
+
+    def complete_many(self, leases: Sequence[Lease]) -> list[BaseException | None]:
+        """Each queue's leases completed together by their own queue's backend."""
+        errors: list[BaseException | None] = [None] * len(leases)
+        by_queue: dict[str, list[int]] = {}
+        for i, lease in enumerate(leases):
+            by_queue.setdefault(lease.queue, []).append(i)
+        for queue, at in by_queue.items():
+            for i, error in zip(at, self.backends[queue].complete_many([leases[i] for i in at])):
+                errors[i] = error
+        return errors
 
     def maintenance(self) -> None:
         for b in self.backends.values():

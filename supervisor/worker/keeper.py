@@ -74,7 +74,8 @@ def next_renewal(t_sent: float, granted: float, renew_interval: float) -> float:
 class LeaseKeeper:
     """Owns one lease.  ``start`` runs it on its own thread; tests drive ``step`` directly.
 
-    Main thread: ``start``, ``finish``, ``settle_here``.  Watchdog thread: reads
+    Main thread: ``start``, ``finish``, ``settle_here``.  Completer thread:
+    ``settled_together``.  Watchdog thread: reads
     ``deadline``/``lock_lost``.
     Keeper thread: everything else.
     """
@@ -157,7 +158,22 @@ class LeaseKeeper:
         step = self._step
         if self.started or step is None or self.lost():
             return None
-        if self._attempt(step) is not None:  # busy, or a bug: the thread retries, logs
+        return self._done_here(self._attempt(step))
+
+    def settled_together(self, error: BaseException | None) -> SettleResult | None:
+        """``settle_here`` for a step the backend applied together with others'
+        (Backend.complete_many): ``error`` is what it raised for this lease, None when it
+        went through (the completer thread, worker/completer.py, for a keeper whose thread
+        never started and that nothing else touches meanwhile)."""
+        if self.started or self._step is None:
+            return None
+        return self._done_here(None if error is None else self._outcome(error))
+
+    def _done_here(self, error: Exception | None) -> SettleResult | None:
+        """After a settlement off the keeper's own thread (main or completer): its result,
+        or None when it is left to that thread, which retries and logs as usual (busy,
+        failed, or a bug)."""
+        if error is not None:
             return None
         self.started = True
         self.finished_at = self.clock()
@@ -346,14 +362,23 @@ class LeaseKeeper:
         else the error to retry after (``settle`` and ``settle_here``)."""
         try:
             step.apply(self.lease)
-        except LeaseLost as exc:
-            self._lose(f"broker refused the settlement: {exc}")
-            self._unsettle(Unsettled.REFUSED, f"the broker refused the settlement: {exc}")
         except Exception as exc:  # BackendError; or a client library's bug, retried too:
             # a race in the Storage Queue SDK's model cache raised RuntimeError here once
             # and, uncaught, left the message unsettled until its lock ran out
-            return exc
+            return self._outcome(exc)
         return None
+
+    def _outcome(self, exc: BaseException) -> Exception | None:
+        """What a settlement call that raised ``exc`` leaves: a LeaseLost is the end (the
+        lease is lost, the settlement refused: None); anything else the error to retry
+        after (an Exception that is not one is raised again)."""
+        if isinstance(exc, LeaseLost):
+            self._lose(f"broker refused the settlement: {exc}")
+            self._unsettle(Unsettled.REFUSED, f"the broker refused the settlement: {exc}")
+            return None
+        if not isinstance(exc, Exception):
+            raise exc
+        return exc
 
     def _sleep(self, timeout: float | None) -> None:
         """Until ``finish`` wakes us or ``timeout`` passes (keeper thread)."""

@@ -96,7 +96,8 @@ class Worker:
         self.ready_sent = False
         self.settlement = Settlement(
             settings, backend, self.guard, self.metrics,
-            on_failure_streak=lambda n: self.lifecycle.failure_streak(n, self.active))
+            on_failure_streak=lambda n: self.lifecycle.failure_streak(n, self.active),
+            wake=lambda: self.events.put(WAKE))
         self.launcher = Launcher(settings, self.guard, self.settlement, self.metrics,
                                  self.watchdog, self.output_pump, self.events, self.token, clock)
         self.reporter = Reporter(settings, self.notifier, self.metrics, self.settlement.counts,
@@ -191,8 +192,11 @@ class Worker:
                 self.cleaning = [rt for rt in self.cleaning if not rt.clean.is_set()]
                 self._wait(0.05)
         budget = self.clock() + 30.0
-        for keeper in self.settling:
+        for keeper in list(self.settling):
+            if self.settlement.batch_complete:  # the completer may hand one back to its thread
+                self.settlement.settle_by(keeper, max(0.0, budget - self.clock()))
             keeper.join(max(0.0, budget - self.clock()))
+        self.settlement.completer.stop()
         self.watchdog.stop()
         self.output_pump.stop()
         self.lifecycle.stop_poller()
@@ -422,6 +426,7 @@ class Worker:
                 self.cleaning.append(rt)
             self.idle_since = now
         self.active = still
+        self.settlement.flush()  # the tasks that succeeded now, completed together
 
     def _forget(self, rt: RunningTask) -> None:
         self.watchdog.remove(rt)

@@ -25,6 +25,7 @@ from ..backends.base import Backend, Lease
 from ..core.outcome_counts import OutcomeCounts
 from ..core.settings import Settings
 from ..core.task import Task
+from .completer import Completer
 from .keeper import LeaseKeeper
 from .logs import log_fast
 from .metrics import Metrics
@@ -48,6 +49,8 @@ log = logging.getLogger("jobq.worker")
 # without end.
 SETTLING_PER_SLOT = 4
 SETTLING_MIN = 8
+
+COMPLETER_LOOK = 0.05  # s: at exit, how often to look for completions handed back
 
 PER_QUEUE = ("succeeded", "failed", "dead_lettered")  # what a worker record shows
 
@@ -111,7 +114,9 @@ class Settlement:
     def __init__(self, settings: Settings, backend: Backend, guard: TaskGuard,
                  metrics: Metrics, on_failure_streak: Callable[[int], None], *,
                  clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 wake: Callable[[], None] | None = None) -> None:
+        """``wake``: makes the main loop look again now (any thread; the completer's)."""
         self.s = settings
         self.backend = backend
         self.guard = guard
@@ -123,6 +128,11 @@ class Settlement:
         self.overdue: list[LeaseKeeper] = []  # past their deadline, not yet done
         # SQLite's: a short task's lease is settled on this thread when the write is instant
         self.quick_settle = backend.quick_settle
+        # PostgreSQL's: the succeeded tasks of a turn are completed together, on the
+        # completer's thread (``flush``; worker/completer.py)
+        self.batch_complete = backend.batch_complete
+        self.batch: list[LeaseKeeper] = []  # handed to the completer at the next ``flush``
+        self.completer = Completer(backend, wake)
         # task id -> (its keeper, delay, "released" | "lost"): what this worker gave back (or
         # lost) and when it is visible again -- see all_back_by
         self.awaiting_return: dict[str, tuple[LeaseKeeper, float, str]] = {}
@@ -205,7 +215,11 @@ class Settlement:
         return full
 
     def prune(self) -> None:
-        """Forget the keepers that are done settling (main thread)."""
+        """Forget the keepers that are done settling; start the thread of each whose
+        completion the completer could not make, to retry it (main thread)."""
+        if self.batch_complete:
+            for keeper in self.completer.take_retries():
+                keeper.start()
         # A keeper whose lease deadline passed will not settle (and may be stuck in a hung
         # call): its message comes back through the broker, so nobody waits for it -- but
         # how it ended is still counted once it is done (``_settled``).
@@ -250,6 +264,10 @@ class Settlement:
             self._count(keeper, ended.count)
         task = keeper.lease.task
         self.results.hand_over(record, task.unique_key if task is not None else None, keeper)
+        if (self.batch_complete and isinstance(step, Complete) and not keeper.started
+                and not keeper.lost()):
+            self.batch.append(keeper)  # completed with the others of this turn: ``flush``
+            return
         if self.quick_settle and not keeper.started:
             with self.backend.quick_writes():
                 result = keeper.settle_here()
@@ -258,6 +276,26 @@ class Settlement:
                 return
         keeper.start()  # no-op if it runs already (or was done without a thread)
         self.settling.append(keeper)
+
+    def flush(self) -> None:
+        """Hand the leases ``settle`` gathered to the completer, which completes them
+        together (``Backend.complete_many``) on its thread; they are ``settling`` until it
+        is done, and counted (refused: as lost) by ``prune`` as any settlement (main thread,
+        at the end of each turn's settling)."""
+        if self.batch:
+            self.settling += self.batch
+            self.completer.hand(self.batch)
+            self.batch = []
+
+    def settle_by(self, keeper: LeaseKeeper, within: float) -> None:
+        """Wait until ``keeper`` is done or its thread runs, at most ``within`` seconds (main
+        thread, at exit): a completion the completer could not make is started on the
+        keeper's thread meanwhile (``prune``)."""
+        end = time.monotonic() + within
+        while not keeper.started and not keeper.join(COMPLETER_LOOK):
+            if time.monotonic() >= end:
+                return
+            self.prune()
 
     def unstarted(self, keeper: LeaseKeeper, task_id: str, lost: bool = False) -> None:
         """A lease received and never started goes back to the queue, attempt not counted --

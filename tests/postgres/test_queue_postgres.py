@@ -208,3 +208,42 @@ def test_a_lease_given_back_without_delay_keeps_its_place(pg_url: str, close_at_
     assert [le.message_id for le in queue.receive(3, 30.0)] == []
     wait_for(lambda: [le.message_id for le in queue.receive(1, 30.0)] == [first.id], 10,
              what="the delayed retry")
+
+
+def test_a_stale_lease_in_a_batch_completes_nothing_and_its_neighbours_complete(
+        pg_url: str, close_at_end) -> None:
+    """complete_many (one fenced UPDATE for a turn's succeeded tasks): in one batch, a lease
+    taken back and handed to another worker, and one taken back and handed to this worker
+    again (same owner, a later attempt), are each told LeaseLost and their rows stay
+    byte-identical; the fresh leases beside them are completed as ``complete`` would."""
+    mine = close_at_end(open_queue(pg_url, "jobs", "w1"))
+    theirs = close_at_end(open_queue(pg_url, "jobs", "w2"))
+    assert mine.batch_complete
+    tasks = [Task(cmd="true") for _ in range(4)]
+    mine.push(tasks)
+    leases = mine.receive(4, 30.0)
+    assert [le.message_id for le in leases] == [t.id for t in tasks]
+    a, b, c, d = leases
+    for stale in (b, c):
+        expire(pg_url, stale.message_id)
+        assert list(mine.admin().take_back([stale.message_id])) == [stale.message_id]
+    (other,) = theirs.receive(1, 30.0)  # b, the first in line, to the other worker
+    (again,) = mine.receive(1, 30.0)  # c to this worker again: attempt 2
+    assert (other.message_id, again.message_id, again.attempt) == (b.message_id,
+                                                                   c.message_id, 2)
+    before = {t.id: row(pg_url, t.id) for t in (tasks[1], tasks[2])}
+    errors = mine.complete_many([a, b, c, d])
+    assert [type(e) for e in errors] == [type(None), LeaseLost, LeaseLost, type(None)]
+    assert {t.id: row(pg_url, t.id) for t in (tasks[1], tasks[2])} == before
+    for done in (a, d):
+        state, owner, attempt, until, worker, reason, _, status, _, ended = row(
+            pg_url, done.message_id)
+        assert (state, owner, attempt, until, worker, reason, status) == (
+            "succeeded", None, 1, None, "w1", None, 0)
+        assert ended is not None
+    # the holders' leases are whole: each completes (again: in a batch of its own)
+    assert theirs.complete_many([other]) == [None] and mine.complete_many([again]) == [None]
+    assert [row(pg_url, t.id)[:3] for t in tasks] == [("succeeded", None, 1),
+                                                      ("succeeded", None, 2),
+                                                      ("succeeded", None, 2),
+                                                      ("succeeded", None, 1)]

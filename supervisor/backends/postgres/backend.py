@@ -21,14 +21,14 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ...core.task import Task, parse_or_body
-from ..base import BackendBase, FailedRecord, QueueNotFound, QueueStatus
+from ..base import BackendBase, FailedRecord, Lease, QueueNotFound, QueueStatus
 from ..common import command_of, held_until
 from .admin import PostgresAdmin, oldest_pending_age
 from .db import Database
-from .lease import PostgresLease
+from .lease import PostgresLease, complete_all
 from .listener import QueueWake
 from .reaper import ExpiredLeaseReaper
 from .retention import purge_all, purger
@@ -51,6 +51,10 @@ class PostgresBackend(BackendBase):
     # A held lease costs one row and a heartbeat; claiming several rows in one statement is
     # what makes short tasks fast (worker/receive_ahead.py).
     receive_ahead = True
+    # Short tasks end several a turn: their rows are completed together, one statement per
+    # batch on the worker's completer thread, with no keeper thread nor a transaction per
+    # task (complete_many).
+    batch_complete = True
     tells_age = True  # ``oldest_pending_age``: one index step per priority (admin.py)
     priorities = True  # receive in (priority DESC, run_at, id) order: the pending index
     unique_tasks = True  # a partial unique index over pending and running rows' keys
@@ -111,6 +115,15 @@ class PostgresBackend(BackendBase):
     def lease_write(self, sql: str, args: tuple[Any, ...], timeout: float) -> list[tuple]:
         """One statement on the lease pool within ``timeout`` (lease threads; lease.py)."""
         return self.db.lease_statement(sql, args, timeout)
+
+    def batch_write(self, sql: str, args: tuple[Any, ...]) -> list[tuple]:
+        """One statement on the main pool, bounded (the worker's completer thread, beside
+        the main thread's calls on another connection of the pool; lease.complete_all)."""
+        return self.db.main_statement("complete", sql, args)
+
+    def complete_many(self, leases: Sequence[Lease]) -> list[BaseException | None]:
+        """The tasks that succeeded in one turn: one fenced UPDATE (lease.complete_all)."""
+        return complete_all(self, [cast(PostgresLease, lease) for lease in leases])
 
     # -- worker side ---------------------------------------------------------------------
     def receive(self, max_messages: int, lock_duration: float) -> list[PostgresLease]:

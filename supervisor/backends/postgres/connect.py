@@ -59,7 +59,7 @@ CONNECT_TIMEOUT = 10  # s: libpq's connect_timeout unless the URL sets one
 CONNECTION_DEFAULTS = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10",
                        "keepalives_count": "3", "tcp_user_timeout": "30000"}
 USER_TIMEOUT = 30.0  # s: the default tcp_user_timeout, the longest the pools use
-MAIN_POOL_MAX = 4  # main thread's receive/push + the reaper + an admin query at once
+MAIN_POOL_MAX = 4  # main thread (receive, push, reaper) + the completer + an admin query
 POOL_CLOSE_TIMEOUT = 5.0  # s: pool.close waits this long for its threads
 
 LOG = logging.getLogger("supervisor.backends.postgres")
@@ -188,8 +188,9 @@ def open_pools(settings: Settings, *, for_ctl: bool) -> Pools:
     right away (``connect``): its failure is the one-line error -- BackendConfigError for a
     worker (exit 2), BackendError for jobq-ctl (exit 1).  The lease pool holds up to
     ``--num-workers`` connections (one per running task at worst; idle ones close after 10
-    minutes) and checks a connection before lending it: after a server restart a renewal
-    gets a live one instead of spending its try on a dead one.  The pools' connections break
+    minutes) and, once a lease call failed, checks each connection before lending it again
+    (deadlines.py ``check``): after a server restart the retry gets a live one instead of
+    spending its try on a dead one.  The pools' connections break
     after ``tcp_user_timeout`` = min(30 s, renew interval) of unacknowledged data (unless the
     URL sets it)."""
     app = APP_CTL if for_ctl else APP_WORKER

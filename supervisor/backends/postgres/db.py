@@ -4,7 +4,8 @@ pool, and psycopg's errors mapped onto the seam's (connect.failure: one redacted
 
 Threads: ``main()`` is the main thread's (and jobq-ctl's, a dashboard request's: each with a
 backend of its own); ``lease_statement`` the lease threads', on the lease pool that nothing
-else uses, so a renewal never waits behind a receive or an admin query.
+else uses, so a renewal never waits behind a receive or an admin query; ``main_statement``
+the worker's completer thread's, on a main-pool connection of its own.
 """
 
 from __future__ import annotations
@@ -84,11 +85,30 @@ class Database:
         if timeout <= 0:
             raise BackendError("PostgreSQL: lease write: no time left for the call")
         pool = self.pools.lease or self.pools.main  # jobq-ctl holds no leases of its own
-        with self.errors("lease write"), DEADLINES.within(deadline), \
-                pool.connection(timeout=timeout) as conn, DEADLINES.bounded(conn):
+        try:
+            with self.errors("lease write"), DEADLINES.within(deadline), \
+                    pool.connection(timeout=timeout) as conn, DEADLINES.bounded(conn):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BackendError("PostgreSQL: lease write: no connection in time")
+                return execute(conn, sql, args, timeout=left).fetchall()
+        except BackendError:
+            DEADLINES.suspect()  # the server may have restarted: check before lending again
+            raise
+
+    def main_statement(self, what: str, sql: str, args: tuple[Any, ...]) -> list[tuple]:
+        """One statement on the main pool (the worker's completer thread; the pool lends
+        it a connection the main thread's calls do not use), in a transaction of its own
+        under a statement timeout of ``main_bound`` (MAIN_BOUND_MIN when unbounded), the
+        socket cut at that bound too; its rows.  Raises BackendError."""
+        bound = self.main_bound or MAIN_BOUND_MIN
+        deadline = time.monotonic() + bound
+        with self.errors(what), DEADLINES.within(deadline), \
+                self.pools.main.connection(timeout=min(MAIN_WAIT, bound)) as conn, \
+                DEADLINES.bounded(conn):
             left = deadline - time.monotonic()
             if left <= 0:
-                raise BackendError("PostgreSQL: lease write: no connection in time")
+                raise BackendError(f"PostgreSQL: {what}: no connection in time")
             return execute(conn, sql, args, timeout=left).fetchall()
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -55,6 +56,12 @@ class CallDeadlines:
         self._stop = threading.Event()  # the running watcher's: set by ``stop``
         self._watcher: threading.Thread | None = None
         self._local = threading.local()
+        # The pool's check of a connection before lending it costs a round trip: it is made
+        # only after a call failed (a server restart leaves every idle connection dead),
+        # once per connection lent since (``suspect``, ``check``).
+        self._failures = 0
+        self._checked: weakref.WeakKeyDictionary[psycopg.Connection[Any], int] = \
+            weakref.WeakKeyDictionary()
 
     @property
     def watcher(self) -> threading.Thread | None:
@@ -106,11 +113,24 @@ class CallDeadlines:
                 self._calls.pop(key, None)
                 self._cut.discard(key)
 
+    def suspect(self) -> None:
+        """A call failed: check every pooled connection once before it is lent again (the
+        failed call's thread)."""
+        with self._lock:
+            self._failures += 1
+
     def check(self, conn: psycopg.Connection[Any]) -> None:
         """The lease pool's check of a connection before lending it, bounded like the call
-        that asked for it (that call's thread)."""
+        that asked for it (that call's thread).  Only a connection not checked since the last
+        failed call (``suspect``) is checked: a round trip before every settlement and renewal
+        was a good part of a short task's cost, and a connection that broke on its own
+        fails its call, which is retried on a checked one."""
+        failures = self._failures
+        if self._checked.get(conn, 0) >= failures:
+            return
         with self.bounded(conn):
             ConnectionPool.check_connection(conn)
+        self._checked[conn] = failures
 
     def _watch(self, stop: threading.Event) -> None:
         """Watcher thread: cut the calls past their deadline; park when no call came for a

@@ -12,11 +12,15 @@ worker's own monotonic rule (docs/architecture.rst, "The lease deadline rule").
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from ...core.task import Task
-from ..base import LeaseLost
+from ..base import BackendError, LeaseLost
 from ..common import parse_body, settled_error
+
+COMPLETED = "state='succeeded', exit_status=0, reason=NULL"
+ENDED = "owner=NULL, locked_until=NULL, ended_at=now(), worker=%s"
 
 # A settlement may wait this long for the database (its keeper thread retries a BackendError
 # while the lease lasts).
@@ -32,6 +36,11 @@ class Writer(Protocol):
 
     def lease_write(self, sql: str, args: tuple[Any, ...], timeout: float) -> list[tuple]:
         """One statement on the lease pool, bounded by ``timeout``; its rows."""
+        ...
+
+    def batch_write(self, sql: str, args: tuple[Any, ...]) -> list[tuple]:
+        """One statement on the main pool (a connection of its own), bounded as the main
+        thread's calls are; its rows (the worker's completer thread)."""
         ...
 
 
@@ -76,7 +85,7 @@ class PostgresLease:
         return float(rows[0][0])
 
     def complete(self) -> None:
-        self._end("complete", "state='succeeded', exit_status=0, reason=NULL", ())
+        self._end("complete", COMPLETED, ())
 
     def release(self, count_attempt: bool, delay: float = 0.0) -> None:
         """Back to pending, ready ``delay`` seconds from the database's now; without
@@ -95,11 +104,49 @@ class PostgresLease:
 
     def _end(self, what: str, assignments: str, args: tuple) -> None:
         """Succeeded or failed: ended now, by this worker (``worker`` keeps who ran it)."""
-        self._settle(what, f"{assignments}, owner=NULL, locked_until=NULL, ended_at=now(), "
-                     "worker=%s", args + (self._backend.worker_id,))
+        self._settle(what, f"{assignments}, {ENDED}", args + (self._backend.worker_id,))
 
     def _settle(self, what: str, assignments: str, args: tuple) -> None:
         """The last write of the lease: the row leaves 'running', so the fence can never match
         again; afterwards nothing more is sent."""
         self._write(what, assignments, args, SETTLE_TIMEOUT)
         self._over = True
+
+
+def complete_all(backend: Writer, leases: Sequence[PostgresLease]) -> list[BaseException | None]:
+    """Complete ``leases`` in ONE statement, each row still fenced by its own (id, owner,
+    attempt) and ``state='running'``: a row that matched is completed exactly as
+    ``complete`` would; a lease whose row matched nothing is told LeaseLost -- just that one,
+    its neighbours are completed.  A failed statement completed none: each lease gets the
+    BackendError and its keeper thread tries again (the worker's completer thread;
+    Backend.complete_many)."""
+    errors: list[BaseException | None] = [None] * len(leases)
+    todo = []
+    for i, lease in enumerate(leases):
+        if lease._over:
+            errors[i] = settled_error(f"task {lease.message_id}: complete")
+        else:
+            todo.append(i)
+    if not todo:
+        return errors
+    fences = [leases[i]._fence for i in todo]
+    try:
+        rows = backend.batch_write(
+            f"UPDATE {backend.jobs} j SET {COMPLETED}, {ENDED} FROM unnest(%s::text[], "
+            "%s::text[], %s::int[]) AS f(id, owner, attempt) WHERE j.id = f.id AND "
+            "j.owner = f.owner AND j.attempt = f.attempt AND j.state='running' "
+            "RETURNING j.id, j.attempt",
+            (backend.worker_id, [f[0] for f in fences], [f[1] for f in fences],
+             [f[2] for f in fences]))
+    except BackendError as exc:
+        for i in todo:
+            errors[i] = exc
+        return errors
+    done = {(row[0], row[1]) for row in rows}
+    for i in todo:
+        lease = leases[i]
+        lease._over = True  # completed, or found lost: nothing more is sent either way
+        if (lease.message_id, lease.attempt) not in done:
+            errors[i] = LeaseLost(f"task {lease.message_id}: complete: lease (attempt "
+                                  f"{lease.attempt}) no longer held by this worker")
+    return errors
