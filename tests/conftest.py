@@ -291,6 +291,14 @@ def pg(tmp_path: Path, pg_url: str):
     assert not survivors, f"task processes survived the test: {survivors}"
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def fenv(request):
+    """The test's queue for a fleet test that runs on both self-hosted backends: SQLite
+    (``env``) or PostgreSQL (``pg``), each with its control store where ``--control auto``
+    puts it."""
+    return request.getfixturevalue("env" if request.param == "sqlite" else "pg")
+
+
 @pytest.fixture
 def sq(tmp_path: Path, azurite, queue_name: str):
     """One test's Storage Queue on the session's Azurite (tests.azure_envs.SqEnv), made (with

@@ -24,13 +24,6 @@ FAST = ("--control-interval", "1", "--heartbeat-interval", "1")
 BOUND = 1.0 + 2.0  # control interval + 2 s
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def fenv(request):
-    """The test's queue: SQLite (``env``) or PostgreSQL (``pg``), each with its control
-    store where ``--control auto`` puts it."""
-    return request.getfixturevalue("env" if request.param == "sqlite" else "pg")
-
-
 def _store(fenv) -> ControlStore:
     url = getattr(fenv, "url", None)
     if url is not None:
