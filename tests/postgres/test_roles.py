@@ -90,6 +90,10 @@ def test_documented_grants(pg_server, pg_url, roles) -> None:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("INSERT INTO jobq.jobs (id, queue, body) VALUES ('t2', 'q', '{}')")
     _control_store_as_reader(reader)
+    assert ctl(reader, "workers").returncode == 0
+    refused = ctl(reader, "cancel", "0" * 32)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "permission denied" in refused.stderr and "reader-secret" not in refused.stderr
 
 
 def _control_store_as_worker(url: str) -> None:
