@@ -278,6 +278,28 @@ def pg_url(pg_server) -> Iterator[str]:
 
 
 @pytest.fixture
+def pg(tmp_path: Path, pg_url: str):
+    """One test's PostgreSQL queue for the real commands (tests.postgres.env.PgEnv); no task
+    process of the test may survive it.  Here, not in tests/postgres/, so that a suite of
+    another folder can run its tests on PostgreSQL too."""
+    from tests.postgres.env import PgEnv
+
+    e = PgEnv(tmp_path, pg_url)
+    yield e
+    e.cleanup()
+    survivors = wait_for_no_marked(timeout=10)
+    assert not survivors, f"task processes survived the test: {survivors}"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def fenv(request):
+    """The test's queue for a fleet test that runs on both self-hosted backends: SQLite
+    (``env``) or PostgreSQL (``pg``), each with its control store where ``--control auto``
+    puts it."""
+    return request.getfixturevalue("env" if request.param == "sqlite" else "pg")
+
+
+@pytest.fixture
 def sq(tmp_path: Path, azurite, queue_name: str):
     """One test's Storage Queue on the session's Azurite (tests.azure_envs.SqEnv), made (with
     its -failed twin); no task process of the test may survive it."""

@@ -1,5 +1,6 @@
-"""Both control stores behind one fixture: SQLite in a real queue database file, and Azure
-Table Storage on Azurite's table service (started once per session on a free loopback port).
+"""Every control store behind one fixture: SQLite in a real queue database file, Azure Table
+Storage on Azurite's table service (started once per session on a free loopback port), and
+PostgreSQL in a fresh database of the session's real server (``pg_url``, tests/conftest.py).
 
 The Azurite binary is $AZURITE_TABLE_BIN, else ``azurite-table`` beside $AZURITE_QUEUE_BIN,
 else <repo>/.azurite/node_modules/.bin/azurite-table.  It keeps everything in memory, runs
@@ -111,10 +112,44 @@ def _azure_kit(port: int) -> Iterator[Kit]:
     raw.close()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("azure", marks=pytest.mark.azure)])
+def _postgres_kit(url: str) -> Iterator[Kit]:
+    import psycopg
+
+    from supervisor.backends.postgres.schema import Tables, migrate
+    from supervisor.fleet.control.postgres import PostgresControlStore
+
+    tables = Tables.of("jobq")
+    with psycopg.connect(url, autocommit=True) as conn:
+        migrate(conn, "jobq")  # the queue's own tables come first, as a worker makes them
+    calls: list[str] = []
+    made: list[ControlStore] = []
+
+    def make(**kwargs: Any) -> ControlStore:
+        made.append(PostgresControlStore(url, "jobq", **kwargs))
+        return made[-1]
+
+    def raw_put(part: str, row: str, cols: dict[str, Any]) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"INSERT INTO {tables.control_records} (part, row, kind, at, rev, doc) "
+                         f"VALUES (%s, %s, %s, %s, nextval('{tables.control_rev}'), %s) "
+                         "ON CONFLICT (part, row) DO UPDATE SET kind = EXCLUDED.kind, "
+                         "at = EXCLUDED.at, rev = EXCLUDED.rev, doc = EXCLUDED.doc",
+                         (part, row, cols.get("kind", "x"), cols.get("at", 0.0),
+                          cols.get("doc", "")))
+
+    store = make(trace=calls.append)
+    yield Kit("postgres", store, make, raw_put, calls)
+    for s in made:
+        s.close()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("azure", marks=pytest.mark.azure),
+                        pytest.param("postgres", marks=pytest.mark.postgres)])
 def kit(request, tmp_path) -> Iterator[Kit]:
     if request.param == "sqlite":
         yield from _sqlite_kit(tmp_path)
+    elif request.param == "postgres":
+        yield from _postgres_kit(request.getfixturevalue("pg_url"))
     else:
         yield from _azure_kit(request.getfixturevalue("azurite_table"))
 

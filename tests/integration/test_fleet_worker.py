@@ -1,6 +1,7 @@
 """Issue 15, the worker side: worker records, cancel, pause/resume, drain/stop commands and
 signed control records, against real supervisors on a SQLite queue (control tables in the
-queue's own file).  Records are written through the ControlStore API, as jobq-ctl does."""
+queue's own file) and on a PostgreSQL queue (control tables in its schema, issue 29).
+Records are written through the ControlStore API, as jobq-ctl does."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from supervisor.core.signing import load_key
 from supervisor.fleet.control import Cancel, Command, QueueFlag, SqliteControlStore, new_seq
+from supervisor.fleet.control.base import ControlStore
 from supervisor.fleet.control.signing import sign
 from tests.conftest import marked_processes, term_stamp, wait_for
 
@@ -22,20 +24,31 @@ FAST = ("--control-interval", "1", "--heartbeat-interval", "1")
 BOUND = 1.0 + 2.0  # control interval + 2 s
 
 
-def _store(env) -> SqliteControlStore:
-    return SqliteControlStore(str(env.db), busy_timeout=10.0)
+def _store(fenv) -> ControlStore:
+    url = getattr(fenv, "url", None)
+    if url is not None:
+        from supervisor.fleet.control.postgres import PostgresControlStore
+
+        return PostgresControlStore(url, timeout=10.0)
+    return SqliteControlStore(str(fenv.db), busy_timeout=10.0)
 
 
-def _workers(env) -> dict:
-    store = _store(env)
+def _status(fenv, task_id: str) -> str:
+    """The task's state in the queue's own table (SQLite: ``status``, PostgreSQL: ``state``)."""
+    job = fenv.job(task_id)
+    return job.get("status") or job.get("state")
+
+
+def _workers(fenv) -> dict:
+    store = _store(fenv)
     try:
         return {w.id: w for w in store.workers(Q)}
     finally:
         store.close()
 
 
-def _put(env, record) -> None:
-    store = _store(env)
+def _put(fenv, record) -> None:
+    store = _store(fenv)
     try:
         if isinstance(record, Cancel):
             store.put_cancel(record)
@@ -67,12 +80,12 @@ def _trap_marker(tmp: Path, name: str) -> tuple[str, Path, Path]:
     return cmd, marker, ready
 
 
-def test_worker_record_lists_running_tasks_and_is_deleted_on_clean_exit(env):
-    env.push("sleep 60", "sleep 60")
-    sup = env.supervisor("-n", "3", "--worker-id", "w-rec", *FAST)
-    wait_for(lambda: len(getattr(_workers(env).get("w-rec"), "tasks", ())) == 2, 30,
+def test_worker_record_lists_running_tasks_and_is_deleted_on_clean_exit(fenv):
+    fenv.push("sleep 60", "sleep 60")
+    sup = fenv.supervisor("-n", "3", "--worker-id", "w-rec", *FAST)
+    wait_for(lambda: len(getattr(_workers(fenv).get("w-rec"), "tasks", ())) == 2, 30,
              what="worker record with two tasks")
-    rec = _workers(env)["w-rec"]
+    rec = _workers(fenv)["w-rec"]
     assert (rec.state, rec.slots_used, rec.slots_total) == ("running", 2, 3)
     assert rec.pid == sup.pid and rec.queue == Q and rec.interval == 1.0
     now = time.time()
@@ -84,27 +97,27 @@ def test_worker_record_lists_running_tasks_and_is_deleted_on_clean_exit(env):
     assert {t.pid for t in rec.tasks} <= {p.pid for p in marked_processes()}
     sup.signal(signal.SIGTERM)
     assert sup.wait(30) == 0
-    assert "w-rec" not in _workers(env)
+    assert "w-rec" not in _workers(fenv)
 
 
-def test_cancel_running_task_terms_it_and_fails_it_as_cancelled(env):
-    cmd, marker, ready = _trap_marker(env.tmp, "t")
-    (task_id,) = env.push(cmd)
-    sup = env.supervisor("--worker-id", "w-c", "--max-attempts", "3", *FAST)
+def test_cancel_running_task_terms_it_and_fails_it_as_cancelled(fenv):
+    cmd, marker, ready = _trap_marker(fenv.tmp, "t")
+    (task_id,) = fenv.push(cmd)
+    sup = fenv.supervisor("--worker-id", "w-c", "--max-attempts", "3", *FAST)
     wait_for(ready.exists, 30, what="task running")
     t0 = time.time()
-    _put(env, _cancel(task_id))
+    _put(fenv, _cancel(task_id))
     wait_for(marker.exists, 10, what="SIGTERM marker")
     assert float(marker.read_text()) - t0 < BOUND
-    wait_for(lambda: env.job(task_id)["status"] == "failed", 15, what="failed state")
-    job = env.job(task_id)
+    wait_for(lambda: _status(fenv, task_id) == "failed", 15, what="failed state")
+    job = fenv.job(task_id)
     assert job["attempt"] == 1, "a cancelled task is not retried"
     assert job["reason"].startswith("cancelled by alice@ops at ")
     assert "operator says so" in job["reason"]
-    listed = env.ctl("failed").stdout
+    listed = fenv.ctl("failed").stdout
     assert task_id in listed and "cancelled" in listed
     assert "output-of-t" in (job["output_tail"] or "")
-    store = _store(env)
+    store = _store(fenv)
     try:
         wait_for(lambda: store.results(Q, "cancelled"), 10, what="result record")
         (res,) = store.results(Q, "cancelled")
@@ -117,61 +130,62 @@ def test_cancel_running_task_terms_it_and_fails_it_as_cancelled(env):
     assert "cancelled=1" in sup.log() and "failed=0" in sup.log()
 
 
-def test_cancel_of_a_task_ignoring_sigterm_kills_it_at_the_grace(env):
-    ready = env.tmp / "ready"
-    (task_id,) = env.push(f"trap '' TERM; touch {ready}; sleep 600 & wait; sleep 600")
-    sup = env.supervisor("--worker-id", "w-g", *FAST)
+def test_cancel_of_a_task_ignoring_sigterm_kills_it_at_the_grace(fenv):
+    ready = fenv.tmp / "ready"
+    (task_id,) = fenv.push(f"trap '' TERM; touch {ready}; sleep 600 & wait; sleep 600")
+    sup = fenv.supervisor("--worker-id", "w-g", *FAST)
     wait_for(ready.exists, 30, what="task running")
     procs = [p for p in marked_processes() if p.pid != sup.pid]
-    _put(env, _cancel(task_id, grace=2.0))
+    _put(fenv, _cancel(task_id, grace=2.0))
     sup.wait_log("cancelled: sending SIGTERM", 10)
     t_term = time.time()
-    wait_for(lambda: env.job(task_id)["status"] == "failed", 20, what="killed at the grace")
+    wait_for(lambda: _status(fenv, task_id) == "failed", 20, what="killed at the grace")
     dead = time.time()
     assert dead - t_term >= 2.0 - 0.3, "killed before the grace"
     assert dead - t_term < 2.0 + 4.0
     assert not any(p.is_running() and p.status() != "zombie" for p in procs)
-    assert env.job(task_id)["reason"].startswith("cancelled")
+    assert fenv.job(task_id)["reason"].startswith("cancelled")
     sup.signal(signal.SIGTERM)
     assert sup.wait(30) == 0
 
 
-def test_pending_task_cancelled_before_any_worker_starts_never_runs(env):
-    ran = env.tmp / "ran"
-    cancelled_id, other_id = env.push(f"touch {ran}", "true")
-    _put(env, _cancel(cancelled_id, reason="not wanted"))
-    sup = env.supervisor("--worker-id", "w-p", "--exit-when-empty", *FAST)
+def test_pending_task_cancelled_before_any_worker_starts_never_runs(fenv):
+    ran = fenv.tmp / "ran"
+    cancelled_id, other_id = fenv.push(f"touch {ran}", "true")
+    _put(fenv, _cancel(cancelled_id, reason="not wanted"))
+    sup = fenv.supervisor("--worker-id", "w-p", "--exit-when-empty", *FAST)
     assert sup.wait(60) == 0
     assert not ran.exists()
-    job = env.job(cancelled_id)
-    assert job["status"] == "failed" and job["reason"].startswith("cancelled by alice@ops")
-    assert env.job(other_id)["status"] == "succeeded"
+    job = fenv.job(cancelled_id)
+    assert _status(fenv, cancelled_id) == "failed"
+    assert job["reason"].startswith("cancelled by alice@ops")
+    assert _status(fenv, other_id) == "succeeded"
     assert "cancelled=1" in sup.log()
 
 
-def test_pause_stops_intake_and_resume_restarts_it(env):
+def test_pause_stops_intake_and_resume_restarts_it(fenv):
     # Two workers: a pause holds every worker of the queue, not only the one that is busy.
-    sups = [env.supervisor("-n", "2", "--worker-id", w, "--poll-interval", "0.2", *FAST)
+    sups = [fenv.supervisor("-n", "2", "--worker-id", w, "--poll-interval", "0.2", *FAST)
             for w in ("w-pa", "w-pb")]
-    wait_for(lambda: {"w-pa", "w-pb"} <= set(_workers(env)), 30, what="worker records")
-    long_cmd, _, long_ready = _trap_marker(env.tmp, "long")
-    (long_id,) = env.push(long_cmd)
+    wait_for(lambda: {"w-pa", "w-pb"} <= set(_workers(fenv)), 30, what="worker records")
+    long_cmd, _, long_ready = _trap_marker(fenv.tmp, "long")
+    (long_id,) = fenv.push(long_cmd)
     wait_for(long_ready.exists, 30, what="long task running")
-    _put(env, QueueFlag(queue=Q, paused=True, who="carol", when=time.time()))
-    wait_for(lambda: {w.state for w in _workers(env).values()} == {"paused"}, BOUND + 2,
+    _put(fenv, QueueFlag(queue=Q, paused=True, who="carol", when=time.time()))
+    wait_for(lambda: {w.state for w in _workers(fenv).values()} == {"paused"}, BOUND + 2,
              what="both workers paused")
-    started = env.tmp / "started"
-    (new_id,) = env.push(f"touch {started}")
+    started = fenv.tmp / "started"
+    (new_id,) = fenv.push(f"touch {started}")
     t0 = time.monotonic()
     while time.monotonic() < t0 + 3.0:  # a window in which nothing may start
         assert not started.exists(), "a task started while the queue was paused"
         time.sleep(0.1)
-    assert env.job(new_id)["status"] == "pending"
-    assert env.job(long_id)["status"] == "running", "a running task goes on while paused"
-    (env.tmp / "long.release").touch()  # and finishes normally
-    wait_for(lambda: env.job(long_id)["status"] == "succeeded", 30, what="long task done")
-    assert not started.exists() and env.job(new_id)["status"] == "pending"
-    _put(env, QueueFlag(queue=Q, paused=False, who="carol", when=time.time()))
+    assert _status(fenv, new_id) == "pending"
+    assert _status(fenv, long_id) == "running", "a running task goes on while paused"
+    (fenv.tmp / "long.release").touch()  # and finishes normally
+    wait_for(lambda: _status(fenv, long_id) == "succeeded", 30, what="long task done")
+    assert not started.exists() and _status(fenv, new_id) == "pending"
+    _put(fenv, QueueFlag(queue=Q, paused=False, who="carol", when=time.time()))
     wait_for(started.exists, BOUND + 2, what="intake after resume")
     for sup in sups:
         sup.signal(signal.SIGTERM)
@@ -179,36 +193,36 @@ def test_pause_stops_intake_and_resume_restarts_it(env):
 
 
 @pytest.mark.parametrize("action", ["drain", "stop"])
-def test_drain_and_stop_act_on_the_named_worker_only(env, action):
-    cmds = [_trap_marker(env.tmp, n) for n in ("a", "b")]
-    ids = env.push(*(c for c, _, _ in cmds))
-    target = env.supervisor("--worker-id", "w-target", *FAST)
+def test_drain_and_stop_act_on_the_named_worker_only(fenv, action):
+    cmds = [_trap_marker(fenv.tmp, n) for n in ("a", "b")]
+    ids = fenv.push(*(c for c, _, _ in cmds))
+    target = fenv.supervisor("--worker-id", "w-target", *FAST)
     wait_for(lambda: any(r.exists() for _, _, r in cmds), 30, what="first task running")
-    other = env.supervisor("--worker-id", "w-other", *FAST)
+    other = fenv.supervisor("--worker-id", "w-other", *FAST)
     wait_for(lambda: all(r.exists() for _, _, r in cmds), 30, what="both tasks running")
-    mine = next(t.id for t in wait_for(lambda: _workers(env)["w-target"].tasks, 10))
-    _put(env, _command("w-target", action))
+    mine = next(t.id for t in wait_for(lambda: _workers(fenv)["w-target"].tasks, 10))
+    _put(fenv, _command("w-target", action))
     if action == "drain":
-        wait_for(lambda: _workers(env)["w-target"].state == "draining", BOUND + 2,
+        wait_for(lambda: _workers(fenv)["w-target"].state == "draining", BOUND + 2,
                  what="draining")
         time.sleep(1.0)  # a window in which the draining worker must not touch its task
         assert target.proc.poll() is None, "a draining worker lets its task finish"
-        (env.tmp / f"{'ab'[ids.index(mine)]}.release").touch()
+        (fenv.tmp / f"{'ab'[ids.index(mine)]}.release").touch()
     assert target.wait(30) == 0
     marker = cmds[ids.index(mine)][1]
     if action == "drain":
         assert not marker.exists(), "a drained task is not signalled"
-        assert env.job(mine)["status"] == "succeeded"
+        assert _status(fenv, mine) == "succeeded"
         assert "drained by bob@ops" in target.log()
     else:
         assert marker.exists(), "the named worker's task got SIGTERM"
-        job = env.job(mine)
-        assert (job["status"], job["attempt"]) == ("pending", 0), "requeued, not counted"
+        job = fenv.job(mine)
+        assert (_status(fenv, mine), job["attempt"]) == ("pending", 0), "requeued, not counted"
     assert other.proc.poll() is None, "the other worker is unaffected"
     theirs = ids[1 - ids.index(mine)]
     assert not cmds[ids.index(theirs)][1].exists()
-    assert "w-target" not in _workers(env) and "w-other" in _workers(env)
-    store = _store(env)
+    assert "w-target" not in _workers(fenv) and "w-other" in _workers(fenv)
+    store = _store(fenv)
     try:
         assert store.poll(Q, "w-target").commands == (), "the command was acknowledged"
     finally:
@@ -217,22 +231,22 @@ def test_drain_and_stop_act_on_the_named_worker_only(env, action):
     assert other.wait(30) == 0
 
 
-def test_with_signing_keys_only_signed_cancels_count(env):
-    key_file = env.tmp / "key"
+def test_with_signing_keys_only_signed_cancels_count(fenv):
+    key_file = fenv.tmp / "key"
     key_file.write_bytes(b"k" * 32)
     key_file.chmod(0o600)
     key = load_key(str(key_file))
-    cmd, marker, ready = _trap_marker(env.tmp, "s")
-    (task_id,) = env.ctl("push", "--signing-key-file", str(key_file), "-c", cmd).stdout.split()
-    sup = env.supervisor("--worker-id", "w-s", "--signing-key-file", str(key_file), *FAST)
+    cmd, marker, ready = _trap_marker(fenv.tmp, "s")
+    (task_id,) = fenv.ctl("push", "--signing-key-file", str(key_file), "-c", cmd).stdout.split()
+    sup = fenv.supervisor("--worker-id", "w-s", "--signing-key-file", str(key_file), *FAST)
     wait_for(ready.exists, 30, what="task running")
-    _put(env, _cancel(task_id, reason="unsigned"))
+    _put(fenv, _cancel(task_id, reason="unsigned"))
     sup.wait_log("signature unsigned", 10)
     time.sleep(BOUND)  # the unsigned cancel had its chance to act; it must not have
     assert not marker.exists()
-    _put(env, sign(_cancel(task_id, reason="signed"), key))
+    _put(fenv, sign(_cancel(task_id, reason="signed"), key))
     wait_for(marker.exists, 10, what="signed cancel carried out")
-    wait_for(lambda: env.job(task_id)["status"] == "failed", 15, what="failed state")
-    assert "signed" in env.job(task_id)["reason"]
+    wait_for(lambda: _status(fenv, task_id) == "failed", 15, what="failed state")
+    assert "signed" in fenv.job(task_id)["reason"]
     sup.signal(signal.SIGTERM)
     assert sup.wait(30) == 0

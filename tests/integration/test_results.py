@@ -1,6 +1,7 @@
 """Issue 16, result records: real supervisors on a SQLite queue write a record per attempt
 (running, then how it ended) to the control store in the queue's file, and ``jobq-ctl
-result ID [--json]`` shows them.  Real shells and real signals."""
+result ID [--json]`` shows them.  Real shells and real signals.  Those with ``fenv`` run on
+a PostgreSQL queue too (issue 29: its control store in the queue's schema)."""
 
 from __future__ import annotations
 
@@ -32,59 +33,59 @@ def settled(env: Any, task_id: str, n: int) -> list[dict[str, Any]]:
     return got
 
 
-def test_success_and_a_failure_then_success(env):
-    ok, flaky = env.push("echo fine", 'if [ "$JOBQ_ATTEMPT" = 1 ]; then exit 3; fi; echo 2nd')
-    sup = env.supervisor("--max-attempts", "2", "--retry-delay", "0", "--exit-when-empty",
+def test_success_and_a_failure_then_success(fenv):
+    ok, flaky = fenv.push("echo fine", 'if [ "$JOBQ_ATTEMPT" = 1 ]; then exit 3; fi; echo 2nd')
+    sup = fenv.supervisor("--max-attempts", "2", "--retry-delay", "0", "--exit-when-empty",
                          "--worker-id", "w-res", "--poll-interval", "0.1")
     assert sup.wait(60) == 0, sup.log()
-    (rec,) = settled(env, ok, 1)
+    (rec,) = settled(fenv, ok, 1)
     assert {k: rec[k] for k in ("attempt", "state", "final", "exit_status", "signal",
                                 "worker", "max_attempts", "cancelled_by")} == {
         "attempt": 1, "state": "succeeded", "final": True, "exit_status": 0, "signal": None,
         "worker": "w-res", "max_attempts": 2, "cancelled_by": None}
     assert rec["started"] and rec["finished"] and rec["started"] <= rec["finished"]
     assert 0 <= rec["duration_s"] < 30
-    first, second = settled(env, flaky, 2)
+    first, second = settled(fenv, flaky, 2)
     assert (first["attempt"], first["state"], first["final"], first["exit_status"]) == (
         1, "failed", False, 3)
     assert "exit status 3" in first["reason"]
     assert (second["attempt"], second["state"], second["final"], second["exit_status"]) == (
         2, "succeeded", True, 0)
-    text = env.ctl("result", flaky).stdout.splitlines()
+    text = fenv.ctl("result", flaky).stdout.splitlines()
     assert text[0] == f"task {flaky} on queue default"
     assert "ATTEMPT" in text[1] and len(text) == 4
     assert text[2].split()[:4] == ["1/2", "failed", "exit", "3"]
     assert text[3].split()[:4] == ["2/2", "succeeded", "exit", "0"] and "final" in text[3]
 
 
-def test_a_task_killed_by_a_signal_has_a_signal_and_no_exit_status(env):
-    (task_id,) = env.push("echo before; kill -9 $$")
-    sup = env.supervisor("--max-attempts", "1", "--exit-when-empty", "--poll-interval", "0.1")
+def test_a_task_killed_by_a_signal_has_a_signal_and_no_exit_status(fenv):
+    (task_id,) = fenv.push("echo before; kill -9 $$")
+    sup = fenv.supervisor("--max-attempts", "1", "--exit-when-empty", "--poll-interval", "0.1")
     assert sup.wait(60) == 4, sup.log()  # a task failed
-    (rec,) = settled(env, task_id, 1)
+    (rec,) = settled(fenv, task_id, 1)
     assert (rec["state"], rec["final"], rec["exit_status"], rec["signal"]) == (
         "failed", True, None, 9)
-    line = env.ctl("result", task_id).stdout.splitlines()[2]
+    line = fenv.ctl("result", task_id).stdout.splitlines()[2]
     assert line.split()[:4] == ["1/1", "failed", "signal", "9"]
 
 
-def test_a_running_task_then_cancelled(env):
-    ready = env.tmp / "ready"
-    (task_id,) = env.push(f"touch {ready}; sleep 600")
-    sup = env.supervisor("--worker-id", "w-c", *FAST)
+def test_a_running_task_then_cancelled(fenv):
+    ready = fenv.tmp / "ready"
+    (task_id,) = fenv.push(f"touch {ready}; sleep 600")
+    sup = fenv.supervisor("--worker-id", "w-c", *FAST)
     wait_for(ready.exists, 30, what="task running")
     running: list[dict[str, Any]] = []
-    wait_for(lambda: running.extend(results(env, task_id)) or running, 10,
+    wait_for(lambda: running.extend(results(fenv, task_id)) or running, 10,
              what="the running record")
     assert [(r["state"], r["final"], r["finished"], r["exit_status"]) for r in running] == [
         ("running", False, None, None)]
     assert running[0]["started"] and running[0]["worker"] == "w-c"
-    env.ctl("cancel", task_id, "--grace", "20s", "--reason", "wrong input")
-    (rec,) = settled(env, task_id, 1)
+    fenv.ctl("cancel", task_id, "--grace", "20s", "--reason", "wrong input")
+    (rec,) = settled(fenv, task_id, 1)
     assert (rec["state"], rec["final"], rec["cancelled_by"], rec["signal"]) == (
         "cancelled", True, WHO, signal.SIGTERM)
     assert "wrong input" in rec["reason"]
-    assert f"cancelled by {WHO}" in env.ctl("result", task_id).stdout
+    assert f"cancelled by {WHO}" in fenv.ctl("result", task_id).stdout
     sup.signal(signal.SIGTERM)
     assert sup.wait(30) == 0
 

@@ -1,14 +1,14 @@
 """Tests of the PostgreSQL backend against a real server (tests/postgres/server.py).
 
-The fixtures ``pg_server`` (one server per session, i.e. per xdist worker) and ``pg_url`` (a
-fresh database per test) live in tests/conftest.py, so that the backend contract suite shares
-the same server; every module here carries the ``postgres`` marker.
+The fixtures ``pg_server`` (one server per session, i.e. per xdist worker), ``pg_url`` (a
+fresh database per test) and ``pg`` (PgEnv on it) live in tests/conftest.py, so that the
+backend contract suite and the fleet suites share the same server; every module here carries
+the ``postgres`` marker.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,20 +23,6 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if str(item.fspath).startswith(here):
             item.add_marker(pytest.mark.postgres)
-
-
-@pytest.fixture
-def pg(tmp_path: Path, pg_url: str):
-    """One test's PostgreSQL queue for the real commands (PgEnv); no task process of the
-    test may survive it."""
-    yield from _queue_env(PgEnv(tmp_path, pg_url))
-
-
-def _queue_env(e: PgEnv) -> Iterator[PgEnv]:
-    yield e
-    e.cleanup()
-    survivors = wait_for_no_marked(timeout=10)
-    assert not survivors, f"task processes survived the test: {survivors}"
 
 
 @pytest.fixture(scope="session")
@@ -72,4 +58,8 @@ def bouncer_url(pg_bouncer, pg_url: str) -> str:
 def pgb(tmp_path: Path, bouncer_url: str):
     """``pg`` through PgBouncer in transaction mode: every command of the test's queue gets
     ``--postgres-notify off`` and reaches the database through the bouncer."""
-    yield from _queue_env(PgEnv(tmp_path, bouncer_url, notify="off"))
+    e = PgEnv(tmp_path, bouncer_url, notify="off")
+    yield e
+    e.cleanup()
+    survivors = wait_for_no_marked(timeout=10)
+    assert not survivors, f"task processes survived the test: {survivors}"

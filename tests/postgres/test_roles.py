@@ -1,6 +1,6 @@
 """The GRANTs of docs/backends.rst ("Roles"), applied as written: the admin role migrates,
-the worker role reads and writes rows (and finds the schema current, creating nothing), the
-operators' role only reads."""
+the worker role reads and writes rows (and finds the schema current, creating nothing) and
+uses the control store, the operators' role only reads, the control store too."""
 
 from __future__ import annotations
 
@@ -12,12 +12,17 @@ import psycopg
 import pytest
 
 from supervisor.backends.postgres import schema as sc
+from supervisor.fleet.control import Cancel, ControlStoreError, ResultRecord, WorkerRecord
+from supervisor.fleet.control.base import UniqueClaim
+from supervisor.fleet.control.postgres import PostgresControlStore
 from tests.postgres.server import PASSWORD
 from tests.postgres.test_schema import ctl
 
 pytestmark = pytest.mark.timeout(90)
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "backends.rst"
 ROLES = ("jobq_admin", "jobq_worker", "jobq_reader")
+LATEST = len(sc.MIGRATIONS)
+NOW = 1_700_000_000.0
 
 
 def documented_grants() -> tuple[str, str]:
@@ -60,12 +65,13 @@ def test_documented_grants(pg_server, pg_url, roles) -> None:
     first, rest = documented_grants()
     pg_server.admin(local(first), dbname=db)
     res = ctl(url("jobq_admin", "admin-secret"), "migrate")
-    assert (res.returncode, res.stdout) == (0, "schema jobq: created at version 1\n"), res.stderr
+    assert (res.returncode, res.stdout) == (
+        0, f"schema jobq: created at version {LATEST}\n"), res.stderr
     with psycopg.connect(pg_url, autocommit=True) as su:
         su.execute(local(rest))
     worker = url("jobq_worker", "worker-secret")
     with psycopg.connect(worker, autocommit=True) as conn:
-        assert sc.check_schema(conn, "jobq", create=True) == 1
+        assert sc.check_schema(conn, "jobq", create=True) == LATEST
         conn.execute("INSERT INTO jobq.queues (name, first_served) VALUES ('q', now())")
         conn.execute("INSERT INTO jobq.jobs (id, queue, body) VALUES ('t1', 'q', '{}')")
         assert conn.execute("UPDATE jobq.jobs SET state = 'running', attempt = attempt + 1 "
@@ -75,9 +81,50 @@ def test_documented_grants(pg_server, pg_url, roles) -> None:
         assert conn.execute("DELETE FROM jobq.jobs WHERE id = 't1'").rowcount == 1
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("CREATE TABLE jobq.other (x int)")
-    assert ctl(worker, "migrate").stdout == "schema jobq: at version 1 already\n"
-    with psycopg.connect(url("jobq_reader", "reader-secret"), autocommit=True) as conn:
-        assert sc.check_schema(conn, "jobq", create=False) == 1
+    assert ctl(worker, "migrate").stdout == f"schema jobq: at version {LATEST} already\n"
+    _control_store_as_worker(worker)
+    reader = url("jobq_reader", "reader-secret")
+    with psycopg.connect(reader, autocommit=True) as conn:
+        assert sc.check_schema(conn, "jobq", create=False) == LATEST
         assert conn.execute("SELECT count(*) FROM jobq.jobs").fetchone() == (0,)
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("INSERT INTO jobq.jobs (id, queue, body) VALUES ('t2', 'q', '{}')")
+    _control_store_as_reader(reader)
+    assert ctl(reader, "workers").returncode == 0
+    refused = ctl(reader, "cancel", "0" * 32)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "permission denied" in refused.stderr and "reader-secret" not in refused.stderr
+
+
+def _control_store_as_worker(url: str) -> None:
+    """Everything a worker and a writing jobq-ctl do on the control store."""
+    store = PostgresControlStore(url, "jobq")
+    try:
+        store.put_worker(WorkerRecord(id="w1", queue="q", host="h", pid=1, version="0",
+                                      state="running", slots_used=0, slots_total=1,
+                                      started=NOW, heartbeat=NOW))
+        store.put_cancel(Cancel(queue="q", task_id="t1", reason="r", who="ops", when=NOW))
+        assert [c.task_id for c in store.poll("q", "w1").cancels] == ["t1"]
+        store.put_results([ResultRecord(queue="q", task_id="t1", attempt=1, outcome="failed",
+                                        reason="", tail="", exit_status=1, worker="w1",
+                                        when=NOW)])
+        assert store.create_claim(UniqueClaim("q", "k", "t1", NOW))
+        store.release_claim("q", "k", "t1")
+        assert store.purge(NOW + 400 * 86_400).workers == 1
+    finally:
+        store.close()
+
+
+def _control_store_as_reader(url: str) -> None:
+    """The read-only role reads the control store (status, workers, result) and may write
+    nothing: a write is one ControlStoreError line."""
+    store = PostgresControlStore(url, "jobq", create=False)
+    try:
+        assert store.workers("q") == [] and store.results("q") == []
+        assert store.poll("q", "w1").cancels == ()
+        with pytest.raises(ControlStoreError) as info:
+            store.put_cancel(Cancel(queue="q", task_id="t2", reason="r", who="ops", when=NOW))
+        assert "permission denied" in str(info.value) and "\n" not in str(info.value)
+        assert "reader-secret" not in str(info.value)
+    finally:
+        store.close()

@@ -7,6 +7,9 @@ queue:
 
 * ``S.meta(key, value)`` -- ``version`` -> the latest migration applied.
 * ``S.queues(name, first_served)`` -- the queues a worker started on.
+* ``S.control_records`` (migration ``_migration_control``) -- the fleet's control store
+  (fleet/control/postgres.py): the generic records of fleet/control/base.py, keys in byte
+  order (``COLLATE "C"``), and the sequence ``S.control_rev`` that numbers their versions.
 * ``S.jobs`` -- one row per task, from push to its retention's end.  Partial indexes serve
   receive (pending rows in priority order), status (running rows), ``--unique-key`` (unique
   over pending and running rows) and retention (finished rows by ``ended_at``).  There is
@@ -16,7 +19,8 @@ queue:
   autovacuum settings keep a table that is rewritten all day small.
 
 Wake-ups: ``NOTIFY`` on the channel ``wake_channel(S)`` (``"S.wake"``), the queue's name as
-payload, in the push's transaction.
+payload, in the push's transaction; a cancel, queue flag or command of the control store
+``NOTIFY`` on ``control_channel(S)`` (``"S.control"``), in its write's transaction.
 
 ``migrate`` takes ``pg_advisory_xact_lock`` on a key derived from the schema's name: two
 hosts migrating at once apply each step once, and a transaction-level lock also works
@@ -47,11 +51,14 @@ class Tables(NamedTuple):
     meta: str
     queues: str
     jobs: str
+    control_records: str
+    control_rev: str  # a sequence
 
     @classmethod
     def of(cls, schema: str) -> Tables:
         q = quote_schema(schema)
-        return cls(q, f"{q}.meta", f"{q}.queues", f"{q}.jobs")
+        return cls(q, f"{q}.meta", f"{q}.queues", f"{q}.jobs", f"{q}.control_records",
+                   f"{q}.control_rev")
 
 
 def quote_schema(schema: str) -> str:
@@ -67,6 +74,12 @@ def wake_channel(schema: str) -> str:
     """The NOTIFY channel of the schema's wake-ups, ``<schema>.wake``: the payload of
     ``pg_notify`` as is, and for ``LISTEN`` a quoted identifier (``LISTEN "jobq.wake"``)."""
     return f"{schema}.wake"
+
+
+def control_channel(schema: str) -> str:
+    """The NOTIFY channel of the control store's cancels, flags and commands,
+    ``<schema>.control`` (quoted for ``LISTEN`` as ``wake_channel``'s); payload: the queue."""
+    return f"{schema}.control"
 
 
 def lock_key(schema: str) -> int:
@@ -115,8 +128,32 @@ def _migration_1(t: Tables) -> list[str]:
     ]
 
 
+def _migration_control(t: Tables) -> list[str]:
+    """The control store's records (fleet/control/postgres.py).  ``part``/``row`` compare
+    byte by byte (``COLLATE "C"``) whatever the database's collation: the store reads key
+    ranges (``row >= 'cancel:' AND row < 'cancel;'``) that a linguistic collation would
+    reorder.  ``expires``: a cancel's own end (``when + ttl``), for the purge."""
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {t.control_records} (
+    part text COLLATE "C" NOT NULL,
+    row text COLLATE "C" NOT NULL,
+    kind text NOT NULL,
+    at double precision NOT NULL,
+    rev bigint NOT NULL,
+    expires double precision,
+    doc text NOT NULL,
+    PRIMARY KEY (part, row)
+) WITH (autovacuum_vacuum_scale_factor = 0.02,
+        autovacuum_analyze_scale_factor = 0.05)""",
+        f"CREATE SEQUENCE IF NOT EXISTS {t.control_rev} AS bigint",
+        f"CREATE INDEX IF NOT EXISTS control_cancels ON {t.control_records} (part, rev) "
+        f"WHERE kind = 'cancel'",
+        f"CREATE INDEX IF NOT EXISTS control_by_age ON {t.control_records} (kind, at)",
+    ]
+
+
 # Migration N (1-based) -> its statements; append, never edit one that was released.
-MIGRATIONS = (_migration_1,)
+MIGRATIONS = (_migration_1, _migration_control)
 LATEST = len(MIGRATIONS)
 
 

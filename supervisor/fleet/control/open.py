@@ -7,6 +7,8 @@
   name the account, or carry a ``TableEndpoint=``) or the same ``DefaultAzureCredential``
   with the account URL's ``queue`` host turned into its ``table`` host
   (fleet/storage_account.py: the rule the output store's blob endpoint follows too).
+* PostgreSQL: a table in the queue's own schema (fleet/control/postgres.py), on a
+  connection of its own.
 * Service Bus: only with ``--control-account-url`` or ``--control-connection-string``
   (``JOBQ_CONTROL_CONNECTION_STRING``); without one there is no control store.
 
@@ -42,6 +44,11 @@ def control_store_description(settings: Settings) -> str:
     if settings.backend == "sqlite" and not (settings.control_account_url
                                              or settings.control_connection_string):
         return f"sqlite {settings.sqlite_path}"
+    if settings.backend == "postgres" and not (settings.control_account_url
+                                               or settings.control_connection_string):
+        from ...backends.postgres.connect import describe
+
+        return f"postgres schema {settings.postgres_schema} on {describe(settings.postgres_url)}"
     if settings.control_account_url:
         return f"table storage {settings.control_account_url}"
     if settings.control_connection_string:
@@ -63,6 +70,11 @@ def open_control_store(settings: Settings, create: bool = True) -> Union[Control
         from .sqlite import SqliteControlStore
 
         return SqliteControlStore(settings.sqlite_path, create=create)
+    if settings.backend == "postgres" and account is None:
+        from .postgres import PostgresControlStore
+
+        return PostgresControlStore(settings.postgres_url, settings.postgres_schema,
+                                    create=create, prepare=settings.postgres_notify == "on")
     if account is None:
         return None
     # A store named for the fleet is used as given; a Storage Queue's own account has its
