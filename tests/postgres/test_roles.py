@@ -60,12 +60,13 @@ def test_documented_grants(pg_server, pg_url, roles) -> None:
     first, rest = documented_grants()
     pg_server.admin(local(first), dbname=db)
     res = ctl(url("jobq_admin", "admin-secret"), "migrate")
-    assert (res.returncode, res.stdout) == (0, "schema jobq: created at version 1\n"), res.stderr
+    assert (res.returncode, res.stdout) == (
+        0, f"schema jobq: created at version {len(sc.MIGRATIONS)}\n"), res.stderr
     with psycopg.connect(pg_url, autocommit=True) as su:
         su.execute(local(rest))
     worker = url("jobq_worker", "worker-secret")
     with psycopg.connect(worker, autocommit=True) as conn:
-        assert sc.check_schema(conn, "jobq", create=True) == 1
+        assert sc.check_schema(conn, "jobq", create=True) == len(sc.MIGRATIONS)
         conn.execute("INSERT INTO jobq.queues (name, first_served) VALUES ('q', now())")
         conn.execute("INSERT INTO jobq.jobs (id, queue, body) VALUES ('t1', 'q', '{}')")
         assert conn.execute("UPDATE jobq.jobs SET state = 'running', attempt = attempt + 1 "
@@ -75,9 +76,10 @@ def test_documented_grants(pg_server, pg_url, roles) -> None:
         assert conn.execute("DELETE FROM jobq.jobs WHERE id = 't1'").rowcount == 1
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("CREATE TABLE jobq.other (x int)")
-    assert ctl(worker, "migrate").stdout == "schema jobq: at version 1 already\n"
+    assert ctl(worker, "migrate").stdout == \
+        f"schema jobq: at version {len(sc.MIGRATIONS)} already\n"
     with psycopg.connect(url("jobq_reader", "reader-secret"), autocommit=True) as conn:
-        assert sc.check_schema(conn, "jobq", create=False) == 1
+        assert sc.check_schema(conn, "jobq", create=False) == len(sc.MIGRATIONS)
         assert conn.execute("SELECT count(*) FROM jobq.jobs").fetchone() == (0,)
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("INSERT INTO jobq.jobs (id, queue, body) VALUES ('t2', 'q', '{}')")

@@ -19,6 +19,7 @@ from tests.conftest import command, wait_for
 from tests.postgres.server import PASSWORD, free_port
 
 pytestmark = pytest.mark.timeout(90)
+LATEST = len(sc.MIGRATIONS)  # never a number: migrations are added by later issues
 
 
 def ctl(url: str, *args: str, schema: str = "jobq") -> subprocess.CompletedProcess:
@@ -79,9 +80,9 @@ def role(pg_server, pg_url):
 
 def test_migration_1_is_the_contract(pg_url) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        assert sc.migrate(conn, "jobq") == (0, 1)
-        assert sc.migrate(conn, "jobq") == (1, 1)  # idempotent
-        assert sc.read_version(conn, "jobq") == 1
+        assert sc.migrate(conn, "jobq") == (0, LATEST)
+        assert sc.migrate(conn, "jobq") == (LATEST, LATEST)  # idempotent
+        assert sc.read_version(conn, "jobq") == LATEST
     fp = fingerprint(pg_url)
     cols = {(t, c) for t, c, *_ in fp["columns"]}
     assert {("meta", "key"), ("meta", "value"), ("queues", "name"),
@@ -102,7 +103,7 @@ def test_migration_1_is_the_contract(pg_url) -> None:
     assert {"fillfactor=70", "autovacuum_vacuum_scale_factor=0.01",
             "autovacuum_analyze_scale_factor=0.02",
             "autovacuum_vacuum_cost_delay=0"} <= set(options)
-    assert fp["meta"] == [("version", "1")]
+    assert fp["meta"] == [("version", str(LATEST))]
 
 
 def test_print_applied_by_psql_makes_the_same_schema(pg_server, pg_url) -> None:
@@ -116,7 +117,8 @@ def test_print_applied_by_psql_makes_the_same_schema(pg_server, pg_url) -> None:
             assert res.returncode == 0, res.stderr
         assert fingerprint(other) == fingerprint(pg_url)
         again = ctl(other, "migrate")
-        assert (again.returncode, again.stdout) == (0, "schema jobq: at version 1 already\n")
+        assert (again.returncode, again.stdout) == (
+            0, f"schema jobq: at version {LATEST} already\n")
     finally:
         pg_server.drop_database(other.rsplit("/", 1)[1])
 
@@ -134,9 +136,9 @@ def test_concurrent_migrates_both_succeed_with_one_schema(pg_server, pg_url) -> 
         outs = [p.communicate(timeout=60) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], outs
     lines = sorted(out for out, _err in outs)
-    assert lines == ["schema jobq: at version 1 already\n"] * 3 + [
-        "schema jobq: created at version 1\n"]
-    assert fingerprint(pg_url)["meta"] == [("version", "1")]
+    assert lines == [f"schema jobq: at version {LATEST} already\n"] * 3 + [
+        f"schema jobq: created at version {LATEST}\n"]
+    assert fingerprint(pg_url)["meta"] == [("version", str(LATEST))]
 
 
 def test_read_only_check_creates_nothing(pg_url) -> None:
@@ -146,8 +148,8 @@ def test_read_only_check_creates_nothing(pg_url) -> None:
         assert "schema jobq does not exist" in str(info.value)
         assert "`jobq-ctl migrate`" in str(info.value)
         assert not schema_exists(pg_url)
-        assert sc.check_schema(conn, "jobq", create=True) == 1  # a worker, push: created
-        assert sc.check_schema(conn, "jobq", create=False) == 1
+        assert sc.check_schema(conn, "jobq", create=True) == LATEST  # a worker, push: created
+        assert sc.check_schema(conn, "jobq", create=False) == LATEST
 
 
 def test_role_without_create_is_exit_2_naming_migrate(pg_url, role) -> None:
@@ -173,14 +175,15 @@ def test_newer_schema_is_exit_2(pg_url) -> None:
             with pytest.raises(BackendConfigError) as info:
                 sc.check_schema(conn, "jobq", create=create)
             assert not isinstance(info.value, QueueNotFound)
-            assert "version 99, newer than this jobq-supervisor knows (1)" in str(info.value)
+            assert f"version 99, newer than this jobq-supervisor knows ({LATEST})" in \
+                str(info.value)
     res = ctl(pg_url, "migrate")
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "newer" in res.stderr
 
 
 def test_other_schema_name(pg_url) -> None:
     res = ctl(pg_url, "migrate", schema="team_a")
-    assert (res.returncode, res.stdout) == (0, "schema team_a: created at version 1\n")
+    assert (res.returncode, res.stdout) == (0, f"schema team_a: created at version {LATEST}\n")
     assert schema_exists(pg_url, "team_a") and not schema_exists(pg_url, "jobq")
 
 
@@ -242,3 +245,31 @@ def test_a_heartbeat_is_a_hot_update(pg_url) -> None:
             assert wait_for(lambda: _hot_updates(reader)[0] >= 2 * n, 30,
                             what="the statistics of 2000 updates")
             assert _hot_updates(reader) == (2 * n, n)
+
+
+def test_a_version_1_schema_is_upgraded_in_place_with_the_output_tables(pg_url) -> None:
+    """A schema made by the first release (migration 1 only, with a task in it): a worker's
+    check upgrades it to the latest, keeping the rows; ``--print`` has the output tables."""
+    t = sc.Tables.of("jobq")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        with conn.transaction():
+            for stmt in sc.MIGRATIONS[0](t):
+                conn.execute(stmt)
+            conn.execute(sc._set_version(t, 1))
+        conn.execute("INSERT INTO jobq.jobs (id, queue, body) VALUES ('t1', 'q', '{}')")
+        with pytest.raises(QueueNotFound, match="older than this"):
+            sc.check_schema(conn, "jobq", create=False)  # a reader changes nothing
+        assert sc.read_version(conn, "jobq") == 1
+        assert sc.check_schema(conn, "jobq", create=True) == LATEST
+        assert conn.execute("SELECT id FROM jobq.jobs").fetchall() == [("t1",)]
+    fp = fingerprint(pg_url)
+    cols = {(tb, c) for tb, c, *_ in fp["columns"]}
+    assert {("outputs", c) for c in ("queue", "task_id", "attempt", "run", "size", "complete",
+                                     "updated_at")} <= cols
+    assert {("output_chunks", c) for c in ("queue", "task_id", "attempt", "pos", "data")} \
+        <= cols
+    assert "(updated_at)" in dict(fp["indexes"])["outputs_updated"]
+    assert "fillfactor=70" in dict(fp["reloptions"])["outputs"]
+    printed = ctl("", "migrate", "--print").stdout
+    assert "output_chunks" in printed and "-- migration 1\n" in printed
+    assert sc.output_channel("jobq") == "jobq.output"
