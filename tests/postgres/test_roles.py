@@ -5,6 +5,7 @@ operators' role only reads."""
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import psycopg
 import pytest
 
 from supervisor.backends.postgres import schema as sc
+from supervisor.fleet.output.base import AttemptKey, Chunk, OutputConfigError
+from supervisor.fleet.output.postgres import PostgresOutputStore
 from tests.postgres.server import PASSWORD
 from tests.postgres.test_schema import ctl
 
@@ -76,6 +79,24 @@ def test_documented_grants(pg_server, pg_url, roles) -> None:
         assert conn.execute("DELETE FROM jobq.jobs WHERE id = 't1'").rowcount == 1
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("CREATE TABLE jobq.other (x int)")
+    # the output store as a worker and as a reader use it (fleet/output/postgres.py)
+    key = AttemptKey("q", "t1", 1)
+    writer = PostgresOutputStore(worker, "jobq")
+    try:
+        assert writer.reopen(key) == 0
+        writer.append(key, b"out\n")
+        writer.finish(key)
+        assert writer.purge(time.time() - 3600) == 0
+    finally:
+        writer.close()
+    reader = PostgresOutputStore(url("jobq_reader", "reader-secret"), "jobq", create=False)
+    try:
+        assert reader.read(key) == Chunk(b"out\n", 4, True)
+        assert reader.attempts("q", "t1") == [1]
+        with pytest.raises(OutputConfigError, match="permission denied"):
+            reader.append(AttemptKey("q", "t2", 1), b"x")
+    finally:
+        reader.close()
     assert ctl(worker, "migrate").stdout == \
         f"schema jobq: at version {len(sc.MIGRATIONS)} already\n"
     with psycopg.connect(url("jobq_reader", "reader-secret"), autocommit=True) as conn:

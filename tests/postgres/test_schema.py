@@ -273,3 +273,7 @@ def test_a_version_1_schema_is_upgraded_in_place_with_the_output_tables(pg_url) 
     printed = ctl("", "migrate", "--print").stdout
     assert "output_chunks" in printed and "-- migration 1\n" in printed
     assert sc.output_channel("jobq") == "jobq.output"
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # lz4: Debian's server has it
+        assert conn.execute("SELECT attcompression FROM pg_attribute WHERE attrelid = "
+                            "'jobq.output_chunks'::regclass AND attname = 'data'"
+                            ).fetchone() == ("l",)
