@@ -1,7 +1,7 @@
 """Task output on a PostgreSQL queue, end to end: real supervisors store it in the schema's
 output tables (fleet/output/postgres.py), real ``jobq-ctl`` processes read it -- ``logs``,
 ``logs --tail``, ``logs -f`` live (tests/integration/follow.py, shared with the other
-backends), a rerun behind its marker, the cap's marker, retention.
+backends), a rerun behind its marker, the cap's marker, retention, a slow database.
 
 ``logs`` also reads result records from the control store: the PostgreSQL one where this
 tree has it (``--control auto``), else Azurite's table service named by
@@ -13,14 +13,16 @@ from __future__ import annotations
 import os
 import signal
 
+import psycopg
 import pytest
 
 from supervisor.core.settings import Settings
 from supervisor.fleet.control.open import open_control_store
-from supervisor.fleet.output.base import RERUN, TRUNCATED, AttemptKey
+from supervisor.fleet.output.base import DROPPED, RERUN, TRUNCATED, AttemptKey
 from supervisor.fleet.output.postgres import PostgresOutputStore
 from tests.conftest import wait_for
 from tests.integration.follow import Follow, check_live_follow
+from tests.integration.test_output_store import GAP
 from tests.outstore.conftest import read_all
 
 pytestmark = pytest.mark.timeout(150)
@@ -120,3 +122,35 @@ def test_old_output_is_purged_by_a_worker_soon_after_it_starts(pg, control, out)
     sup.wait_log("purged the output of 1 attempt(s)", 10)
     sup.signal(signal.SIGTERM)
     assert sup.wait(30) == 0
+
+
+def test_a_locked_output_table_holds_then_drops_output_and_spares_the_lease(pg, out):
+    """The database is slow for output only (a transaction holds the output tables locked):
+    the output-store thread's statements time out and are retried, output is held up to the
+    buffer and then dropped with a marker, and the task's lease, on other connections, never
+    notices."""
+    release, progress = pg.tmp / "release", pg.tmp / "progress"
+    # ~200 KB in 2 s (more than the 64 KiB held), then wait for the release, then one line.
+    (tid,) = pg.push(f"for i in $(seq 1 20); do head -c 10000 /dev/zero | tr '\\0' y; echo; "
+                     f"sleep 0.1; done; touch {progress}; "
+                     f"while [ ! -e {release} ]; do sleep 0.1; done; echo after-lock")
+    pg.serve()
+    with psycopg.connect(pg.url, autocommit=True) as locker:
+        with locker.transaction():
+            locker.execute("LOCK TABLE jobq.outputs, jobq.output_chunks IN ACCESS EXCLUSIVE "
+                           "MODE")
+            sup = pg.supervisor("--exit-when-empty", "--task-log-buffer", "64K",
+                                "--lock-duration", "6", "--renew-interval", "2")
+            wait_for(progress.exists, 30, what="the task's output printed")
+            sup.wait_log("output store unavailable", 40)
+            assert "statement_timeout" in sup.log()
+    sup.wait_log("output store reachable again", 60)
+    release.touch()
+    data, complete = wait_for(lambda: (lambda r: r if r[1] else None)(stored(out, tid)), 60,
+                              what="the attempt complete after the lock")
+    assert sup.wait(60) == 0
+    log = sup.log()
+    assert pg.job(tid)["state"] == "succeeded" and "lock lost" not in log.lower()
+    gaps = [int(n) for n in GAP.findall(data)]
+    assert gaps and data.endswith(DROPPED.format(n=gaps[-1]).encode() + b"after-lock\n")
+    assert len(GAP.sub(b"", data)) + sum(gaps) == 20 * 10001 + len(b"after-lock\n")

@@ -26,7 +26,8 @@ held up and no lock is held for long.
 Threads: one instance per thread (the worker's output-store thread, a jobq-ctl command, a
 dashboard request), each with one connection of its own (connect.py: never a backend pool),
 made at the first call and again after it broke.  Every statement runs under a
-``statement_timeout`` and a client-side deadline (deadlines.py) of ``timeout`` seconds;
+``statement_timeout`` of ``timeout`` seconds and a client-side deadline (deadlines.py)
+CUT_AFTER later;
 failures are OutputStoreError, one redacted line.  Nothing is created here: the tables come
 with the schema (``jobq-ctl migrate``, or a worker's start); readers find a schema without them
 (an older version) empty.
@@ -52,6 +53,7 @@ log = logging.getLogger("jobq.output")
 CHUNK_MAX = 1 << 20  # bytes per chunk row (an append of more is split)
 STATEMENT_MAX = 4 << 20  # bytes per append statement
 PURGE_BUDGET = 2.0  # s one purge call may take
+CUT_AFTER = 2.0  # s past the statement_timeout before the client cuts the connection
 _CACHED = 256  # attempts whose end this writer remembers
 
 
@@ -107,7 +109,10 @@ class PostgresOutputStore:
         A schema without the output tables gives ``missing`` to a reader."""
         conn = self._connection()
         try:
-            with DEADLINES.within(time.monotonic() + self.timeout), DEADLINES.bounded(conn):
+            # The server's statement_timeout answers first, keeping the connection; the cut
+            # is for a server that answers nothing (frozen, black-holed).
+            with DEADLINES.within(time.monotonic() + self.timeout + CUT_AFTER), \
+                    DEADLINES.bounded(conn):
                 return execute(conn, sql, args, timeout=self.timeout).fetchall()
         except pg.errors.UndefinedTable as exc:
             if not self.create and missing is not None:
