@@ -51,6 +51,12 @@ def test_a_lost_answer_is_not_stored_twice(pg_output_store, monkeypatch) -> None
     store.append(KEY, b"one\n")  # the caller's retry: same bytes
     store.append(KEY, b"two\n")
     assert read_all(store, KEY)[0] == b"zero\none\ntwo\n" and lost
+    # Bytes given up on (the caller appends a marker instead) stay where they landed.
+    lost.clear()
+    with pytest.raises(OutputStoreError):
+        store.append(KEY, b"dddd")
+    store.append(KEY, b"[dropped]")  # as long as the lost bytes and more: no mix-up
+    assert read_all(store, KEY)[0] == b"zero\none\ntwo\ndddd[dropped]"
 
 
 def test_big_appends_are_chunked_and_read_across_chunks(pg_output_store) -> None:

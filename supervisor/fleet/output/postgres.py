@@ -179,8 +179,9 @@ class PostgresOutputStore:
         if tail.fenced:
             return
         start = tail.end
-        if tail.pending is not None and tail.pending[1] == data:
-            start = tail.pending[0]
+        retry = tail.pending is not None and tail.pending[1] == data
+        if retry:
+            start = tail.pending[0]  # type: ignore[index]
         tail.pending = (start, data)
         done = min(max(tail.end - start, 0), len(data))
         for _ in range(len(data) // STATEMENT_MAX + 4):
@@ -202,9 +203,10 @@ class PostgresOutputStore:
                 self._fenced(key, tail)
                 return
             tail.end = size
-            if start + done < size <= start + len(data):
-                done = size - start  # a retry: those bytes landed (the answer was lost)
-            else:  # not where this writer left it: the rest goes where the output ends
+            if retry and start + done < size <= start + len(data):
+                done = size - start  # those bytes landed (the answer was lost)
+            else:  # not where this writer left it (bytes given up on may have landed, or
+                # another instance wrote): the rest goes where the output ends
                 start = size - done
                 tail.pending = (start, data)
         raise OutputStoreError("output store append: the output keeps moving under this writer")
