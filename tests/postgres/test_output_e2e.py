@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from supervisor.core.settings import Settings
+from supervisor.fleet.control.base import ControlStoreError
 from supervisor.fleet.control.open import open_control_store
 from supervisor.fleet.output.base import DROPPED, RERUN, TRUNCATED, AttemptKey
 from supervisor.fleet.output.postgres import PostgresOutputStore
@@ -31,8 +32,11 @@ pytestmark = pytest.mark.timeout(150)
 @pytest.fixture
 def control(pg, request) -> dict[str, str]:
     """The environment that names the control store (empty: the PostgreSQL one)."""
-    store = open_control_store(Settings(backend="postgres", postgres_url=pg.url),
-                               create=False)
+    try:
+        store = open_control_store(Settings(backend="postgres", postgres_url=pg.url),
+                                   create=False)
+    except ControlStoreError:  # there is one: its tables are not made yet
+        return {}
     if store is not None:
         store.close()
         return {}
