@@ -81,7 +81,8 @@ def test_logs_follow_is_live_on_postgres(pg, control):
 
     try:
         check_live_follow(start, lambda cmd: pg.push(cmd, extra=("--max-attempts", "1"))[0],
-                          lambda: pg.supervisor("--poll-interval", "0.2", env=control))
+                          lambda: pg.supervisor("--poll-interval", "0.2", env=control),
+                          lines=150)  # 15 s: two Python processes start meanwhile
     finally:
         for f in started:
             f.kill()
