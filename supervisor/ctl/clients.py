@@ -115,9 +115,9 @@ def open_sources(ns: argparse.Namespace, settings: Settings, backend: Backend | 
     if needs_output and output is None:
         control.close()
         raise UsageError(f"{name}: no output store: task output is kept beside the control "
-                         "store (SQLite: files beside the database; Azure: blob container "
-                         "--task-log-container in the account of --control-account-url or "
-                         "--control-connection-string)")
+                         "store (SQLite: files beside the database; PostgreSQL: tables in "
+                         "its schema; Azure: blob container --task-log-container in the "
+                         "account of --control-account-url or --control-connection-string)")
     return Sources(settings.queue, output, control, jobs)
 
 

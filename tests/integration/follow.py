@@ -34,11 +34,13 @@ def _lags(f: Follow, since: float = 0.0) -> list[float]:
 
 
 def check_live_follow(start: Callable[..., Follow], push: Callable[[str], str],
-                      worker: Callable[[], Supervisor]) -> None:
+                      worker: Callable[[], Supervisor], lines: int = LINES) -> None:
     """Acceptance 1 on any backend: ``logs -f`` started before the task starts waits, then
     shows each line within BOUND of its printing; one started while the task prints catches
-    up and then does the same; both end with the exit status on stderr."""
-    task_id = push(STAMPS)
+    up and then does the same; both end with the exit status on stderr.  ``lines``: how long
+    the task prints (a tenth of a second each), so that a late follower slow to start on a
+    busy machine still sees some printed live."""
+    task_id = push(STAMPS.replace(f"seq 1 {LINES}", f"seq 1 {lines}"))
     early = start("logs", "-f", task_id)
     try:
         early.wait_err(f"waiting for task {task_id} to start...", 30)
@@ -57,7 +59,7 @@ def check_live_follow(start: Callable[..., Follow], push: Callable[[str], str],
             late.kill()
         for f in (early, late):
             stamps = f.text().splitlines()
-            assert len(stamps) == LINES and stamps == sorted(stamps), f.text()[-500:]
+            assert len(stamps) == lines and stamps == sorted(stamps), f.text()[-500:]
             assert f.err[-1] == "exit status 4", f.err
         lags = sorted(_lags(early))
         late_lags = sorted(_lags(late, late_since))

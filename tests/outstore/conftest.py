@@ -1,5 +1,6 @@
 """Azurite's blob service for the output-store tests (started once per session on a free
-loopback port), and a fresh container per test.
+loopback port), and a fresh container per test; the PostgreSQL store's kit: a fresh database
+of the session's server (``pg_url``) with the schema migrated.
 
 The Azurite binary is $AZURITE_BLOB_BIN, else ``azurite-blob`` beside $AZURITE_QUEUE_BIN,
 else <repo>/.azurite/node_modules/.bin/azurite-blob.
@@ -50,6 +51,37 @@ def blob_store(azurite_blob) -> Iterator[Any]:
     except Exception:  # noqa: BLE001 - never created (a create=False test)
         pass
     make.raw.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def pg_output_store(pg_url) -> Iterator[Any]:
+    """A factory of PostgresOutputStore instances on one fresh, migrated database
+    (``make.url``: its URI; ``make.sql(...)``: a statement as the superuser, its rows)."""
+    import psycopg
+
+    from supervisor.backends.postgres.schema import migrate
+    from supervisor.fleet.output.postgres import PostgresOutputStore
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        migrate(conn, "jobq")
+    made: list[PostgresOutputStore] = []
+
+    def make(**kwargs: Any) -> PostgresOutputStore:
+        kwargs.setdefault("url", pg_url)
+        kwargs.setdefault("schema", "jobq")
+        made.append(PostgresOutputStore(**kwargs))
+        return made[-1]
+
+    def sql(statement: str, args: tuple = ()) -> list[tuple]:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            cur = conn.execute(statement, args)
+            return cur.fetchall() if cur.description else []
+
+    make.url = pg_url  # type: ignore[attr-defined]
+    make.sql = sql  # type: ignore[attr-defined]
+    yield make
+    for s in made:
+        s.close()
 
 
 def wait_until(wall: float) -> None:

@@ -1,5 +1,5 @@
-"""The output-store contract, run against every store: files (SQLite queues) and append blobs
-on Azurite's blob service (Azure)."""
+"""The output-store contract, run against every store: files (SQLite queues), append blobs
+on Azurite's blob service (Azure) and tables on a real PostgreSQL server."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from tests.outstore.conftest import read_all, wait_until
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture(params=["files", pytest.param("blob", marks=pytest.mark.azure)])
+@pytest.fixture(params=["files", pytest.param("blob", marks=pytest.mark.azure),
+                        pytest.param("postgres", marks=pytest.mark.postgres)])
 def store(request, tmp_path) -> Iterator[OutputStore]:
-    if request.param == "blob":
-        yield request.getfixturevalue("blob_store")()  # closed by its fixture
+    if request.param in ("blob", "postgres"):
+        kit = "blob_store" if request.param == "blob" else "pg_output_store"
+        yield request.getfixturevalue(kit)()  # closed by its fixture
         return
     s = FileOutputStore(str(tmp_path / "jobq.db.output"))
     yield s
@@ -62,6 +64,10 @@ def test_ids_cannot_escape_their_directory(store, tmp_path, request):
     assert len({part(e) for e in ("a/b", "a%2Fb", "a_b")}) == 3
     if store.name == "files":
         assert {p.name for p in tmp_path.iterdir()} == {"jobq.db.output"}
+    elif store.name == "postgres":  # the ids as given, in rows: no path to escape
+        rows = request.getfixturevalue("pg_output_store").sql(
+            "SELECT queue, task_id, attempt FROM jobq.outputs ORDER BY task_id")
+        assert rows == sorted(("default", e, 1) for e in evils)
     else:
         names = [b.name for b in request.getfixturevalue("blob_store").raw.list_blobs()]
         assert len(names) == len(evils)

@@ -113,3 +113,23 @@ def test_an_emulator_blob_endpoint_is_never_guessed(conn, caplog) -> None:
         assert open_output_store(Settings(backend="servicebus", namespace="ns",
                                           control_connection_string=conn)) is None
     assert "names no blob endpoint" in caplog.text
+
+
+def test_postgres_keeps_output_in_its_schema_and_connects_only_when_used() -> None:
+    """Made without a call (the worker's main thread only names it; the URL reaches no
+    server); the password never in its name; ``--control off``: none."""
+    from supervisor.fleet.output.open import describe_output_store
+    from supervisor.fleet.output.postgres import PostgresOutputStore
+
+    url = "postgresql://jobq:s3cret-Pw@127.0.0.1:9/jobs"
+    s = Settings(backend="postgres", postgres_url=url, postgres_schema="team_a",
+                 postgres_notify="off")
+    store = open_output_store(s, create=False, read_timeout=5.0)
+    assert isinstance(store, PostgresOutputStore)
+    assert (store.schema, store.create, store.timeout, store.notify, store.prepare) == \
+        ("team_a", False, 5.0, False, False)
+    assert describe_output_store(s) == \
+        "PostgresOutputStore('schema team_a on 127.0.0.1:9/jobs')"
+    assert "s3cret" not in repr(store)
+    assert open_output_store(Settings(backend="postgres", postgres_url=url,
+                                      control="off")) is None

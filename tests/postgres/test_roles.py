@@ -5,6 +5,7 @@ uses the control store, the operators' role only reads, the control store too.""
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from supervisor.backends.postgres import schema as sc
 from supervisor.fleet.control import Cancel, ControlStoreError, ResultRecord, WorkerRecord
 from supervisor.fleet.control.base import UniqueClaim
 from supervisor.fleet.control.postgres import PostgresControlStore
+from supervisor.fleet.output.base import AttemptKey, Chunk, OutputConfigError
+from supervisor.fleet.output.postgres import PostgresOutputStore
 from tests.postgres.server import PASSWORD
 from tests.postgres.test_schema import ctl
 
@@ -83,6 +86,24 @@ def test_documented_grants(pg_server, pg_url, roles) -> None:
             conn.execute("CREATE TABLE jobq.other (x int)")
     assert ctl(worker, "migrate").stdout == f"schema jobq: at version {LATEST} already\n"
     _control_store_as_worker(worker)
+    # the output store as a worker and as a reader use it (fleet/output/postgres.py)
+    key = AttemptKey("q", "t1", 1)
+    writer = PostgresOutputStore(worker, "jobq")
+    try:
+        assert writer.reopen(key) == 0
+        writer.append(key, b"out\n")
+        writer.finish(key)
+        assert writer.purge(time.time() - 3600) == 0
+    finally:
+        writer.close()
+    out_reader = PostgresOutputStore(url("jobq_reader", "reader-secret"), "jobq", create=False)
+    try:
+        assert out_reader.read(key) == Chunk(b"out\n", 4, True)
+        assert out_reader.attempts("q", "t1") == [1]
+        with pytest.raises(OutputConfigError, match="permission denied"):
+            out_reader.append(AttemptKey("q", "t2", 1), b"x")
+    finally:
+        out_reader.close()
     reader = url("jobq_reader", "reader-secret")
     with psycopg.connect(reader, autocommit=True) as conn:
         assert sc.check_schema(conn, "jobq", create=False) == LATEST

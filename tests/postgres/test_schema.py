@@ -267,8 +267,9 @@ def test_control_migration_makes_the_control_store_tables(pg_url) -> None:
 
 def test_a_version_1_database_upgrades_in_place(pg_url) -> None:
     """A database that a jobq-supervisor of migration 1 made (with a task in it) is brought
-    to the latest version by a worker's check, its rows kept; a read-only check before that
-    says it is older and creates nothing."""
+    to the latest version by a worker's check, its rows kept (the control store's and the
+    output store's tables made); a read-only check before that says it is older and creates
+    nothing; ``--print`` has the output tables."""
     t = sc.Tables.of("jobq")
     with psycopg.connect(pg_url, autocommit=True) as conn:
         with conn.transaction():
@@ -285,3 +286,18 @@ def test_a_version_1_database_upgrades_in_place(pg_url) -> None:
         assert sc.read_version(conn, "jobq") == LATEST
         assert conn.execute("SELECT id FROM jobq.jobs").fetchall() == [("t1",)]
         assert conn.execute("SELECT count(*) FROM jobq.control_records").fetchone() == (0,)
+    fp = fingerprint(pg_url)
+    cols = {(tb, c) for tb, c, *_ in fp["columns"]}
+    assert {("outputs", c) for c in ("queue", "task_id", "attempt", "run", "size", "complete",
+                                     "updated_at")} <= cols
+    assert {("output_chunks", c) for c in ("queue", "task_id", "attempt", "pos", "data")} \
+        <= cols
+    assert "(updated_at)" in dict(fp["indexes"])["outputs_updated"]
+    assert "fillfactor=70" in dict(fp["reloptions"])["outputs"]
+    printed = ctl("", "migrate", "--print").stdout
+    assert "output_chunks" in printed and "-- migration 1\n" in printed
+    assert sc.output_channel("jobq") == "jobq.output"
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # lz4: Debian's server has it
+        assert conn.execute("SELECT attcompression FROM pg_attribute WHERE attrelid = "
+                            "'jobq.output_chunks'::regclass AND attname = 'data'"
+                            ).fetchone() == ("l",)

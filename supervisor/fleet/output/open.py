@@ -2,9 +2,9 @@
 
 The output store lives beside the control store (fleet/control/open.py): a SQLite queue's in files
 beside its database (files.py); an Azure control store's in blob container
-``--task-log-container`` of the same storage account (fleet/output/azure_blob.py).  No control
-store, no
-output store.
+``--task-log-container`` of the same storage account (fleet/output/azure_blob.py); a
+PostgreSQL queue's in tables of its own schema (fleet/output/postgres.py; unless ``--control
+off``).  No control store, no output store.
 
 The blob endpoint is derived by the rule fleet/control/open.py derives the table endpoint by
 (fleet/storage_account.py), and never guessed: an account URL's ``ACCOUNT.table`` or
@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobq.output")
 
 
-# Where a worker's output goes: a store made at once (files: cheap), or the blob account's
+# Where a worker's output goes: a store made at once (files, PostgreSQL: cheap, no call
+# made), or the blob account's
 # (URL, connection string), exactly one of them set.
 _Target = Union[OutputStore, tuple[Union[str, None], Union[str, None]], None]
 
@@ -38,8 +39,9 @@ def open_output_store(settings: Settings, create: bool = True,
                       read_timeout: float = 10.0) -> Union[OutputStore, None]:
     """The output store these settings name, or None (main thread; raises OutputConfigError
     for a configuration that can never work).  ``create=False``: nothing is created.
-    ``read_timeout``: per blob call (jobq-ctl passes less, to fail within 10 s in all)."""
-    target = _target(settings)
+    ``read_timeout``: per blob call or PostgreSQL statement (jobq-ctl passes less, to fail
+    within 10 s in all)."""
+    target = _target(settings, read_timeout, create)
     if target is None or not isinstance(target, tuple):
         return target
     url, conn = target
@@ -58,7 +60,7 @@ def describe_output_store(settings: Settings) -> Union[str, None]:
     target = _target(settings)
     if target is None:
         return None
-    if not isinstance(target, tuple):  # a file store: cheap to open, so opened to name it
+    if not isinstance(target, tuple):  # files, PostgreSQL: cheap to make (no call, no SDK)
         target.close()
         return repr(target)
     url, conn = target
@@ -73,9 +75,16 @@ def describe_output_store(settings: Settings) -> Union[str, None]:
     return f"BlobOutputStore({endpoint.rstrip('/') + '/' + settings.task_log_container!r})"
 
 
-def _target(settings: Settings) -> _Target:
+def _target(settings: Settings, read_timeout: float = 10.0, create: bool = True) -> _Target:
     if settings.control == "off":
         return None
+    if settings.backend == "postgres":  # connects at its first call, on its thread
+        from .postgres import PostgresOutputStore
+
+        notify = settings.postgres_notify == "on"
+        return PostgresOutputStore(settings.postgres_url, settings.postgres_schema,
+                                   create=create, timeout=read_timeout, prepare=notify,
+                                   notify=notify)
     account = fleet_account(settings)
     if settings.backend == "sqlite" and account is None:
         from .files import FileOutputStore, output_dir
