@@ -1,19 +1,17 @@
 """The fleet layer through PgBouncer in transaction mode with ``--postgres-notify off``
 (``pgb`` fixture: tests/postgres/bouncer.py): ``jobq-ctl cancel`` reaches a running task and
-``jobq-ctl logs`` reads its output, at the polling bounds (no LISTEN through the pooler).
-
-Each needs its PostgreSQL store (issue 29: fleet/control, fleet/output); in a tree without
-it the test skips, saying which store is missing."""
+``jobq-ctl logs`` reads its output, at the polling bounds (no LISTEN through the pooler)."""
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 
 import pytest
 
-from supervisor.core.settings import Settings
+from supervisor.fleet.output.base import AttemptKey
+from supervisor.fleet.output.postgres import PostgresOutputStore
 from tests.conftest import wait_for
+from tests.outstore.conftest import read_all
 from tests.postgres.env import PgEnv
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,27 +19,7 @@ pytestmark = pytest.mark.timeout(120)
 POLL = "0.2"
 
 
-def need_control_store(pgb: PgEnv) -> None:
-    """Skip unless ``--control auto`` gives a PostgreSQL queue a control store here."""
-    from supervisor.fleet.control.open import open_control_store
-
-    store = open_control_store(Settings(backend="postgres", postgres_url=pgb.url,
-                                        postgres_notify="off"), create=True)
-    if store is None:
-        pytest.skip("no control store on PostgreSQL in this tree (issue 29's "
-                    "fleet/control store): cancel and logs through PgBouncer are tested once "
-                    "it lands")
-    store.close()
-
-
-def need_output_store() -> None:
-    if importlib.util.find_spec("supervisor.fleet.output.postgres") is None:
-        pytest.skip("no output store on PostgreSQL in this tree (issue 29's "
-                    "fleet/output/postgres.py): logs through PgBouncer is tested once it lands")
-
-
 def test_cancel_through_the_bouncer(pgb: PgEnv) -> None:
-    need_control_store(pgb)
     started = pgb.tmp / "started"
     pgb.serve()
     [tid] = pgb.push(f"touch {started}; exec sleep 60")
@@ -59,25 +37,17 @@ def test_cancel_through_the_bouncer(pgb: PgEnv) -> None:
 def test_output_and_logs_through_the_bouncer(pgb: PgEnv) -> None:
     """A worker stores its task's output through the bouncer; ``jobq-ctl logs`` (which also
     reads the control store's result records) reads it back."""
-    need_output_store()
-    from supervisor.fleet.output.base import AttemptKey
-    from tests.outstore.conftest import read_all
-
-    # by name: a tree without the store has no module to import statically
-    output_postgres = importlib.import_module("supervisor.fleet.output.postgres")
-
     pgb.serve()
     [tid] = pgb.push("for i in 1 2 3 4 5; do echo line-$i; done")
     sup = pgb.supervisor("-n", "1", "--exit-when-empty", "--poll-interval", POLL)
     assert sup.wait(60) == 0, sup.log()
     assert "_pg3_" not in sup.log(), sup.log()
     lines = "".join(f"line-{i}\n" for i in range(1, 6))
-    store = output_postgres.PostgresOutputStore(pgb.url, "jobq", create=False, prepare=False,
+    store = PostgresOutputStore(pgb.url, "jobq", create=False, prepare=False,
                                                 notify=False)
     try:
         assert read_all(store, AttemptKey("default", tid, 1)) == (lines.encode(), True)
     finally:
         store.close()
-    need_control_store(pgb)
     assert pgb.ctl("logs", tid).stdout == lines
     assert pgb.ctl("logs", "--tail", "2", tid).stdout == "line-4\nline-5\n"

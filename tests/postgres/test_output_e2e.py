@@ -3,10 +3,8 @@ output tables (fleet/output/postgres.py), real ``jobq-ctl`` processes read it --
 ``logs --tail``, ``logs -f`` live (tests/integration/follow.py, shared with the other
 backends), a rerun behind its marker, the cap's marker, retention, a slow database.
 
-``logs`` also reads result records from the control store: the PostgreSQL one where this
-tree has it (``--control auto``), else Azurite's table service named by
-JOBQ_CONTROL_CONNECTION_STRING -- the output store of a PostgreSQL queue is its schema's
-either way."""
+``logs`` also reads result records from the control store: the PostgreSQL one
+(``--control auto``)."""
 
 from __future__ import annotations
 
@@ -16,9 +14,6 @@ import signal
 import psycopg
 import pytest
 
-from supervisor.core.settings import Settings
-from supervisor.fleet.control.base import ControlStoreError
-from supervisor.fleet.control.open import open_control_store
 from supervisor.fleet.output.base import DROPPED, RERUN, TRUNCATED, AttemptKey
 from supervisor.fleet.output.postgres import PostgresOutputStore
 from tests.conftest import wait_for
@@ -27,20 +22,6 @@ from tests.integration.test_output_store import GAP
 from tests.outstore.conftest import read_all
 
 pytestmark = pytest.mark.timeout(150)
-
-
-@pytest.fixture
-def control(pg, request) -> dict[str, str]:
-    """The environment that names the control store (empty: the PostgreSQL one)."""
-    try:
-        store = open_control_store(Settings(backend="postgres", postgres_url=pg.url),
-                                   create=False)
-    except ControlStoreError:  # there is one: its tables are not made yet
-        return {}
-    if store is not None:
-        store.close()
-        return {}
-    return request.getfixturevalue("stores").env()
 
 
 @pytest.fixture
@@ -54,58 +35,58 @@ def stored(store: PostgresOutputStore, task_id: str, attempt: int = 1) -> tuple[
     return read_all(store, AttemptKey("default", task_id, attempt))
 
 
-def test_output_reaches_logs_and_tail_and_is_capped(pg, control, out):
+def test_output_reaches_logs_and_tail_and_is_capped(pg, out):
     (tid,) = pg.push("for i in $(seq 1 5); do echo line-$i; done")
     (big,) = pg.push("head -c 5000 /dev/zero | tr '\\0' x; echo; echo never-stored")
-    sup = pg.supervisor("--exit-when-empty", "--task-output-max", "4K", env=control)
+    sup = pg.supervisor("--exit-when-empty", "--task-output-max", "4K")
     assert sup.wait(60) == 0, sup.log()
     assert "output=store (PostgresOutputStore('schema jobq on 127.0.0.1:" in sup.log()
     lines = "".join(f"line-{i}\n" for i in range(1, 6))
     assert stored(out, tid) == (lines.encode(), True)
-    assert pg.ctl("logs", tid, env=control).stdout == lines
-    assert pg.ctl("logs", "--tail", "2", tid, env=control).stdout == "line-4\nline-5\n"
+    assert pg.ctl("logs", tid).stdout == lines
+    assert pg.ctl("logs", "--tail", "2", tid).stdout == "line-4\nline-5\n"
     marker = TRUNCATED.format(limit=4096).encode()
     data, complete = stored(out, big)
     assert complete and data == b"x" * 4096 + marker
-    assert pg.ctl("logs", big, env=control).stdout.encode() == data
+    assert pg.ctl("logs", big).stdout.encode() == data
 
 
 @pytest.mark.timing  # holds each line to a 3 s lag, the late follower to 5 s of task
-def test_logs_follow_is_live_on_postgres(pg, control):
+def test_logs_follow_is_live_on_postgres(pg):
     started: list[Follow] = []
 
     def start(*args: str) -> Follow:
-        env = {**os.environ, **pg.secret_env(), **control}
+        env = {**os.environ, **pg.secret_env()}
         started.append(Follow([*pg.base_args(), *args], env, str(pg.tmp)))
         return started[-1]
 
     try:
         check_live_follow(start, lambda cmd: pg.push(cmd, extra=("--max-attempts", "1"))[0],
-                          lambda: pg.supervisor("--poll-interval", "0.2", env=control),
+                          lambda: pg.supervisor("--poll-interval", "0.2"),
                           lines=150)  # 15 s: two Python processes start meanwhile
     finally:
         for f in started:
             f.kill()
 
 
-def test_a_rerun_follows_its_marker(pg, control, out, tmp_path):
+def test_a_rerun_follows_its_marker(pg, out, tmp_path):
     ran = tmp_path / "ran"
     (tid,) = pg.push(f"if [ -e {ran} ]; then echo second; exit 0; fi; touch {ran}; "
                      "echo first; sleep 60")
-    sup1 = pg.supervisor(env=control)
+    sup1 = pg.supervisor()
     wait_for(lambda: b"first" in stored(out, tid)[0], 30, what="the first run's output")
     sup1.signal(signal.SIGTERM)
     assert sup1.wait(30) == 0
     assert "back to the queue, attempt not counted" in sup1.log()
-    sup2 = pg.supervisor("--exit-when-empty", env=control)
+    sup2 = pg.supervisor("--exit-when-empty")
     assert sup2.wait(60) == 0
     both = b"first\n" + RERUN.format(attempt=1).encode() + b"second\n"
     assert stored(out, tid) == (both, True)
-    assert pg.ctl("logs", tid, env=control).stdout.encode() == both
+    assert pg.ctl("logs", tid).stdout.encode() == both
     assert pg.rows("SELECT run FROM jobq.outputs") == [(2,)]
 
 
-def test_old_output_is_purged_by_a_worker_soon_after_it_starts(pg, control, out):
+def test_old_output_is_purged_by_a_worker_soon_after_it_starts(pg, out):
     writer = PostgresOutputStore(pg.url, "jobq")
     try:
         old, new = AttemptKey("default", "old-task", 1), AttemptKey("default", "new-task", 2)
@@ -119,7 +100,7 @@ def test_old_output_is_purged_by_a_worker_soon_after_it_starts(pg, control, out)
             "WHERE task_id = 'old-task' RETURNING 1")
     pg.rows("UPDATE jobq.outputs SET updated_at = now() - interval '6 days' "
             "WHERE task_id = 'new-task' RETURNING 1")
-    sup = pg.supervisor(env=control)
+    sup = pg.supervisor()
     wait_for(lambda: out.attempts("default", "old-task") == [], 30, what="the purge")
     assert out.attempts("default", "new-task") == [2]
     assert pg.rows("SELECT count(*) FROM jobq.output_chunks WHERE task_id = 'old-task'") \
