@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from supervisor.backends.postgres.deadlines import CallDeadlines
+from supervisor.backends.postgres.deadlines import DEADLINES, CallDeadlines
 from supervisor.core.task import Task
 from supervisor.core.threads import HANDLED_SIGNALS
 from tests.postgres.queue import open_queue
@@ -69,7 +69,10 @@ def test_an_idle_watcher_parks_and_the_next_call_wakes_it(pg_url: str) -> None:
 
 def test_closing_the_backend_ends_the_watcher_promptly_and_leaves_no_thread(
         pg_url: str) -> None:
-    before = {t.ident for t in threading.enumerate()}
+    # the watcher is one per process: one an earlier test's backend left running in this
+    # pytest worker is ended first, so that this backend's is the new one
+    DEADLINES.stop()
+    before = {t.ident for t in threading.enumerate() if t.is_alive()}
     backend = open_queue(pg_url, poll_interval=1.0)
     try:
         backend.push([Task(cmd="true")])
