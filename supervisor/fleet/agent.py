@@ -3,7 +3,11 @@
 One per worker, on its own thread (``start``), with its own store opened on that thread (on
 Azure opening may do network calls).  Every control interval it polls (the queue's flag,
 cancels newer than its cursor, its own commands); every heartbeat interval it upserts the
-worker record; now and then it purges; on a clean exit it deletes the record.
+worker record; now and then it purges; on a clean exit it deletes the record.  A store that
+pushes (control/base.py ``Watchable``: PostgreSQL's LISTEN/NOTIFY) wakes it when its queue's
+records are written, and it polls at once: a cancel, pause, drain or stop takes effect in
+well under a second instead of up to a control interval.  The interval's poll stays the
+backstop (a push lost while the store's listener was down; a store that cannot push).
 
 It never signals a process and never touches a lease.  A cancel for a running task becomes a
 request on its ``RunningTask`` (``cancel``) and a wake-up of the watchdog, exactly like a lock
@@ -35,7 +39,14 @@ from .. import __version__
 from ..core.backoff import Outage
 from ..core.signing import SigningKey
 from ..core.threads import start_thread
-from .control.base import ControlConfigError, ControlStore, ControlStoreError, OnceLog
+from .control.base import (
+    ControlConfigError,
+    ControlStore,
+    ControlStoreError,
+    OnceLog,
+    Watch,
+    Watchable,
+)
 from .control.records import CMD_CHARS, Cancel, Command, ResultRecord, TaskInfo, WorkerRecord
 from .control.signing import Gate
 from .control.unique import release_final
@@ -128,6 +139,7 @@ class ControlAgent:
         self.cancels: dict[str, Cancel] = {}
         self.first_poll = threading.Event()
         self.store: Union[ControlStore, None] = None
+        self.watch: Union[Watch, None] = None  # the store's push, if it has one
         self._cursor: Union[str, None] = None
         self._next_refresh = -math.inf
         self._next_poll = self._next_beat = -math.inf  # (set by _loop)
@@ -202,9 +214,12 @@ class ControlAgent:
     def _run(self) -> None:
         try:
             if self._open():
+                self._start_watch()
                 self._loop()
         finally:
             self.first_poll.set()
+            if self.watch is not None:
+                self.watch.close()  # its thread and connection end with this one
             if self.store is not None:
                 with contextlib.suppress(ControlStoreError):
                     self.store.close()
@@ -224,6 +239,17 @@ class ControlAgent:
             return self.store is not None
         return False
 
+    def _start_watch(self) -> None:
+        """Let a store that can push wake this thread on writes to the queue (control
+        thread)."""
+        if isinstance(self.store, Watchable):
+            self.watch = self.store.watch(self.queue, lambda: self._wake.put(None))
+
+    def _pushed(self, now: float) -> bool:
+        """The store pushed a write to the queue (or may have lost one): poll now -- unless
+        in a back-off, which the flag then outlasts (control thread)."""
+        return self.watch is not None and now >= self.outage.retry_at and self.watch.changed()
+
     def _loop(self) -> None:
         now = self.clock()
         self._next_poll = self._next_beat = now
@@ -242,7 +268,8 @@ class ControlAgent:
             now = self.clock()
             if now >= self.outbox.due():
                 called = self._write_results() or called
-            if now >= self._next_poll:
+            pushed = self._pushed(now)  # (taken even when the poll is due anyway)
+            if now >= self._next_poll or pushed:
                 self._poll()
                 self._next_poll = now + self.control_interval
                 called = True

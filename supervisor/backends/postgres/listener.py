@@ -20,6 +20,10 @@ client-side deadline (deadlines.py), as the LISTEN after a connect has -- a froz
 (SIGSTOP, a host stalled in swap) keeps acknowledging at the TCP level, so neither the TCP
 user timeout nor keepalives would ever break that call.  While it is down, the probe says
 "nothing new": the worker polls, as with ``--postgres-notify off``.
+
+The control store (fleet/control/postgres.py) runs a ``WakeListener`` of its own on
+``"<schema>.control"``: the same thread, reconnection and deadlines, another channel, its own
+connection (``name``/``effect``/``thread_name`` tell its log lines and thread apart).
 """
 
 from __future__ import annotations
@@ -61,9 +65,13 @@ class WakeListener:
     def __init__(self, connect: Callable[[], psycopg.Connection], channel: str,
                  clock: Callable[[], float] = time.monotonic,
                  describe: Callable[[BaseException], str] = str, *,
-                 ping_every: float = PING_EVERY, ping_timeout: float = PING_TIMEOUT) -> None:
+                 ping_every: float = PING_EVERY, ping_timeout: float = PING_TIMEOUT,
+                 name: str = "PostgreSQL wake-up listener", effect: str = OUTAGE_EFFECT,
+                 thread_name: str = "pg-wake-listener") -> None:
         """``connect``: a new connection, or BackendError / psycopg.Error; ``describe``: an
-        error as one line for the log, without secrets (connect.py: ``one_line``)."""
+        error as one line for the log, without secrets (connect.py: ``one_line``).
+        ``name``/``effect``/``thread_name``: what its outage lines and its thread are called
+        (the control store's listener, fleet/control/postgres.py, is another one)."""
         self.connect = connect
         self.ping_every = ping_every
         self.ping_timeout = ping_timeout
@@ -76,11 +84,12 @@ class WakeListener:
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._pipe_open = True
-        self._outage = Outage("PostgreSQL wake-up listener", log, clock, backoff_min=0.5,
-                              backoff_max=10.0, effect=OUTAGE_EFFECT,
+        self._outage = Outage(name, log, clock, backoff_min=0.5,
+                              backoff_max=10.0, effect=effect,
                               recovery="%(store)s listening again after %(failures)d failed "
                                        "call(s)")
         self._thread: threading.Thread | None = None
+        self.thread_name = thread_name
         # called (on this thread) after a watched queue's flag was set: the worker's main
         # loop looks at once (Backend.wake_with)
         self.wake: Callable[[], None] = lambda: None
@@ -110,7 +119,7 @@ class WakeListener:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = start_thread(self._run, "pg-wake-listener")
+            self._thread = start_thread(self._run, self.thread_name)
 
     def close(self) -> None:
         """Stop the thread (it closes its connection) and wait a moment for it."""

@@ -33,7 +33,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Union
+from typing import Callable, Protocol, Union, runtime_checkable
 
 from .records import (
     CANCEL_TTL,
@@ -174,6 +174,31 @@ class ControlStore(Protocol):
     # -- housekeeping -------------------------------------------------------------------------
     def purge(self, now: float) -> PurgeCounts: ...
     def close(self) -> None: ...
+
+
+class Watch(Protocol):
+    """A store's push of one queue's control writes (the worker's control thread)."""
+
+    def changed(self) -> bool:
+        """True (once) when a cancel, flag or command of the queue was written since the
+        last call -- or pushes may have been lost (the listener reconnected): poll now."""
+        ...
+
+    def close(self) -> None:
+        """Stop pushing; its thread and connection end (idempotent)."""
+        ...
+
+
+@runtime_checkable
+class Watchable(Protocol):
+    """A store that can push (fleet/control/postgres.py: LISTEN/NOTIFY); stores without it
+    (SQLite, Azure Table) are polled every control interval only (fleet/agent.py)."""
+
+    def watch(self, queue: str, on_change: Callable[[], None]) -> Union[Watch, None]:
+        """Start pushing writes to ``queue``'s partition: ``on_change`` is called (on the
+        watch's own thread) when ``changed`` turns true; None when this store does not push
+        as configured (``--postgres-notify off``)."""
+        ...
 
 
 def worker_state(record: WorkerRecord, now: float) -> str:

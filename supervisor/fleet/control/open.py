@@ -74,7 +74,8 @@ def open_control_store(settings: Settings, create: bool = True) -> Union[Control
         from .postgres import PostgresControlStore
 
         return PostgresControlStore(settings.postgres_url, settings.postgres_schema,
-                                    create=create, prepare=settings.postgres_notify == "on")
+                                    create=create, prepare=settings.postgres_notify == "on",
+                                    notify=settings.postgres_notify == "on")
     if account is None:
         return None
     # A store named for the fleet is used as given; a Storage Queue's own account has its

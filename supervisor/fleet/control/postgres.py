@@ -12,6 +12,12 @@ commit in ``rev`` order, and a later poll with ``rev > cursor`` misses none.
 
 A cancel, a queue flag and a command each send ``NOTIFY "S.control"`` (``control_channel``)
 with the queue's name, in the write's transaction: a listening worker learns of it at once.
+``watch`` (the worker's control thread, base.Watchable) LISTENs: one connection and thread
+of its own (backends/postgres/listener.py's ``WakeListener``, with its reconnection,
+re-LISTEN and deadlines), never the store's call connection nor the backend's; a
+notification of the queue makes the control thread poll at once (fleet/agent.py).  While the
+listener is down the worker just polls every control interval; ``notify=False``
+(``--postgres-notify off``, PgBouncer in transaction mode) listens never.
 
 Connections: one per instance (base.ControlStore: one instance per thread -- the worker's
 control thread, one jobq-ctl command, one dashboard request thread), made by
@@ -39,6 +45,7 @@ from ...backends.base import BackendConfigError, BackendError, QueueNotFound
 from ...backends.postgres.connect import connect, describe, one_line, psycopg
 from ...backends.postgres.connect import statement_timeout_ms as timeout_ms
 from ...backends.postgres.deadlines import DEADLINES
+from ...backends.postgres.listener import WakeListener
 from ...backends.postgres.schema import Tables, check_schema, control_channel
 from . import base, records
 from .base import ControlConfigError, ControlSnapshot, ControlStoreError, OnceLog, PurgeCounts
@@ -48,6 +55,7 @@ CALL_TIMEOUT = 5.0  # s: a call's statement_timeout
 CUT_GRACE = 1.0  # s after it that a call the server does not answer is cut (deadlines.py)
 PURGE_BATCH = 1000  # rows per purge statement
 PURGE_BUDGET = 10.0  # s: a purge stops after this many seconds of batches (the next goes on)
+LISTEN_EFFECT = "cancels, pauses and commands arrive at the next poll meanwhile"
 
 _COLUMNS = "part, row, kind, rev, doc"  # what _decode reads: row[-3] is the kind
 _UPSERT = ("INSERT INTO {t} (part, row, kind, at, rev, expires, doc) VALUES "
@@ -70,13 +78,14 @@ class PostgresControlStore:
     end_cursor = str(2**62)  # past every cancel's rev
 
     def __init__(self, url: Union[str, None], schema: str = "jobq", *, create: bool = True,
-                 prepare: bool = True, timeout: float = CALL_TIMEOUT,
+                 prepare: bool = True, notify: bool = True, timeout: float = CALL_TIMEOUT,
                  trace: Union[Callable[[str], None], None] = None) -> None:
         """Connect and check the schema (the caller's thread).  ``create``: a schema that is
         missing or older is migrated when the role may (backends/postgres/schema.py);
         ``create=False`` (read-only jobq-ctl commands) creates nothing and such a schema is
         ControlStoreError.  ``prepare=False``: no prepared statements (PgBouncer in
-        transaction mode).  ``trace``: called with each statement (tests count them)."""
+        transaction mode); ``notify=False``: ``watch`` gives None (no LISTEN).  ``trace``:
+        called with each statement (tests count them)."""
         try:
             tables = Tables.of(schema)
         except BackendConfigError as exc:
@@ -85,6 +94,8 @@ class PostgresControlStore:
         self._table, self._rev = tables.control_records, tables.control_rev
         self._channel = control_channel(schema)
         self._prepare = prepare
+        self._notify = notify
+        self._watches: list[_QueueWatch] = []
         self._trace = trace
         self._once = OnceLog()
         self._lock = threading.Lock()
@@ -381,12 +392,47 @@ class PostgresControlStore:
                            commands=kinds.count("cmd"), results=kinds.count("result"),
                            audits=kinds.count("audit"), claims=kinds.count("unique"))
 
+    # ------------------------------------------------------------------------ push
+    def watch(self, queue: str, on_change: Callable[[], None]) -> Union[_QueueWatch, None]:
+        """LISTEN for writes to ``queue``'s control records on a connection and thread of
+        their own (module doc); None with ``notify=False`` (the worker's control thread)."""
+        if not self._notify:
+            return None
+        url = self.url
+        listener = WakeListener(
+            lambda: connect(url, application_name=APP_CONTROL), self._channel,
+            describe=lambda exc: one_line(exc, url), name="control store listener",
+            effect=LISTEN_EFFECT, thread_name="pg-control-listener")
+        listener.watch(queue)
+        listener.wake = on_change
+        listener.start()
+        watch = _QueueWatch(listener, queue)
+        self._watches.append(watch)
+        return watch
+
     def close(self) -> None:
-        """Close the connection (the owning thread; idempotent)."""
+        """Close the connection and end every watch (the owning thread; idempotent)."""
+        for watch in self._watches:
+            watch.close()
+        self._watches.clear()
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+class _QueueWatch:
+    """base.Watch over one queue's WakeListener (the control thread)."""
+
+    def __init__(self, listener: WakeListener, queue: str) -> None:
+        self.listener = listener
+        self.queue = queue
+
+    def changed(self) -> bool:
+        return self.listener.changed(self.queue)
+
+    def close(self) -> None:
+        self.listener.close()
 
 
 def _claim_key(queue: str, key: str) -> tuple[str, str]:
