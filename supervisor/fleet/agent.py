@@ -243,7 +243,11 @@ class ControlAgent:
         """Let a store that can push wake this thread on writes to the queue (control
         thread)."""
         if isinstance(self.store, Watchable):
-            self.watch = self.store.watch(self.queue, lambda: self._wake.put(None))
+            try:
+                self.watch = self.store.watch(self.queue, lambda: self._wake.put(None))
+            except ControlStoreError as exc:
+                log.warning("control store: cannot listen for its pushes (%s); polling every "
+                            "%gs", exc, self.control_interval)
 
     def _pushed(self, now: float) -> bool:
         """The store pushed a write to the queue (or may have lost one): poll now -- unless

@@ -232,6 +232,9 @@ class FailingStore:
         self.calls = 0
 
     def __getattr__(self, name: str) -> Any:
+        if name == "watch":  # a store that cannot push (base.Watchable): polled only
+            raise AttributeError(name)
+
         def call(*a: Any, **k: Any) -> Any:
             self.calls += 1
             if self.down:
