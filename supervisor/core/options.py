@@ -205,7 +205,8 @@ def add_backend_options(p: argparse.ArgumentParser, suppress: bool = False) -> N
     p.add_argument("--postgres-schema",
                    help="PostgreSQL: the schema of jobq's tables (default jobq)", **kw)
     p.add_argument("--postgres-notify", choices=POSTGRES_NOTIFY_MODES,
-                   help="PostgreSQL: wake idle workers by LISTEN/NOTIFY (default on); off "
+                   help="PostgreSQL: wake idle workers, and the control thread on a cancel, "
+                        "pause, drain or stop, by LISTEN/NOTIFY (default on); off "
                         "behind PgBouncer in transaction mode (poll only, no prepared "
                         "statements)", **kw)
     p.add_argument("--control", choices=CONTROL_MODES,
