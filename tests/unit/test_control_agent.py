@@ -376,3 +376,61 @@ def test_a_wake_up_without_a_store_call_is_no_recovery_nor_a_reset_back_off(capl
     assert [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()][0] \
         .startswith("control store unavailable (call failed, 1 failure(s) so far; retrying "
                     "in 1s; tasks, leases and settlements are not affected)")
+
+
+# ----------------------------------------------------------------------- pushed writes
+class FakeWatch:
+    """base.Watch whose push the test raises."""
+
+    def __init__(self) -> None:
+        self.flag = False
+        self.closed = False
+
+    def changed(self) -> bool:
+        flag, self.flag = self.flag, False
+        return flag
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class PushingStore(SqliteControlStore):
+    """The real SQLite store, counting polls, with a push (base.Watchable) the test drives."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.polls = 0
+        self.pushed = FakeWatch()
+
+    def poll(self, *a: Any, **k: Any) -> ControlSnapshot:
+        self.polls += 1
+        return super().poll(*a, **k)
+
+    def watch(self, queue: str, on_change: Any) -> FakeWatch:
+        return self.pushed
+
+
+def test_a_push_polls_at_once_but_not_in_a_back_off(tmp_path: Path) -> None:
+    clock = FakeClock(T0)
+    store = PushingStore(str(tmp_path / "q.db"))
+    try:
+        agent, events, _ = agent_for(store, clock, control_interval=30.0)
+        agent._start_watch()
+        assert agent.watch is store.pushed
+        agent._pass()
+        clock.now += 1.0
+        agent._pass()
+        assert store.polls == 1  # the next poll is 30 s away
+        store.put_flag(QueueFlag(queue="q", paused=True, who="ops", when=1e9))
+        store.pushed.flag = True
+        agent._pass()
+        assert store.polls == 2 and events.get_nowait() == ControlRequest(paused=True)
+        agent.outage.failed("call", "down")  # a back-off of 1 s: the push waits for its end
+        store.pushed.flag = True
+        agent._pass()
+        assert store.polls == 2 and store.pushed.flag
+        clock.now += 1.0
+        agent._pass()
+        assert store.polls == 3 and not store.pushed.flag
+    finally:
+        store.close()
