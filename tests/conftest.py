@@ -74,8 +74,12 @@ def close_at_end() -> Iterator[Callable[[T], T]]:
 def term_stamp(marker: Path) -> str:
     """A shell trap: on SIGTERM, write the time (epoch seconds) to ``marker`` and exit 0.  The
     stamp goes to a temporary name first and is renamed, so whoever sees ``marker`` exist reads
-    the whole stamp, never an empty file the shell has only just opened."""
-    return f"trap 'date +%s.%N > {marker}.tmp && mv {marker}.tmp {marker}; exit 0' TERM"
+    the whole stamp, never an empty file the shell has only just opened.  The trap ignores
+    SIGTERM first, and so do ``date`` and ``mv`` (an ignored signal stays ignored across
+    exec): the watchdog signals the process group and then each process of the tree, and that
+    second SIGTERM must not kill them halfway (no stamp ever)."""
+    return (f"trap 'trap \"\" TERM; date +%s.%N > {marker}.tmp && mv {marker}.tmp {marker}; "
+            f"exit 0' TERM")
 
 
 def processes_by_environment(wanted: Callable[[dict[str, str]], bool]) -> list[psutil.Process]:
