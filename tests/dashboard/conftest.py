@@ -68,9 +68,10 @@ class Dashboard:
 
 
 def queue_env(request):
-    """The test's queue: ``fenv`` (SQLite or PostgreSQL) where the test asks for it, else
-    ``env`` (SQLite)."""
-    return request.getfixturevalue("fenv" if "fenv" in request.fixturenames else "env")
+    """The test's queue: ``fenv`` (SQLite or PostgreSQL) or ``pg`` where the test asks for
+    one, else ``env`` (SQLite)."""
+    name = next((n for n in ("fenv", "pg") if n in request.fixturenames), "env")
+    return request.getfixturevalue(name)
 
 
 @pytest.fixture
