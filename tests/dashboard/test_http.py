@@ -39,6 +39,7 @@ def test_read_only_dashboard_serves_pages_and_refuses_every_action(fenv, dashboa
     assert "(read-only)" in d.stderr()
     status, html = get(d.url + "/")
     assert status == 200 and 'id="count-pending">1<' in html
+    assert 'data-refresh="5"' in html, "a self-hosted queue's page refreshes every 5 s"
     assert "<button" not in html.replace('<button type="submit">Find</button>', "")
     for path in ("/queue/pause", "/queue/resume", "/workers/w1/drain", "/workers/w1/stop",
                  "/login", "/logout"):
