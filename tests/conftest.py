@@ -16,6 +16,8 @@ from typing import Callable, TypeVar
 import psutil
 import pytest
 
+from supervisor.core.settings import Settings
+
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -161,6 +163,15 @@ class Env:
     def secret_env(self) -> dict[str, str]:
         """What both commands get in their environment to reach it (a connection string)."""
         return {}
+
+    def settings(self, **kw) -> Settings:
+        """The Settings a jobq-ctl with ``base_args`` has (to open the queue and its stores
+        in the test, as the commands open them)."""
+        return Settings(sqlite_path=str(self.db), **kw)
+
+    def state(self, task_id: str) -> str | None:
+        """The task's state as its job row says (None: no such row)."""
+        return self.job(task_id).get("status")
 
     def ctl(self, *args: str, check: bool = True, input: str | None = None,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

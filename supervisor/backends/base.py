@@ -24,6 +24,11 @@ class BackendError(Exception):
     """A transient backend failure; the operation may succeed if retried."""
 
 
+class BackendRefused(BackendError):
+    """The queue refused the call to this client's identity (a read-only database role):
+    retrying will not help; an operator's tool says so instead of "unavailable"."""
+
+
 class LeaseLost(BackendError):
     """The broker says the lease is gone; never settle this lease again."""
 

@@ -20,6 +20,9 @@ from dataclasses import dataclass, fields
 EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_FAILURES, EXIT_TASKS_FAILED = 0, 1, 2, 3, 4
 
 BACKENDS = ("sqlite", "storage-queue", "servicebus", "postgres")
+# The backends whose service bills (and throttles) per call: the Azure ones; an open
+# dashboard page refreshes less often on them (dashboard/serve.py).
+BILLED_PER_CALL = ("storage-queue", "servicebus")
 # --postgres-notify: LISTEN/NOTIFY wake-ups, or poll only (PgBouncer in transaction mode)
 POSTGRES_NOTIFY_MODES = ("on", "off")
 # --postgres-schema: a plain lower-case SQL identifier, the same quoted or not (pg_* are

@@ -30,7 +30,7 @@ from ..fleet.control.records import AuditRecord
 from ..ops.times import duration_text, iso_or_none
 from .auth import NAME, Auth
 from .charts import depth_chart, depth_series, finished_chart
-from .data import DataSource, Unavailable
+from .data import DataSource, Refused, Unavailable
 from .history import History, summed_per_minute
 from .queues import Queues
 from .sessions import DEFAULT_IDLE_TIMEOUT, Sessions
@@ -95,6 +95,15 @@ def create_app(data: DataSource | Sequence[DataSource],
         if request.path.startswith("/api/"):
             return jsonify(error=str(exc)), 503
         return _page(503, f"The {exc.what} is unavailable", exc.text)
+
+    @app.errorhandler(Refused)
+    def _refused(exc: Refused) -> ResponseReturnValue:
+        log.warning("dashboard: %s refused a write: %s", exc.what, exc.text)
+        text = (f"The {exc.what} refused it: {exc.text}. This dashboard's credentials "
+                "may only read (a read-only database role): nothing was changed.")
+        if request.path.startswith("/api/"):
+            return jsonify(error=text), 403
+        return _page(403, "Not allowed with a read-only role", text)
 
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException) -> ResponseReturnValue:

@@ -14,10 +14,15 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypedDict, TypeVar
 
-from ..backends.base import Backend, BackendConfigError, BackendError
+from ..backends.base import Backend, BackendConfigError, BackendError, BackendRefused
 from ..core.signing import SigningKey
 from ..core.task import Task, TaskFormatError
-from ..fleet.control.base import ControlStore, ControlStoreError, worker_states
+from ..fleet.control.base import (
+    ControlStore,
+    ControlStoreError,
+    ControlStoreRefused,
+    worker_states,
+)
 from ..fleet.control.records import AuditRecord, new_seq
 from ..fleet.output.base import OutputStore, OutputStoreError
 from ..ops import fleet
@@ -46,11 +51,22 @@ class FlagJson(TypedDict):
 
 
 STORE_ERRORS = (BackendError, BackendConfigError, ControlStoreError, OutputStoreError)
+REFUSALS = (BackendRefused, ControlStoreRefused)  # the dashboard's identity may not write
 MASK = "********"
 # Messages a task lookup peeks at on Azure, where no row names a pending task: Storage
 # Queue's peek returns at most 32 (the service's limit); Service Bus peeks as many, so a
 # page says one number for both.
 PEEKED = 32
+
+
+class Refused(Exception):
+    """The queue or the control store refused a write to the dashboard's identity (a
+    read-only database role): a 403 page that says so, not "unavailable"."""
+
+    def __init__(self, what: str, text: str) -> None:
+        super().__init__(f"{what}: {text}")
+        self.what = what
+        self.text = text
 
 
 class Unavailable(Exception):
@@ -104,6 +120,8 @@ class DataSource:
     def using(self, what: str) -> Iterator[None]:
         try:
             yield
+        except REFUSALS as exc:  # the connection is fine: keep it
+            raise Refused(what, str(exc)) from None
         except STORE_ERRORS as exc:
             # a broken connection must not serve the next request of this thread
             self.close_thread()
@@ -281,7 +299,7 @@ class DataSource:
                 self.store().put_audit(AuditRecord(queue=self.queue, seq=new_seq(when),
                                                    who=by, action=action, detail=detail,
                                                    when=when))
-        except Unavailable:
+        except (Unavailable, Refused):
             return False
         return True
 

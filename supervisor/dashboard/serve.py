@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..core.options import UsageError
-from ..core.settings import Settings
+from ..core.settings import BILLED_PER_CALL, Settings
 
 if TYPE_CHECKING:
     from .data import DataSource
@@ -102,7 +102,7 @@ def run(ns: argparse.Namespace, settings: Settings) -> int:
                       interval=getattr(ns, "sample_interval", SAMPLE_INTERVAL))
     # Azure bills (and throttles) per call: an open page refreshes less often there
     app = create_app(sources, histories, token,
-                     refresh=5 if settings.backend == "sqlite" else 15,
+                     refresh=15 if settings.backend in BILLED_PER_CALL else 5,
                      token_file=ns.token_file, idle_timeout=idle)
     try:
         server = waitress.create_server(app, host=host, port=port, threads=THREADS,

@@ -8,12 +8,16 @@ import re
 import shutil
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.conftest import command, wait_for
+
+if TYPE_CHECKING:
+    from supervisor.dashboard.data import DataSource
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -63,13 +67,23 @@ class Dashboard:
         self._err.close()
 
 
+def queue_env(request):
+    """The test's queue: ``fenv`` (SQLite or PostgreSQL) or ``pg`` where the test asks for
+    one, else ``env`` (SQLite)."""
+    name = next((n for n in ("fenv", "pg") if n in request.fixturenames), "env")
+    return request.getfixturevalue(name)
+
+
 @pytest.fixture
-def dashboard(env):
+def dashboard(request):
+    """``start(*args)``: a ``jobq-ctl dashboard`` on the test's queue (``queue_env``)."""
+    e = queue_env(request)
     started: list[Dashboard] = []
 
     def start(*args: str, token: bool = False, base: list[str] | None = None,
               environ: dict[str, str] | None = None) -> Dashboard:
-        d = Dashboard(env.db, env.tmp, *args, token=token, base=base, env=environ)
+        d = Dashboard(getattr(e, "db", e.tmp / "jobq.db"), e.tmp, *args, token=token,
+                      base=base or e.base_args(), env={**e.secret_env(), **(environ or {})})
         started.append(d)
         return d
 
@@ -142,6 +156,27 @@ def set_viewport(driver, w: int, h: int) -> None:
     """The viewport (not the window) at w x h, through the DevTools protocol."""
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
                            {"width": w, "height": h, "deviceScaleFactor": 1, "mobile": w < 600})
+
+
+def data_source(e, output: Callable[[], Any] | None = None) -> DataSource:
+    """A DataSource on the test's queue ``e`` (Env or PgEnv) with the backend, control and
+    output stores jobq-ctl opens for it (``output``: another output store opener)."""
+    from supervisor.backends import open_backend
+    from supervisor.dashboard.data import DataSource
+    from supervisor.fleet.control.open import open_control_store
+    from supervisor.fleet.output.open import open_output_store
+
+    settings = e.settings()
+    return DataSource(settings.queue, lambda: open_backend(settings, for_ctl=True),
+                      lambda: open_control_store(settings), None,
+                      output or (lambda: open_output_store(settings)))
+
+
+def control_store(e) -> Any:
+    """The control store of the test's queue ``e``, as jobq-ctl opens it (close it)."""
+    from supervisor.fleet.control.open import open_control_store
+
+    return open_control_store(e.settings())
 
 
 class Unreachable:

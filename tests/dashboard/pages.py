@@ -74,5 +74,5 @@ def stays_pending(env, task: str, seconds: float, why: str) -> None:
     """Intake stopped: for ``seconds`` (several control intervals) ``task`` stays pending."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        assert env.job(task)["status"] == "pending", why
+        assert env.state(task) == "pending", why
         time.sleep(0.2)

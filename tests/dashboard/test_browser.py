@@ -1,15 +1,14 @@
-"""The dashboard in a real headless Chromium (Selenium) with two real SQLite workers running
-tasks: the overview shows the counts and both workers, pause stops intake and resume brings
-it back (buttons, after a token login), drain sends a worker home; screenshots of every page
-at 1280x800 and 390x844 (no sideways scroll on the phone)."""
+"""The dashboard in a real headless Chromium (Selenium) with two real workers running tasks,
+on SQLite and on PostgreSQL (``fenv``): the overview shows the counts and both workers, pause
+stops intake and resume brings it back (buttons, after a token login), drain sends a worker
+home; screenshots of every page at 1280x800 and 390x844 (no sideways scroll on the phone)."""
 
 from __future__ import annotations
 
 import pytest
 
-from supervisor.fleet.control import SqliteControlStore
 from tests.conftest import wait_for
-from tests.dashboard.conftest import TOKEN, shoot
+from tests.dashboard.conftest import TOKEN, control_store, shoot
 from tests.dashboard.pages import BROWSER_FAST, click, reload_until, stays_pending, text_of
 
 pytestmark = pytest.mark.timeout(120)
@@ -19,7 +18,7 @@ Q = "default"
 
 def _workers(env) -> list:
     """The worker records of queue Q, read from the control store."""
-    store = SqliteControlStore(str(env.db), busy_timeout=10.0)
+    store = control_store(env)
     try:
         return list(store.workers(Q))
     finally:
@@ -34,13 +33,13 @@ def _used(env) -> dict[str, int]:
     return {w.id: w.slots_used for w in _workers(env)}
 
 
-def test_overview_pause_resume_and_drain_in_the_browser(env, dashboard, browser):
-    release = env.tmp / "release"
+def test_overview_pause_resume_and_drain_in_the_browser(fenv, dashboard, browser):
+    release = fenv.tmp / "release"
     hold = f"while [ ! -e {release} ]; do sleep 0.1; done"
-    held = env.push(hold, hold)
-    sup_a = env.supervisor("--worker-id", "w-a", *BROWSER_FAST)
-    sup_b = env.supervisor("--worker-id", "w-b", *BROWSER_FAST)
-    wait_for(lambda: [r[1] for r in env.rows()] == ["running", "running"], 30,
+    held = fenv.push(hold, hold)
+    sup_a = fenv.supervisor("--worker-id", "w-a", *BROWSER_FAST)
+    sup_b = fenv.supervisor("--worker-id", "w-b", *BROWSER_FAST)
+    wait_for(lambda: [r[1] for r in fenv.rows()] == ["running", "running"], 30,
              what="both held tasks running")
     d = dashboard(token=True)
     browser.get(d.url + "/")
@@ -76,22 +75,22 @@ def test_overview_pause_resume_and_drain_in_the_browser(env, dashboard, browser)
     wait_for(lambda: "PAUSED" in text_of(browser, "paused"), 10,
              what="PAUSED on the overview")
     assert "alice@dashboard" in text_of(browser, "paused")
-    wait_for(lambda: set(_states(env).values()) == {"paused"}, 15, what="both workers paused")
-    (late,) = env.push("echo late")
-    stays_pending(env, late, 4.0, "a worker took a task while paused")
+    wait_for(lambda: set(_states(fenv).values()) == {"paused"}, 15, what="both workers paused")
+    (late,) = fenv.push("echo late")
+    stays_pending(fenv, late, 4.0, "a worker took a task while paused")
     browser.get(d.url + "/")
     assert text_of(browser, "count-pending") == "1"
     click(browser, "resume")
-    wait_for(lambda: env.job(late)["status"] == "succeeded", 20, what="the task after resume")
+    wait_for(lambda: fenv.state(late) == "succeeded", 20, what="the task after resume")
     reload_until(browser, lambda b: text_of(b, "paused") == "no", 10, what="not paused")
 
     # drain a busy worker with its button: it finishes its tasks and exits 0; the other stays
-    busy = next(w for w, used in _used(env).items() if used)
+    busy = next(w for w, used in _used(fenv).items() if used)
     idle = ({"w-a", "w-b"} - {busy}).pop()
     sups = {"w-a": sup_a, "w-b": sup_b}
     browser.get(d.url + "/workers")
     click(browser, f"drain-{busy}")
-    wait_for(lambda: _states(env).get(busy) == "draining", 15, what=f"{busy} draining")
+    wait_for(lambda: _states(fenv).get(busy) == "draining", 15, what=f"{busy} draining")
     reload_until(browser, lambda b: "draining" in b.find_element(
         "css selector", f'tr.worker[data-id="{busy}"]').text, 10, what="draining shown")
     release.touch()

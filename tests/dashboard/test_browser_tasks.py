@@ -1,8 +1,8 @@
-"""The task and failed pages in a real headless Chromium (Selenium) with two real SQLite
-workers: a running task's output grows on the open page without a reload (and is shown as
-text, never as HTML), the cancel button cancels it, the requeue button on the failed page
-brings a failed task back and it runs again; screenshots of both pages at 1280x800 and
-390x844 (no sideways scroll on the phone)."""
+"""The task and failed pages in a real headless Chromium (Selenium) with two real workers, on
+SQLite and on PostgreSQL (``fenv``): a running task's output grows on the open page without a
+reload (and is shown as text, never as HTML), the cancel button cancels it, the requeue
+button on the failed page brings a failed task back and it runs again; screenshots of both
+pages at 1280x800 and 390x844 (no sideways scroll on the phone)."""
 
 from __future__ import annotations
 
@@ -19,16 +19,15 @@ def _lines(driver) -> list[str]:
     return [line for line in text_of(driver, "output").splitlines() if line.startswith("line-")]
 
 
-def test_live_output_cancel_and_requeue_in_the_browser(env, dashboard, browser):
-    fixed = env.tmp / "fixed"
-    (chatty,) = env.push("echo '<b>not bold</b>'; i=0; while true; do echo line-$i; "
-                         "i=$((i+1)); sleep 0.2; done")
-    (flaky,) = env.push(f"if [ -e {fixed} ]; then echo fixed-now; else echo boom; exit 3; fi",
-                        extra=("--max-attempts", "1"))
-    env.supervisor("--worker-id", "w-a", *BROWSER_FAST)
-    env.supervisor("--worker-id", "w-b", *BROWSER_FAST)
-    wait_for(lambda: env.job(chatty)["status"] == "running"
-             and env.job(flaky)["status"] == "failed", 30,
+def test_live_output_cancel_and_requeue_in_the_browser(fenv, dashboard, browser):
+    fixed = fenv.tmp / "fixed"
+    (chatty,) = fenv.push("echo '<b>not bold</b>'; i=0; while true; do echo line-$i; "
+                          "i=$((i+1)); sleep 0.2; done")
+    (flaky,) = fenv.push(f"if [ -e {fixed} ]; then echo fixed-now; else echo boom; exit 3; fi",
+                         extra=("--max-attempts", "1"))
+    fenv.supervisor("--worker-id", "w-a", *BROWSER_FAST)
+    fenv.supervisor("--worker-id", "w-b", *BROWSER_FAST)
+    wait_for(lambda: fenv.state(chatty) == "running" and fenv.state(flaky) == "failed", 30,
              what="the chatty task running and the flaky one failed")
     d = dashboard(token=True)
     login(browser, d.url)
@@ -47,8 +46,8 @@ def test_live_output_cancel_and_requeue_in_the_browser(env, dashboard, browser):
 
     # cancel with the button: the worker stops it, the page says cancelled
     click(browser, "cancel")
-    wait_for(lambda: env.job(chatty)["status"] == "failed", 30, what="the task cancelled")
-    assert env.job(chatty)["reason"].startswith("cancelled by alice@dashboard")
+    wait_for(lambda: fenv.state(chatty) == "failed", 30, what="the task cancelled")
+    assert fenv.job(chatty)["reason"].startswith("cancelled by alice@dashboard")
     reload_until(browser, lambda b: "cancelled" in text_of(b, "task-state"), 20,
                   what="cancelled on the task page")
     wait_for(lambda: text_of(browser, "output-status") == "complete", 20,
@@ -65,9 +64,9 @@ def test_live_output_cancel_and_requeue_in_the_browser(env, dashboard, browser):
     shoot(browser, "failed")
     fixed.touch()
     click(browser, f"requeue-{flaky}")
-    wait_for(lambda: env.job(flaky)["status"] == "succeeded", 30, what="the requeued task ran")
+    wait_for(lambda: fenv.state(flaky) == "succeeded", 30, what="the requeued task ran")
     browser.get(d.url + f"/tasks/{flaky}")
-    # SQLite's requeue starts the attempts again at 1, whose output (complete) then grows:
+    # a requeue starts the attempts again at 1, whose output (complete) then grows:
     # reload until the output thread has written it
     reload_until(browser, lambda b: wait_for(lambda: text_of(b, "output-status"), 10)
                   and "fixed-now" in text_of(b, "output"), 20, what="its new output")

@@ -1,6 +1,7 @@
 """The dashboard over plain HTTP (no browser): the auth model, bad input, the 503 pages, the
 JSON API's shapes -- a real ``jobq-ctl dashboard`` process where the wiring matters, the Flask
-test client where a store must fail on cue."""
+test client where a store must fail on cue.  Those with ``fenv`` run on SQLite and on
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from supervisor.dashboard.data import DataSource
 from supervisor.fleet.control import SqliteControlStore
 from supervisor.fleet.control.base import ControlStoreError
 from supervisor.fleet.control.records import WorkerRecord
-from tests.dashboard.conftest import TOKEN, Unreachable
+from tests.dashboard.conftest import TOKEN, Unreachable, control_store, data_source
 from tests.dashboard.pages import client_login, csrf_of, get
 
 pytestmark = pytest.mark.timeout(90)
@@ -32,12 +33,13 @@ def _ctl(env, *args: str, extra_code: str = "") -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60, cwd=env.tmp)
 
 
-def test_read_only_dashboard_serves_pages_and_refuses_every_action(env, dashboard):
-    env.push("true")
+def test_read_only_dashboard_serves_pages_and_refuses_every_action(fenv, dashboard):
+    fenv.push("true")
     d = dashboard()
     assert "(read-only)" in d.stderr()
     status, html = get(d.url + "/")
     assert status == 200 and 'id="count-pending">1<' in html
+    assert 'data-refresh="5"' in html, "a self-hosted queue's page refreshes every 5 s"
     assert "<button" not in html.replace('<button type="submit">Find</button>', "")
     for path in ("/queue/pause", "/queue/resume", "/workers/w1/drain", "/workers/w1/stop",
                  "/login", "/logout"):
@@ -45,33 +47,33 @@ def test_read_only_dashboard_serves_pages_and_refuses_every_action(env, dashboar
         assert code == 403, path
         assert "Traceback" not in body
     assert get(d.url + "/login")[0] == 403
-    assert json.loads(env.ctl("status", "--json").stdout)["paused"] is False
+    assert json.loads(fenv.ctl("status", "--json").stdout)["paused"] is False
 
 
-def test_api_has_the_cli_json_shapes(env, dashboard):
-    env.push("sleep 30")
-    sup = env.supervisor("--worker-id", "w-api", "--heartbeat-interval", "1",
+def test_api_has_the_cli_json_shapes(fenv, dashboard):
+    fenv.push("sleep 30")
+    sup = fenv.supervisor("--worker-id", "w-api", "--heartbeat-interval", "1",
                          "--control-interval", "1")
     d = dashboard()
     from tests.conftest import wait_for
     wait_for(lambda: json.loads(get(d.url + "/api/workers")[1]) and
              json.loads(get(d.url + "/api/workers")[1])[0]["tasks"], 30, what="worker record")
     api = json.loads(get(d.url + "/api/workers")[1])
-    cli = json.loads(env.ctl("workers", "--json").stdout)
+    cli = json.loads(fenv.ctl("workers", "--json").stdout)
     assert [w["id"] for w in api] == [w["id"] for w in cli] == ["w-api"]
     assert set(api[0]) == set(cli[0]) and set(api[0]["tasks"][0]) == set(cli[0]["tasks"][0])
     one = json.loads(get(d.url + "/api/worker/w-api")[1])
     assert one["id"] == "w-api" and one["slots"] == cli[0]["slots"]
     api_status = json.loads(get(d.url + "/api/status")[1])
-    cli_status = json.loads(env.ctl("status", "--json").stdout)
+    cli_status = json.loads(fenv.ctl("status", "--json").stdout)
     assert set(api_status) == set(cli_status)
     assert api_status["counts"] == cli_status["counts"]
     assert [r["id"] for r in api_status["running"]] == [r["id"] for r in cli_status["running"]]
     sup.stop()
 
 
-def test_unknown_ids_are_404_and_malformed_queries_400(env, dashboard):
-    env.push("true")
+def test_unknown_ids_are_404_and_malformed_queries_400(fenv, dashboard):
+    fenv.push("true")
     d = dashboard()
     for path in ("/tasks/no-such-task", "/workers/no-such-worker", "/api/worker/nobody"):
         code, body = get(d.url + path)
@@ -85,8 +87,8 @@ def test_unknown_ids_are_404_and_malformed_queries_400(env, dashboard):
     assert "error" in json.loads(body)
 
 
-def test_search_goes_to_the_task_page(env, dashboard):
-    (task_id,) = env.push("echo hello", extra=("--env", "SECRET_TOKEN=hunter2"))
+def test_search_goes_to_the_task_page(fenv, dashboard):
+    (task_id,) = fenv.push("echo hello", extra=("--env", "SECRET_TOKEN=hunter2"))
     d = dashboard()
     code, html = get(d.url + f"/search?id={task_id}")
     assert code == 200 and task_id in html and "pending" in html
@@ -163,13 +165,9 @@ def test_a_failed_call_closes_the_threads_clients_and_the_next_request_reopens(e
     assert len(opened) == 2, "the failed client was dropped and a new one opened"
 
 
-def test_actions_need_a_login_and_the_csrf_token(env):
-    env.push("true")
-    from supervisor.backends.sqlite.backend import SqliteBackend
-
-    data = DataSource(Q, lambda: SqliteBackend(str(env.db), Q, "dash"),
-                      lambda: SqliteControlStore(str(env.db)))
-    client = create_app(data, token=TOKEN).test_client()
+def test_actions_need_a_login_and_the_csrf_token(fenv):
+    fenv.push("true")
+    client = create_app(data_source(fenv), token=TOKEN).test_client()
     assert b'id="pause"' not in client.get("/").data, "no button before the login"
     resp = client.post("/queue/pause", data={"csrf": csrf_of(client, "/login")})
     assert resp.status_code == 403 and b"log in first" in resp.data
@@ -181,10 +179,10 @@ def test_actions_need_a_login_and_the_csrf_token(env):
     assert len(csrf_fields) >= 2 and set(csrf_fields) == {csrf_of(client)}, "every form has it"
     assert client.post("/queue/pause").status_code == 403, "no CSRF token"
     assert client.post("/queue/pause", data={"csrf": "forged"}).status_code == 403
-    assert json.loads(env.ctl("status", "--json").stdout)["paused"] is False
+    assert json.loads(fenv.ctl("status", "--json").stdout)["paused"] is False
     t0 = time.time()
     assert client.post("/queue/pause", data={"csrf": csrf_of(client)}).status_code == 302
-    store = SqliteControlStore(str(env.db))
+    store = control_store(fenv)
     try:
         flag = store.poll(Q, "test", None).flag
     finally:
@@ -194,7 +192,7 @@ def test_actions_need_a_login_and_the_csrf_token(env):
     resp = client.post("/workers/nobody/drain", data={"csrf": csrf_of(client)})
     assert resp.status_code == 404
     now = time.time()
-    store = SqliteControlStore(str(env.db))
+    store = control_store(fenv)
     try:
         store.put_worker(WorkerRecord(id="w-live", queue=Q, host="h", pid=1, version="0",
                                       state="running", slots_used=0, slots_total=1,

@@ -1,7 +1,8 @@
 """The dashboard serving several queues (``--queue high,low``) over plain HTTP: the overview's
 row per queue, ``?queue=`` on every other page (none: the first queue), the task search over
 every queue, /api/status in the shape of ``jobq-ctl status --queue a,b --json``, and pause on
-one queue only (Flask test client, real SQLite stores)."""
+one queue only (Flask test client, real SQLite stores); the first test on PostgreSQL too
+(``fenv``)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ def _push(env, queue: str, *cmds: str) -> list[str]:
     return env.push(*cmds, extra=("--queue", queue))
 
 
-def test_every_queue_on_the_overview_and_one_queue_per_page(env, dashboard):
-    high = _push(env, "high", "true", "true")
-    (low,) = _push(env, "low", "echo low")
+def test_every_queue_on_the_overview_and_one_queue_per_page(fenv, dashboard):
+    high = _push(fenv, "high", "true", "true")
+    (low,) = _push(fenv, "low", "echo low")
     d = dashboard("--queue", "high,low")
     code, html = get(d.url + "/")
     assert code == 200
@@ -37,7 +38,7 @@ def test_every_queue_on_the_overview_and_one_queue_per_page(env, dashboard):
 
     # the JSON API: the CLI's per-queue object
     api = json.loads(get(d.url + "/api/status")[1])
-    cli = json.loads(env.ctl("status", "--queue", "high,low", "--json").stdout)
+    cli = json.loads(fenv.ctl("status", "--queue", "high,low", "--json").stdout)
     assert set(api) == set(cli) == {"high", "low"}
     assert {q: api[q]["counts"] for q in api} == {q: cli[q]["counts"] for q in cli}
     assert set(api["low"]) == set(cli["low"])

@@ -1,7 +1,8 @@
 """The task and failed pages over plain HTTP (no browser): the output API (offsets, the size
 cap, whole lines, the jump to the tail), bad input, an output store that is down, and the
 cancel / requeue / clear actions -- a real ``jobq-ctl dashboard`` process where the wiring
-matters, the Flask test client where a store must fail on cue."""
+matters, the Flask test client where a store must fail on cue.  Those with ``fenv`` run on
+SQLite and on PostgreSQL (its control and output stores in the same database)."""
 
 from __future__ import annotations
 
@@ -10,25 +11,22 @@ import time
 
 import pytest
 
-from supervisor.backends.sqlite.backend import SqliteBackend
 from supervisor.dashboard.app import create_app
-from supervisor.dashboard.data import DataSource
 from supervisor.dashboard.tasks import CAP
-from supervisor.fleet.control import SqliteControlStore
 from supervisor.fleet.control.records import ResultRecord, WorkerRecord
-from supervisor.fleet.output.base import AttemptKey, OutputStoreError
-from supervisor.fleet.output.files import FileOutputStore, output_dir
-from tests.dashboard.conftest import TOKEN, Unreachable
+from supervisor.fleet.output.base import AttemptKey, OutputStore, OutputStoreError
+from supervisor.fleet.output.open import open_output_store
+from tests.dashboard.conftest import TOKEN, Unreachable, control_store, data_source
 from tests.dashboard.pages import client_login, csrf_of, get
 
 pytestmark = pytest.mark.timeout(90)
 Q = "default"
 
 
-def _data(env, output=None) -> DataSource:
-    return DataSource(Q, lambda: SqliteBackend(str(env.db), Q, "dash"),
-                      lambda: SqliteControlStore(str(env.db)), None,
-                      output or (lambda: FileOutputStore(output_dir(str(env.db)))))
+def _output(e) -> OutputStore:
+    store = open_output_store(e.settings())
+    assert store is not None
+    return store
 
 
 def _out(client, task_id: str, attempt: int = 1, offset: int | None = None) -> dict:
@@ -38,14 +36,14 @@ def _out(client, task_id: str, attempt: int = 1, offset: int | None = None) -> d
     return resp.get_json()
 
 
-def test_output_api_sends_the_tail_then_what_follows_in_whole_lines(env):
-    (task_id,) = env.push("true")
-    store = FileOutputStore(output_dir(str(env.db)))
+def test_output_api_sends_the_tail_then_what_follows_in_whole_lines(fenv):
+    (task_id,) = fenv.push("true")
+    store = _output(fenv)
     key = AttemptKey(Q, task_id, 1)
     line = b"x" * 99 + b"\n"
     for _ in range(10):  # 1,000,000 bytes, far more than one call may send
         store.append(key, line * 1000)
-    client = create_app(_data(env)).test_client()
+    client = create_app(data_source(fenv)).test_client()
     first = _out(client, task_id)
     assert 0 < len(first["data"]) <= CAP and first["next_offset"] == 1_000_000
     assert first["skipped"] == first["offset"] > 1_000_000 - CAP
@@ -66,9 +64,9 @@ def test_output_api_sends_the_tail_then_what_follows_in_whole_lines(env):
     assert none == {**none, "data": "", "complete": False, "offset": 0, "skipped": 0}
 
 
-def test_task_page_shows_attempts_with_their_result_records(env):
-    (task_id,) = env.push("echo hi")
-    store = SqliteControlStore(str(env.db))
+def test_task_page_shows_attempts_with_their_result_records(fenv):
+    (task_id,) = fenv.push("echo hi")
+    store = control_store(fenv)
     try:
         store.put_result(ResultRecord(
             queue=Q, task_id=task_id, attempt=1, outcome="cancelled", reason="by test",
@@ -76,8 +74,8 @@ def test_task_page_shows_attempts_with_their_result_records(env):
             finished=100.0, final=True, max_attempts=3, cancelled_by="bob@host"))
     finally:
         store.close()
-    FileOutputStore(output_dir(str(env.db))).append(AttemptKey(Q, task_id, 1), b"hi\n")
-    client = create_app(_data(env)).test_client()
+    _output(fenv).append(AttemptKey(Q, task_id, 1), b"hi\n")
+    client = create_app(data_source(fenv)).test_client()
     html = client.get(f"/tasks/{task_id}").get_data(as_text=True)
     row = html[html.index('data-attempt="1"'):]
     row = row[:row.index("</tr>")]
@@ -87,7 +85,7 @@ def test_task_page_shows_attempts_with_their_result_records(env):
     assert f'data-url="/api/task/{task_id}/output?attempt=1"' in html
     api = client.get(f"/api/task/{task_id}").get_json()
     assert api["attempts"][0]["cancelled_by"] == "bob@host"
-    FileOutputStore(output_dir(str(env.db))).append(AttemptKey(Q, task_id, 2), b"again\n")
+    _output(fenv).append(AttemptKey(Q, task_id, 2), b"again\n")
     html = client.get(f"/tasks/{task_id}").get_data(as_text=True)
     assert f'data-url="/api/task/{task_id}/output?attempt=2"' in html, "the latest by default"
     assert f'href="/tasks/{task_id}?attempt=1"' in html
@@ -98,8 +96,8 @@ def test_task_page_shows_attempts_with_their_result_records(env):
         assert client.get(f"/tasks/{task_id}?attempt={bad}").status_code == 400
 
 
-def test_unknown_task_is_404_and_malformed_output_queries_400(env, dashboard):
-    (task_id,) = env.push("true")
+def test_unknown_task_is_404_and_malformed_output_queries_400(fenv, dashboard):
+    (task_id,) = fenv.push("true")
     d = dashboard()
     for path in ("/tasks/no-such-task", "/api/task/no-such-task",
                  "/api/task/no-such-task/output?attempt=1"):
@@ -117,8 +115,8 @@ def test_unknown_task_is_404_and_malformed_output_queries_400(env, dashboard):
     assert get(d.url + "/failed")[0] == 200
 
 
-def test_without_token_the_task_actions_are_403(env, dashboard):
-    (task_id,) = env.push("true")
+def test_without_token_the_task_actions_are_403(fenv, dashboard):
+    (task_id,) = fenv.push("true")
     d = dashboard()
     for path in (f"/tasks/{task_id}/cancel", f"/tasks/{task_id}/requeue", "/failed/requeue",
                  "/failed/clear"):
@@ -127,12 +125,12 @@ def test_without_token_the_task_actions_are_403(env, dashboard):
     assert get(d.url + "/failed/clear")[0] == 403
     html = get(d.url + f"/tasks/{task_id}")[1]
     assert 'id="cancel"' not in html and 'id="requeue"' not in html
-    assert env.job(task_id)["status"] == "pending"
+    assert fenv.state(task_id) == "pending"
 
 
-def test_an_output_store_that_is_down_is_said_on_the_task_page_and_503_in_the_api(env):
-    (task_id,) = env.push("true")
-    client = create_app(_data(env, lambda: Unreachable(
+def test_an_output_store_that_is_down_is_said_on_the_task_page_and_503_in_the_api(fenv):
+    (task_id,) = fenv.push("true")
+    client = create_app(data_source(fenv, lambda: Unreachable(
         "blob", OutputStoreError, "output store: connection refused (test)"))).test_client()
     resp = client.get(f"/api/task/{task_id}/output?attempt=1")
     assert resp.status_code == 503 and "connection refused" in resp.get_json()["error"]
@@ -144,22 +142,22 @@ def test_an_output_store_that_is_down_is_said_on_the_task_page_and_503_in_the_ap
 
     def unconfigured():
         return None
-    client = create_app(_data(env, unconfigured)).test_client()
+    client = create_app(data_source(fenv, unconfigured)).test_client()
     assert client.get(f"/api/task/{task_id}/output?attempt=1").status_code == 503
 
 
-def test_cancel_requeue_and_clear_with_a_login(env):
-    pending, other, third = env.push("echo a", "echo b", "echo c")
-    client = create_app(_data(env), token=TOKEN).test_client()
+def test_cancel_requeue_and_clear_with_a_login(fenv):
+    pending, other, third = fenv.push("echo a", "echo b", "echo c")
+    client = create_app(data_source(fenv), token=TOKEN).test_client()
     assert client_login(client) == 302
     page = client.get(f"/tasks/{pending}").get_data(as_text=True)
     assert 'id="cancel"' in page and 'id="requeue"' not in page
     resp = client.post(f"/tasks/{pending}/cancel",
                        data={"csrf": csrf_of(client), "back": f"/tasks/{pending}"})
     assert resp.status_code == 302 and resp.headers["Location"] == f"/tasks/{pending}"
-    assert env.job(pending)["status"] == "failed"
-    assert env.job(pending)["reason"].startswith("cancelled by alice@dashboard")
-    store = SqliteControlStore(str(env.db))
+    assert fenv.state(pending) == "failed"
+    assert fenv.job(pending)["reason"].startswith("cancelled by alice@dashboard")
+    store = control_store(fenv)
     try:
         (cancel,) = store.cancels(Q)
     finally:
@@ -175,8 +173,8 @@ def test_cancel_requeue_and_clear_with_a_login(env):
     assert f'id="requeue-{pending}"' in failed
     assert client.post(f"/tasks/{pending}/requeue", data={"csrf": csrf_of(client)}).status_code \
         == 302
-    assert env.job(pending)["status"] == "pending"
-    store = SqliteControlStore(str(env.db))
+    assert fenv.state(pending) == "pending"
+    store = control_store(fenv)
     try:
         assert store.cancels(Q) == [], "requeue forgets the cancel, as jobq-ctl requeue does"
     finally:
@@ -187,22 +185,22 @@ def test_cancel_requeue_and_clear_with_a_login(env):
         client.post(f"/tasks/{task_id}/cancel", data={"csrf": csrf_of(client)})
     resp = client.post("/failed/requeue", data={"csrf": csrf_of(client), "id": [pending, other]})
     assert resp.status_code == 302
-    assert {env.job(t)["status"] for t in (pending, other)} == {"pending"}
+    assert {fenv.state(t) for t in (pending, other)} == {"pending"}
     client.post(f"/tasks/{third}/cancel", data={"csrf": csrf_of(client)})
     confirm = client.get("/failed/clear").get_data(as_text=True)
     assert "all 1 failed" in confirm and 'id="clear-confirm"' in confirm
     assert client.post("/failed/clear", data={"csrf": csrf_of(client)}).status_code == 400
     assert client.post("/failed/clear", data={"csrf": csrf_of(client), "confirm": "yes"}
                        ).status_code == 302
-    assert [r[0] for r in env.rows()] == [pending, other]
+    assert sorted(r[0] for r in fenv.rows()) == sorted([pending, other])
 
 
-def test_the_running_attempt_of_a_dead_worker_shows_as_worker_lost(env):
+def test_the_running_attempt_of_a_dead_worker_shows_as_worker_lost(fenv):
     """Attempt 1's worker has no record any more and its running record is old (SIGKILLed
     long ago); attempt 2's worker heartbeats."""
-    (task_id,) = env.push("sleep 100")
+    (task_id,) = fenv.push("sleep 100")
     now = time.time()
-    store = SqliteControlStore(str(env.db))
+    store = control_store(fenv)
     try:
         for attempt, who, when in ((1, "w-dead", now - 3600), (2, "w-live", now - 2)):
             store.put_result(ResultRecord(
@@ -214,7 +212,7 @@ def test_the_running_attempt_of_a_dead_worker_shows_as_worker_lost(env):
                                       started=now - 10, heartbeat=now))
     finally:
         store.close()
-    client = create_app(_data(env)).test_client()
+    client = create_app(data_source(fenv)).test_client()
     api = client.get(f"/api/task/{task_id}").get_json()
     assert [(a["attempt"], a["state"]) for a in api["attempts"]] == [
         (1, "worker-lost"), (2, "running")]

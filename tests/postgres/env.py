@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 
 from supervisor.backends.postgres.lease import PostgresLease
+from supervisor.core.settings import Settings
 from tests.conftest import Env
 
 
@@ -32,6 +33,13 @@ class PgEnv(Env):
 
     def secret_env(self) -> dict[str, str]:
         return {"JOBQ_POSTGRES_URL": self.url}
+
+    def settings(self, **kw) -> Settings:
+        return Settings(backend="postgres", postgres_url=self.url, queue=self.queue,
+                        **self._settings(), **kw)
+
+    def state(self, task_id: str) -> str | None:
+        return self.job(task_id).get("state")
 
     def serve(self, queue: str | None = None) -> None:
         """Record the queue as served, as a worker's start does (no "never served" warning)."""

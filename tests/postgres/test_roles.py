@@ -53,7 +53,14 @@ def roles(pg_server, pg_url):
         pg_server.admin(f"DROP ROLE IF EXISTS {name}")
 
 
-def test_documented_grants(pg_server, pg_url, roles) -> None:
+def role_url(pg_url: str, roles: dict[str, str], role: str, password: str) -> str:
+    """``pg_url`` as the test's ``role`` (with the docs' password)."""
+    return pg_url.replace(f"postgres:{PASSWORD}@", f"{roles[role]}:{password}@")
+
+
+def apply_documented_grants(pg_server, pg_url: str, roles: dict[str, str]) -> None:
+    """The Roles section as an administrator runs it on the test's database: the roles made,
+    the schema migrated by the admin role, then the GRANTs."""
     db = pg_url.rsplit("/", 1)[1]
 
     def local(sql: str) -> str:
@@ -62,16 +69,20 @@ def test_documented_grants(pg_server, pg_url, roles) -> None:
             sql = sql.replace(role, name)
         return sql
 
-    def url(role: str, password: str) -> str:
-        return pg_url.replace(f"postgres:{PASSWORD}@", f"{roles[role]}:{password}@")
-
     first, rest = documented_grants()
     pg_server.admin(local(first), dbname=db)
-    res = ctl(url("jobq_admin", "admin-secret"), "migrate")
+    res = ctl(role_url(pg_url, roles, "jobq_admin", "admin-secret"), "migrate")
     assert (res.returncode, res.stdout) == (
         0, f"schema jobq: created at version {LATEST}\n"), res.stderr
     with psycopg.connect(pg_url, autocommit=True) as su:
         su.execute(local(rest))
+
+
+def test_documented_grants(pg_server, pg_url, roles) -> None:
+    def url(role: str, password: str) -> str:
+        return role_url(pg_url, roles, role, password)
+
+    apply_documented_grants(pg_server, pg_url, roles)
     worker = url("jobq_worker", "worker-secret")
     with psycopg.connect(worker, autocommit=True) as conn:
         assert sc.check_schema(conn, "jobq", create=True) == LATEST

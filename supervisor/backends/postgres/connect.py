@@ -36,7 +36,7 @@ from typing import Any
 
 from ...core.settings import Settings
 from ...core.threads import signals_blocked
-from ..base import BackendConfigError, BackendError
+from ..base import BackendConfigError, BackendError, BackendRefused
 
 try:
     import psycopg
@@ -294,4 +294,8 @@ def failure(exc: BaseException, what: str, url: str | None = None, *,
     else:
         detail = one_line(exc, url)
     message = f"PostgreSQL: {redact(what, url)}: {detail}"
-    return BackendConfigError(message) if fatal else BackendError(message)
+    if fatal:
+        return BackendConfigError(message)
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return BackendRefused(message)  # the role's GRANTs: no retry makes it work
+    return BackendError(message)

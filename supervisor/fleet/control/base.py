@@ -66,6 +66,11 @@ class ControlStoreError(Exception):
     """A store call failed or timed out; the message is one line without secrets."""
 
 
+class ControlStoreRefused(ControlStoreError):
+    """The store refused the call to this client's identity (a read-only database role):
+    retrying will not help."""
+
+
 class ControlConfigError(ControlStoreError):
     """A store that cannot work as configured (bad connection string, not authorized)."""
 

@@ -48,7 +48,14 @@ from ...backends.postgres.deadlines import DEADLINES
 from ...backends.postgres.listener import WakeListener
 from ...backends.postgres.schema import Tables, check_schema, control_channel
 from . import base, records
-from .base import ControlConfigError, ControlSnapshot, ControlStoreError, OnceLog, PurgeCounts
+from .base import (
+    ControlConfigError,
+    ControlSnapshot,
+    ControlStoreError,
+    ControlStoreRefused,
+    OnceLog,
+    PurgeCounts,
+)
 
 APP_CONTROL = "jobq-control"  # application_name: pg_stat_activity tells them from the data plane
 CALL_TIMEOUT = 5.0  # s: a call's statement_timeout
@@ -147,7 +154,9 @@ class PostgresControlStore:
                     detail = "timed out (statement_timeout)"
                 else:
                     detail = one_line(exc, self.url)
-                raise ControlStoreError(f"control store {what}: {detail}") from None
+                error = (ControlStoreRefused if isinstance(
+                    exc, psycopg.errors.InsufficientPrivilege) else ControlStoreError)
+                raise error(f"control store {what}: {detail}") from None
 
     def _traced(self, text: str) -> None:
         if self._trace is not None:
