@@ -240,8 +240,18 @@ def task_trees(tasks: Iterable[TaskProcess], shell_pids: set[int]) -> dict[str, 
             roots.add(t.pid)
         pids = descendants(roots, children) | by_marker[t.marker]
         pids.discard(t.pid)
-        result[t.marker] = pids
+        # killpg reached the group's members; one started since (what the task's own SIGTERM
+        # trap runs: its cleanup) must not get the signal a second time
+        result[t.marker] = {pid for pid in pids if not in_group(pid, t.pgid)}
     return result
+
+
+def in_group(pid: int, pgid: int) -> bool:
+    """Whether ``pid`` is in process group ``pgid`` (a pid already gone: no)."""
+    try:
+        return os.getpgid(pid) == pgid
+    except OSError:
+        return False
 
 
 def signal_pids(pids: Iterable[int], sig: int) -> int:

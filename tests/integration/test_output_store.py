@@ -120,6 +120,9 @@ def _push_latencies(env, backing, n: int) -> list[tuple[float, float]]:
     return out
 
 
+# serial: the flood needs the CPUs it measures beside (in the parallel phase, 2 cores 93% busy,
+# only 1 of 8 short tasks started while it ran: seen)
+@pytest.mark.serial
 def test_a_200mb_flood_is_capped_and_costs_neither_latency_nor_memory(env, backing):
     sup = env.supervisor("-n", "3", "--task-output-max", "20M", *backing.args())
     sup.wait_log("started", 30)
