@@ -7,6 +7,7 @@ import re
 import signal
 import time
 
+import psutil
 import pytest
 
 from tests.conftest import Supervisor, marked_processes, wait_for
@@ -107,9 +108,16 @@ def test_sigterm_to_whole_process_group_requeues(env):
 
 
 def test_task_killed_by_sigterm_from_outside_is_requeued(env):
-    """systemd KillMode=control-group: the task and the supervisor get SIGTERM together."""
-    sup = _recording_task(env, "cg", "exec ")
-    task_pid = int((env.tmp / "cg.ready").read_text().split()[0])
+    """systemd KillMode=control-group: the task and the supervisor get SIGTERM together.  The
+    task dies of it (a task that catches it and exits 0 first is indistinguishable from a
+    success: which the worker sees first was a race, lost once in CI); its death by SIGTERM
+    waits EXTERNAL_SIGTERM_GRACE for the stop that follows."""
+    ready = env.tmp / "cg.ready"
+    env.push(f"echo $$ > {ready}; exec sleep 1000")
+    sup = env.supervisor()
+    wait_for(lambda: ready.exists() and ready.read_text().strip(), 30, what="task ready")
+    task_pid = int(ready.read_text().split()[0])
+    wait_for(lambda: psutil.Process(task_pid).name() == "sleep", 30, what="the exec")
     os.kill(task_pid, signal.SIGTERM)
     sup.signal(signal.SIGTERM)
     _assert_exit_0_and_requeued(env, sup)
