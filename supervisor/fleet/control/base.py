@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Protocol, Union, runtime_checkable
+from typing import Callable, Protocol, SupportsInt, Union, runtime_checkable
 
 from .records import (
     CANCEL_TTL,
@@ -87,6 +87,27 @@ class ControlSnapshot:
     cancels: tuple[Cancel, ...]
     commands: tuple[Command, ...]
     cursor: Union[str, None]
+
+    @classmethod
+    def of_rows(cls, decoded: Iterable[tuple[Sequence[SupportsInt], object]], since: int,
+                cursor: Union[str, None]) -> ControlSnapshot:
+        """A poll's snapshot from a SQL store's decoded rows ``(row, record)``, ``row[3]`` a
+        cancel's rev (fleet/control/sqlite.py and postgres.py); the cursor is the highest
+        rev seen above ``since``, else ``cursor`` as it was."""
+        flag = None
+        cancels: list[Cancel] = []
+        commands: list[Command] = []
+        top = since
+        for row, record in decoded:
+            if isinstance(record, QueueFlag):
+                flag = record
+            elif isinstance(record, Cancel):
+                cancels.append(record)
+                top = max(top, int(row[3]))
+            elif isinstance(record, Command):
+                commands.append(record)
+        commands.sort(key=lambda c: c.seq)
+        return cls(flag, tuple(cancels), tuple(commands), str(top) if top >= 0 else cursor)
 
 
 @dataclass(frozen=True)

@@ -251,21 +251,7 @@ class PostgresControlStore:
             rows = self._exec(conn, self._sql(_POLL), (
                 base.queue_partition(queue), prefix, base.after_prefix(prefix),
                 since)).fetchall()
-        flag = None
-        cancels: list[records.Cancel] = []
-        commands: list[records.Command] = []
-        top = since
-        for row, record in self._decode(rows):
-            if isinstance(record, records.QueueFlag):
-                flag = record
-            elif isinstance(record, records.Cancel):
-                cancels.append(record)
-                top = max(top, int(row[3]))
-            elif isinstance(record, records.Command):
-                commands.append(record)
-        commands.sort(key=lambda c: c.seq)
-        return ControlSnapshot(flag, tuple(cancels), tuple(commands),
-                               str(top) if top >= 0 else cursor)
+        return ControlSnapshot.of_rows(self._decode(rows), since, cursor)
 
     def get_cancel(self, queue: str, task_id: str) -> Union[records.Cancel, None]:
         rows = self._select("get cancel", "part = %s AND row = %s",
