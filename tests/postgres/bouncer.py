@@ -33,7 +33,7 @@ from urllib.parse import quote
 
 import psutil
 
-from tests.postgres.server import PASSWORD, SUPERUSER, PgServer, free_port
+from tests.postgres.server import PASSWORD, SUPERUSER, PgServer, free_port, log_tail
 
 START_WITHIN = 30.0  # s: the bouncer accepts connections within this
 STOP_WITHIN = 10.0  # s: SIGTERM ends it within this, else SIGKILL
@@ -172,10 +172,7 @@ class PgBouncer:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
+        return log_tail(self.log_path)
 
     def url(self, dbname: str) -> str:
         """A libpq URI to ``dbname`` through the bouncer (the superuser, its password)."""

@@ -244,10 +244,7 @@ class PgServer:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
+        return log_tail(self.log_path)
 
     # -- clients -----------------------------------------------------------------------
     def url(self, dbname: str = "postgres", user: str = SUPERUSER,
@@ -293,3 +290,12 @@ def wait_port_closed(port: int, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def log_tail(path: Path) -> str:
+    """The last 4,000 characters of a server's log (a server of the tests: PostgreSQL's,
+    PgBouncer's), or nothing when there is none yet."""
+    try:
+        return path.read_text(errors="replace")[-4000:]
+    except OSError:
+        return ""
