@@ -49,7 +49,20 @@ def id_problem(task_id: str) -> str | None:
         return "an empty task id"
     if len(task_id) > MAX_ID:
         return f"a task id is at most {MAX_ID} characters, this one {len(task_id)}"
+    # The id names the task's output, result records and JOBQ_TASK_ID: it must be text every
+    # store can hold (no lone UTF-16 surrogate: "\\udcff" cannot be written as UTF-8).
+    if "\x00" in task_id or not _storable(task_id):
+        return "a task id must be text without NUL or lone UTF-16 surrogates"
     return None
+
+
+def _storable(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (what SQLite, PostgreSQL and JSON-over-HTTP take)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def is_made_id(task_id: str) -> bool:
@@ -249,7 +262,8 @@ def _validate(cmd: object, env: object, cwd: object, max_attempts: object,
     if size > MAX_COMMAND_BYTES:
         raise TaskFormatError(f"command is {size} bytes, more than {MAX_COMMAND_BYTES}")
     if not isinstance(task_id, str) or id_problem(task_id):
-        raise TaskFormatError(f"id must be a non-empty string of at most {MAX_ID} characters")
+        raise TaskFormatError(f"id must be a non-empty string of at most {MAX_ID} characters "
+                              "without NUL or lone UTF-16 surrogates")
     if not isinstance(env, dict):
         raise TaskFormatError("env is not an object")
     for key, value in env.items():

@@ -328,6 +328,16 @@ def test_put_results_writes_a_batch_last_record_of_a_key_wins(kit: Kit) -> None:
     s.put_results([])  # nothing to write: no error
 
 
+def test_text_with_lone_surrogates_is_stored_and_read_back(kit: Kit) -> None:
+    # A task's output or reason can reach a record as a lone surrogate (bytes that are not
+    # UTF-8); written raw it failed every store's encoding, on every retry of the batch.
+    odd = "tail \udcff\ud800 end"
+    s = kit.store
+    s.put_results([_result("t", 1, "failed", reason="exit \udc80", tail=odd, final=True)])
+    (got,) = s.results_of(QUEUE, "t")
+    assert (got.tail, got.reason) == (odd, "exit \udc80")
+
+
 def test_failed_and_cancelled_listings_do_not_read_every_attempt(kit: Kit) -> None:
     s = kit.store
     s.put_results([_result(f"ok{i}", 1, "succeeded", final=True) for i in range(50)]

@@ -141,6 +141,12 @@ POISON = {
     "negative preemptions": envelope({"cmd": "true"}, jobq_preemptions=-1),
     "num_retries not int": envelope({"cmd": "true"}, num_retries="0"),
     "id too long": json.dumps({"cmd": "true", "id": "i" * 129}),
+    # found by the SQLite fuzz test: the id names the output and result records, which no
+    # store could write; the result outbox failed on every retry
+    "envelope id with a lone surrogate": json.dumps({"version": 1, "id": "a\udcffb",
+                                                     "kwargs": json.dumps({"cmd": "true"})}),
+    "id with a lone surrogate": json.dumps({"cmd": "true", "id": "\ud800"}),
+    "id with NUL": json.dumps({"cmd": "true", "id": "a\x00"}),
     "too large str body": json.dumps({"cmd": "true", "pad": BIG}),
     "too large bytes body": json.dumps({"cmd": "true", "pad": BIG}).encode(),
     "deeply nested json": NESTED,
@@ -271,6 +277,7 @@ def test_task_id_shapes():
     assert id_problem("job-17") is None  # a hand-written body may carry it
     assert id_problem("") and id_problem("x" * (MAX_ID + 1))
     assert id_problem("x" * MAX_ID) is None
+    assert id_problem("a\udcffb") and id_problem("a\x00")
 
 
 def test_a_refusal_naming_an_env_name_with_a_lone_surrogate_is_storable_text() -> None:
