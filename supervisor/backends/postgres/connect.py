@@ -47,7 +47,7 @@ except ImportError as exc:  # the 'postgres' extra is not installed
         "--backend postgres needs psycopg 3 and psycopg-pool: pip install "
         "'jobq-supervisor[postgres]'") from exc
 
-from .deadlines import DEADLINES  # noqa: E402 (needs psycopg, checked just above)
+from .deadlines import DEADLINES, Conn  # noqa: E402 (needs psycopg, checked just above)
 from .library_log import tame  # noqa: E402
 
 APP_WORKER = "jobq-supervisor"  # application_name: what pg_stat_activity shows
@@ -151,7 +151,7 @@ def describe(url: str | None) -> str:
 
 # -- connections and pools -----------------------------------------------------------------
 def connect(url: str | None, *, application_name: str, prepare: bool = True,
-            fatal: bool = False, autocommit: bool = True) -> psycopg.Connection[Any]:
+            fatal: bool = False, autocommit: bool = True) -> Conn:
     """One connection (main thread: at start; the LISTEN connection).  ``prepare=False``:
     never prepare statements (PgBouncer transaction mode).  Any failure to connect is
     BackendConfigError when ``fatal`` (the worker at start: a wrong password, a missing
@@ -228,7 +228,7 @@ def statement_timeout_ms(timeout: float) -> int:
     return max(1, int(timeout * 1000))
 
 
-def execute(conn: psycopg.Connection[Any], sql: str,
+def execute(conn: Conn, sql: str,
             params: Sequence[Any] | Mapping[str, Any] | None = None, *,
             timeout: float) -> psycopg.Cursor[Any]:
     """Run one statement in a transaction of its own under ``SET LOCAL statement_timeout``

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..base import BackendError
-from .connect import Pools, PoolTimeout, describe, execute, failure, psycopg
+from .connect import Conn, Pools, PoolTimeout, describe, execute, failure, psycopg
 from .deadlines import DEADLINES
 from .schema import Tables, wake_channel
 
@@ -56,7 +56,7 @@ class Database:
 
     @contextmanager
     def main(self, what: str, duplicate: str | None = None
-             ) -> Iterator[psycopg.Connection[Any]]:
+             ) -> Iterator[Conn]:
         """A connection of the main pool (autocommit; ``conn.transaction()`` for more than
         one statement), its errors mapped as ``errors(what, duplicate)`` does.  With
         ``main_bound`` the wait for the connection and every statement in the block end within

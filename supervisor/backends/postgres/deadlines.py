@@ -28,9 +28,9 @@ import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import psycopg
+from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool
 
 from ...core.threads import start_thread
@@ -38,13 +38,16 @@ from ...core.threads import start_thread
 TICK = 0.25  # s: the watcher looks at least this often while calls come
 STOP_WAIT = 2.0  # s ``stop`` waits for the watcher to end
 
+# A connection as we open them: rows come back as tuples.
+Conn = psycopg.Connection[TupleRow]
+
 
 class CallDeadlines:
     """The calls in flight and their deadlines (one for the process: ``DEADLINES``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._calls: dict[int, tuple[float, psycopg.Connection[Any]]] = {}
+        self._calls: dict[int, tuple[float, Conn]] = {}
         self._cut: set[int] = set()
         self._keys = itertools.count()
         self._wake = threading.Event()
@@ -60,7 +63,7 @@ class CallDeadlines:
         # only after a call failed (a server restart leaves every idle connection dead),
         # once per connection lent since (``suspect``, ``check``).
         self._failures = 0
-        self._checked: weakref.WeakKeyDictionary[psycopg.Connection[Any], int] = \
+        self._checked: weakref.WeakKeyDictionary[Conn, int] = \
             weakref.WeakKeyDictionary()
 
     @property
@@ -79,7 +82,7 @@ class CallDeadlines:
             self._local.deadline = None
 
     @contextmanager
-    def bounded(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+    def bounded(self, conn: Conn) -> Iterator[None]:
         """Calls on ``conn`` in the block are cut at the calling thread's deadline
         (``within``; none: not bounded).  A cut call raises OperationalError saying so."""
         deadline = getattr(self._local, "deadline", None)
@@ -119,7 +122,7 @@ class CallDeadlines:
         with self._lock:
             self._failures += 1
 
-    def check(self, conn: psycopg.Connection[Any]) -> None:
+    def check(self, conn: Conn) -> None:
         """The lease pool's check of a connection before lending it, bounded like the call
         that asked for it (that call's thread).  Only a connection not checked since the last
         failed call (``suspect``) is checked: a round trip before every settlement and renewal
@@ -173,7 +176,7 @@ class CallDeadlines:
         watcher.join(STOP_WAIT)
 
 
-def _shutdown(conn: psycopg.Connection[Any]) -> None:
+def _shutdown(conn: Conn) -> None:
     """Shut ``conn``'s socket down both ways (its owner's blocked read returns at once)."""
     try:
         fd = os.dup(conn.fileno())

@@ -34,13 +34,13 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from ...core.backoff import Outage
 from ...core.settings import Settings
 from ...core.task import Task, TaskFormatError
 from ..base import BackendError, TakenBack
-from .connect import psycopg
+from .connect import Conn
 from .schema import Tables
 
 log = logging.getLogger("jobq.postgres")
@@ -59,7 +59,7 @@ class Database(Protocol):
     tables: Tables
     wake_channel: str
 
-    def main(self, what: str) -> contextlib.AbstractContextManager[psycopg.Connection[Any]]:
+    def main(self, what: str) -> contextlib.AbstractContextManager[Conn]:
         """A connection of the main pool; psycopg's errors in the block -> BackendError."""
         ...
 
@@ -136,7 +136,7 @@ class ExpiredLeaseReaper:
         self.taken_back += len(taken)
         return taken
 
-    def _take(self, conn: psycopg.Connection[Any], rows: Sequence[tuple]) -> list[TakenBack]:
+    def _take(self, conn: Conn, rows: Sequence[tuple]) -> list[TakenBack]:
         """Inside the pass's transaction: ``rows`` (id, owner, attempt, worker, body) back to
         pending, or failed on their last attempt, each fenced by (id, owner, attempt)."""
         ids, owners, attempts, final = [], [], [], []

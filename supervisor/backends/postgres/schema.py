@@ -37,11 +37,11 @@ Main thread (at open; ``jobq-ctl migrate``).
 from __future__ import annotations
 
 import hashlib
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from ...core.settings import POSTGRES_SCHEMA_NAME, Settings
 from ..base import BackendConfigError, BackendError, QueueNotFound
-from .connect import APP_CTL, connect, failure, one_line, psycopg
+from .connect import APP_CTL, Conn, connect, failure, one_line, psycopg
 
 JOB_STATES = ("pending", "running", "succeeded", "failed")
 DBA_HINT = "run `jobq-ctl migrate` (or have a DBA apply `jobq-ctl migrate --print`)"
@@ -232,7 +232,7 @@ def sql_for(schema: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def read_version(conn: psycopg.Connection[Any], schema: str) -> int:
+def read_version(conn: Conn, schema: str) -> int:
     """The schema's version: 0 when it has no ``meta`` table (or no schema at all)."""
     exists = conn.execute(
         "SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
@@ -251,7 +251,7 @@ def _newer(schema: str, version: int) -> BackendConfigError:
         f"jobq-supervisor knows ({LATEST}): upgrade jobq-supervisor on this host")
 
 
-def migrate(conn: psycopg.Connection[Any], schema: str) -> tuple[int, int]:
+def migrate(conn: Conn, schema: str) -> tuple[int, int]:
     """Create or upgrade ``schema`` to LATEST; returns (version before, version after).
 
     One transaction under ``pg_advisory_xact_lock(lock_key(schema))``: a second host waits,
@@ -271,7 +271,7 @@ def migrate(conn: psycopg.Connection[Any], schema: str) -> tuple[int, int]:
     return before, max(before, LATEST)
 
 
-def check_schema(conn: psycopg.Connection[Any], schema: str, create: bool,
+def check_schema(conn: Conn, schema: str, create: bool,
                  url: str | None = None) -> int:
     """Make sure ``schema`` is at LATEST before the queue is used; returns the version.
 
