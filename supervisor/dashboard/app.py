@@ -27,6 +27,7 @@ from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
 from ..fleet.control.records import AuditRecord
+from ..ops.results import ended_text
 from ..ops.times import duration_text, iso_or_none
 from .auth import NAME, Auth
 from .charts import depth_chart, depth_series, finished_chart
@@ -84,7 +85,8 @@ def create_app(data: DataSource | Sequence[DataSource],
         name = request.args.get("queue")
         here = name if name in queues.sources else queues.names[0]
         return {"queue": here, "queues": queues.names if queues.several else [],
-                "ago": duration_text, "refresh": refresh, **auth.context()}
+                "ago": duration_text, "ended": ended_text, "refresh": refresh,
+                **auth.context()}
 
     def _page(status: int, title: str, text: str) -> tuple[str, int]:
         return render_template("error.html", title=title, text=text), status

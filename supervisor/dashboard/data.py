@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypedDict, TypeVar
 
 from ..backends.base import Backend, BackendConfigError, BackendError, BackendRefused
+from ..core.secret_names import is_secret_name
 from ..core.signing import SigningKey
 from ..core.task import Task, TaskFormatError
 from ..fleet.control.base import (
@@ -57,6 +58,20 @@ MASK = "********"
 # Queue's peek returns at most 32 (the service's limit); Service Bus peeks as many, so a
 # page says one number for both.
 PEEKED = 32
+
+
+def masked(env: dict[str, str]) -> dict[str, str]:
+    """A task's environment as a page shows it: a value hidden only when its name looks
+    like a secret's (the rule the worker strips its own secrets by, core/secret_names.py)."""
+    return {k: MASK if is_secret_name(k) else v for k, v in env.items()}
+
+
+def task_facts(task: Task) -> dict[str, Any]:
+    """What a task's message says beyond its command: the task page's facts."""
+    return {"cmd": task.cmd, "env": masked(task.env), "cwd": task.cwd,
+            "priority": task.priority, "timeout_s": task.timeout,
+            "not_before": iso_or_none(task.not_before), "max_attempts": task.max_attempts,
+            "unique_key": task.unique_key}
 
 
 class Refused(Exception):
@@ -203,10 +218,12 @@ class DataSource:
 
     def task(self, task_id: str) -> dict[str, Any] | None:
         """What the queue and the control store know of one task, or None when neither
-        knows it.  Environment values are masked."""
+        knows it.  Environment values whose names look secret are masked."""
         found: dict[str, Any] = {"id": task_id, "state": None, "attempt": None,
                                  "cmd": None, "env": {}, "reason": None, "worker": None,
-                                 "lease_expires": None, "attempts": []}
+                                 "lease_expires": None, "attempts": [], "cwd": None,
+                                 "priority": None, "timeout_s": None, "not_before": None,
+                                 "max_attempts": None, "unique_key": None}
         admin = self.backend().admin()
         job: str | None = "?"  # the job row's status where the queue tells (SQLite)
         if admin is not None:
@@ -225,7 +242,7 @@ class DataSource:
                              lease_expires=iso_or_none(until) if status == "running" else None)
                 try:
                     task = Task.parse(body)
-                    found.update(cmd=task.cmd, env={k: MASK for k in task.env})
+                    found.update(task_facts(task))
                 except TaskFormatError:
                     found["cmd"] = "(invalid body)"
         store = self.optional_store()
@@ -272,8 +289,8 @@ class DataSource:
         task = next((t for t in peeked if isinstance(t, Task) and t.id == task_id), None)
         if task is None:
             return False
-        found.update(state="pending", cmd=task.cmd, env={k: MASK for k in task.env},
-                     worker=None, lease_expires=None, reason=None)
+        found.update(task_facts(task), state="pending", worker=None, lease_expires=None,
+                     reason=None)
         if last is not None and last["state"] == "cancelled" and not last["worker"]:
             found.update(state="cancelled", reason=last["reason"])
         return True

@@ -48,6 +48,7 @@ class WorkerJson(TypedDict):
     slots: dict[str, int]
     started: str
     last_heartbeat: str
+    last_seen_s: float  # seconds since the last heartbeat
     heartbeat_interval_s: float
     queue_paused: bool | None
     tasks_omitted: int
@@ -84,6 +85,7 @@ def worker_json(r: WorkerRecord, now: float, paused: bool | None) -> WorkerJson:
         "id": r.id, "queue": r.queue, "host": r.host, "pid": r.pid, "version": r.version,
         "state": worker_state(r, now), "slots": {"used": r.slots_used, "total": r.slots_total},
         "started": iso(r.started), "last_heartbeat": iso(r.heartbeat),
+        "last_seen_s": round(max(0.0, now - r.heartbeat), 1),
         "heartbeat_interval_s": r.interval, "queue_paused": paused,
         "tasks_omitted": r.tasks_omitted,
         "finished": {"succeeded": r.succeeded, "failed": r.failed},
@@ -173,6 +175,14 @@ def _running_from_records(records: list[WorkerRecord], now: float) -> list[dict[
             for r in records if worker_state(r, now) != "lost" for t in r.tasks]
 
 
+def _with_commands(running: list[dict[str, Any]], records: list[WorkerRecord]
+                   ) -> list[dict[str, Any]]:
+    """``running`` with each task's command as its worker's record names it (its first
+    CMD_CHARS characters; None when no live record lists the task)."""
+    cmds = {t.id: t.cmd for r in records for t in r.tasks}
+    return [{**row, "cmd": cmds.get(row["id"])} for row in running]
+
+
 def status_view(backend: Backend, store: ControlStore | None, queue: str
                 ) -> tuple[QueueStatus, list[dict[str, Any]], float | None, QueueFlag | None,
                            bool | None, str | None]:
@@ -189,9 +199,11 @@ def status_view(backend: Backend, store: ControlStore | None, queue: str
     if store is not None:
         try:
             flag = read_flag(store, queue)
+            records = store.workers(queue)
             # a queue without an index of its tasks cannot list the running ones
             if not running and backend.admin() is None:
-                running = _running_from_records(store.workers(queue), now)
+                running = _running_from_records(records, now)
+            running = _with_commands(running, records)
         except ControlStoreError as exc:
             warning = str(exc)
             known = False

@@ -16,6 +16,7 @@ cannot still be running.  A task cancelled before an attempt ran shows that atte
 
 from __future__ import annotations
 
+import signal as signals
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypedDict
 
@@ -83,6 +84,19 @@ def result_json(r: ResultRecord, now: float, workers: Mapping[str, str] | None =
             "finished": iso_or_none(r.finished),
             "duration_s": None if d is None else round(d, 3), "reason": r.reason,
             "cancelled_by": r.cancelled_by or None}
+
+
+def ended_text(exit_status: int | None, signal: int | None) -> str | None:
+    """``killed by SIGTERM`` or ``exit status 3`` as the worker's log line words it
+    (worker/process.py), not a shell's ``-15``; None when neither is known."""
+    if signal is not None:
+        try:
+            return f"killed by {signals.Signals(signal).name}"
+        except ValueError:
+            return f"killed by signal {signal}"
+    if exit_status is not None and exit_status < 0:  # a record written as Popen reports it
+        return ended_text(None, -exit_status)
+    return None if exit_status is None else f"exit status {exit_status}"
 
 
 def results_json(records: Sequence[ResultRecord], now: float,

@@ -110,6 +110,7 @@ def failed_rows(records: Sequence[FailedRecord], finals: Mapping[str, ResultReco
                      "command": f.command,
                      "exit_status": f.exit_status if f.exit_status is not None
                      else (r.exit_status if r else None),
+                     "signal": r.signal if r else None,
                      "worker": f.worker or (r.worker if r else None) or None,
                      "failed_at": f.failed_at or (r.finished if r else None),
                      "cancelled_by": by or None,

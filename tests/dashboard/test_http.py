@@ -69,6 +69,12 @@ def test_api_has_the_cli_json_shapes(fenv, dashboard):
     assert set(api_status) == set(cli_status)
     assert api_status["counts"] == cli_status["counts"]
     assert [r["id"] for r in api_status["running"]] == [r["id"] for r in cli_status["running"]]
+    # what an operator needs on each page: the running task's command, "last seen N s ago"
+    assert [r["cmd"] for r in api_status["running"]] == ["sleep 30"]
+    assert 0 <= api[0]["last_seen_s"] < 60
+    assert '<code class="cmd">sleep 30</code>' in get(d.url + "/")[1]
+    assert re.search(r'id="worker-last-seen">\d+s ago', get(d.url + "/workers/w-api")[1])
+    assert re.search(r"<td title=[^>]*>\d+s ago</td>", get(d.url + "/workers")[1])
     sup.stop()
 
 

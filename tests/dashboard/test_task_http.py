@@ -7,6 +7,7 @@ SQLite and on PostgreSQL (its control and output stores in the same database).""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -79,7 +80,7 @@ def test_task_page_shows_attempts_with_their_result_records(fenv):
     html = client.get(f"/tasks/{task_id}").get_data(as_text=True)
     row = html[html.index('data-attempt="1"'):]
     row = row[:row.index("</tr>")]
-    for text in ("1/3", "cancelled", "signal 15", "w-x", "bob@host", "by test", "10s"):
+    for text in ("1/3", "cancelled", "killed by SIGTERM", "w-x", "bob@host", "by test", "10s"):
         assert text in row, text
     assert f"jobq-ctl logs {task_id} --attempt 1" in html
     assert f'data-url="/api/task/{task_id}/output?attempt=1"' in html
@@ -94,6 +95,25 @@ def test_task_page_shows_attempts_with_their_result_records(fenv):
     assert f'href="/tasks/{task_id}?attempt=2"' in html
     for bad in ("0", "x", "-1"):
         assert client.get(f"/tasks/{task_id}?attempt={bad}").status_code == 400
+
+
+def test_task_page_shows_what_the_message_says_and_masks_only_secret_names(fenv):
+    (task_id,) = fenv.push("echo hi", extra=(
+        "--env", "MODE=prod", "--env", "API_TOKEN=s3cr3t", "--env", "DB_PASSWORD=hunter2",
+        "--cwd", "/srv/work", "--priority", "7", "--timeout", "90s", "--delay", "1h",
+        "--max-attempts", "4", "--unique-key", "nightly"))
+    client = create_app(data_source(fenv)).test_client()
+    html = client.get(f"/tasks/{task_id}").get_data(as_text=True)
+    assert "<code>MODE=prod</code>" in html, "a value whose name is not secret is shown"
+    assert "s3cr3t" not in html and "hunter2" not in html
+    assert "<code>API_TOKEN=********</code>" in html
+    for fact, text in (("cwd", "/srv/work"), ("priority", "7"), ("timeout", "1m30s"),
+                       ("max-attempts", "4"), ("unique-key", "nightly")):
+        assert re.search(f'id="task-{fact}">{text}<', html), fact
+    assert re.search(r'id="task-not-before">\d{4}-\d\d-\d\dT', html)
+    api = client.get(f"/api/task/{task_id}").get_json()
+    assert (api["priority"], api["timeout_s"], api["max_attempts"]) == (7, 90.0, 4)
+    assert api["env"] == {"MODE": "prod", "API_TOKEN": "********", "DB_PASSWORD": "********"}
 
 
 def test_unknown_task_is_404_and_malformed_output_queries_400(fenv, dashboard):

@@ -89,7 +89,7 @@ def test_failed_rows_take_only_the_record_that_ended_the_task() -> None:
     assert rows["t"] == {"id": "t", "state": "cancelled", "attempts": 1,
                          "reason": backing_off.reason, "command": "sleep 1",
                          "exit_status": None, "worker": None, "failed_at": NOW,
-                         "cancelled_by": "ann@box", "output_tail": ""}
+                         "cancelled_by": "ann@box", "output_tail": "", "signal": None}
     assert (rows["r"]["state"], rows["r"]["worker"], rows["r"]["cancelled_by"],
             rows["r"]["output_tail"]) == ("cancelled", "w2", "bob@box", "bye")
     assert (rows["f"]["state"], rows["f"]["worker"], rows["f"]["output_tail"],
