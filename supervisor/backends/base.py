@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from ..core.task import Task
+from .task_list import TaskQuery, TaskRow
 
 
 class BackendError(Exception):
@@ -120,6 +121,11 @@ class QueueAdmin(Protocol):
 
     def cancelled_count(self) -> int:
         """How many cancelled tasks the queue keeps (among the failed ones)."""
+        ...
+
+    def list_tasks(self, query: TaskQuery, now: float) -> list[TaskRow]:
+        """A page of the queue's tasks, newest first (backends/task_list.py); ``now``:
+        wall-clock epoch s (pending vs delayed)."""
         ...
 
 

@@ -31,6 +31,7 @@ from .base import (
     Backend,
     BackendBase,
     BackendConfigError,
+    BackendError,
     FailedRecord,
     Lease,
     QueueAdmin,
@@ -38,6 +39,7 @@ from .base import (
     TakenBack,
     TaskDetail,
 )
+from .task_list import TaskQuery, TaskRow
 
 log = logging.getLogger("jobq.worker")
 ERROR_LOG_EVERY = 60.0  # s between two lines about a failing queue beside working ones
@@ -237,3 +239,9 @@ class MultiQueueAdmin(QueueAdmin):
 
     def cancelled_count(self) -> int:
         return sum(a.cancelled_count() for a in self.admins)
+
+    def list_tasks(self, query: TaskQuery, now: float) -> list[TaskRow]:
+        # a page's cursor is one queue's place: several queues would need one each
+        if len(self.admins) != 1:
+            raise BackendError("tasks are listed one queue at a time (--queue NAME)")
+        return self.admins[0].list_tasks(query, now)

@@ -23,10 +23,12 @@ from ..ops.follow import Sources
 # Sub-commands that only look: they open the backend with create=False, so a mistyped queue
 # or path is "does not exist" (exit 1) instead of a new, empty queue and "0".
 READ_ONLY_COMMANDS = frozenset({"size", "peek", "status", "failed", "workers", "logs",
-                                "result"})
+                                "result", "tasks"})
 # Sub-commands that look at one queue: a queue the backend does not know is "does not
 # exist" (exit 1), not an empty queue (Backend.require_queue).
-QUEUE_VIEWS = frozenset({"size", "peek", "status", "failed"})
+QUEUE_VIEWS = frozenset({"size", "peek", "status", "failed", "tasks"})
+# Sub-commands that go on without a control store (see open_store).
+STORE_OPTIONAL = ("status", "requeue", "failed", "tasks")
 FLEET_COMMANDS = frozenset({"workers", "cancel", "pause", "resume", "drain", "stop", "result"})
 # s per blob call: with start-up, an unreachable (black-holed) store is exit 1 within 10 s
 READ_TIMEOUT = 5.0
@@ -79,7 +81,7 @@ def open_store(command: str, settings: Settings) -> ControlStore | None:
     status and requeue go on without one (status then shows its control part as unknown;
     requeue cannot clear the cancels of what it brings back, and says so; failed lists what
     the backend keeps)."""
-    optional = command in ("status", "requeue", "failed")
+    optional = command in STORE_OPTIONAL
     try:
         store = open_control_store(settings, create=command not in READ_ONLY_COMMANDS)
     except ControlStoreError as exc:
@@ -131,7 +133,7 @@ def open_clients(ns: argparse.Namespace, settings: Settings) -> Clients:
                                            create=ns.command not in READ_ONLY_COMMANDS)
             if ns.command in QUEUE_VIEWS:
                 clients.backend.require_queue()
-        if ns.command in FLEET_COMMANDS or ns.command in ("status", "requeue", "failed"):
+        if ns.command in FLEET_COMMANDS or ns.command in STORE_OPTIONAL:
             clients.store = open_store(ns.command, settings)
         elif (ns.command == "push" and (ns.unique or ns.unique_key is not None)
               and clients.backend is not None and clients.backend.unique_by_control):

@@ -19,6 +19,7 @@ from .migrate_command import cmd_migrate
 from .output_commands import cmd_logs
 from .queue_commands import cmd_clear, cmd_failed, cmd_peek, cmd_prune, cmd_push, cmd_requeue
 from .result_command import cmd_result
+from .tasks_command import cmd_tasks
 
 Handler = Callable[[argparse.Namespace, Clients], int]
 
@@ -46,6 +47,7 @@ COMMANDS: dict[str, Handler] = {
     "status": lambda ns, c: cmd_status(ns, c.queue(), c.store),
     "peek": lambda ns, c: cmd_peek(ns, c.queue()),
     "failed": lambda ns, c: cmd_failed(ns, c.queue(), c.store),
+    "tasks": lambda ns, c: cmd_tasks(ns, c.queue(), c.store),
     "requeue": lambda ns, c: cmd_requeue(ns, c.queue(), c.store),
     "clear": lambda ns, c: cmd_clear(ns, c.queue()),
     "prune": lambda ns, c: cmd_prune(ns, c.queue(), ns.retention),

@@ -39,6 +39,7 @@ from .clients import Clients, open_clients
 from .commands import COMMANDS, OPENS_OWN
 from .guards import refuse_before_opening
 from .stdout import run_quietly
+from .tasks_command import add_tasks_arguments
 
 
 def ctl_parser() -> _Parser:
@@ -128,6 +129,8 @@ def ctl_parser() -> _Parser:
     pk.add_argument("--json", action="store_true", help="print JSON")
     fl = cmd("failed", "list failed (dead-lettered) and cancelled tasks")
     fl.add_argument("--json", action="store_true", help="print JSON")
+    add_tasks_arguments(cmd("tasks", "list the queue's tasks, newest first, a page at a time "
+                                     "(filters: state, worker, text in the command)"))
     rq = cmd("requeue", "move failed tasks back to pending")
     rq.add_argument("ids", nargs="*", help="ids of failed tasks (as push and failed print them)")
     rq.add_argument("--all-failed", action="store_true",

@@ -12,6 +12,8 @@ from typing import Any, Protocol
 
 from ...core.task import MAX_PRIORITY
 from ..base import QueueAdmin, TakenBack, TaskDetail
+from ..task_list import TaskQuery, TaskRow
+from . import task_list
 
 
 class Queue(Protocol):
@@ -90,3 +92,6 @@ class PostgresAdmin(QueueAdmin):
         b = self.backend
         return int(b._query(f"SELECT count(*) FROM {b.jobs} WHERE queue=%s AND "
                             "state='failed' AND reason LIKE 'cancelled%%'", (b.queue,))[0][0])
+
+    def list_tasks(self, query: TaskQuery, now: float) -> list[TaskRow]:
+        return task_list.list_tasks(self.backend, query)  # the database's clock says pending

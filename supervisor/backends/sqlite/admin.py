@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 from ...core.task import MAX_PRIORITY
 from ..base import QueueAdmin, TakenBack, TaskDetail
+from ..task_list import TaskQuery, TaskRow
+from . import task_list
 from .owner import DYING, DeadOwnerPass, owner_state
 
 # How long requeue/cancel wait for a dead worker's lifeline to finish killing its tasks
@@ -160,3 +162,6 @@ class SqliteAdmin(QueueAdmin):
 
     def cancelled_count(self) -> int:
         return int(self.backend._query(CANCELLED_SQL, (self.backend.queue,))[0][0])
+
+    def list_tasks(self, query: TaskQuery, now: float) -> list[TaskRow]:
+        return task_list.list_tasks(self.backend, query, now)

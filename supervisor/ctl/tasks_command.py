@@ -1,0 +1,58 @@
+"""``jobq-ctl tasks``: a page of the queue's tasks, newest first (ops/task_list.py), as lines
+or ``--json``; the cursor of the next page on stderr (main thread)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..backends.base import Backend
+from ..backends.task_list import MAX_PAGE, PAGE, TASK_STATES, TaskQuery
+from ..core.options import UsageError
+from ..fleet.control.base import ControlStore
+from ..ops.task_list import list_tasks, parse_states, row_json
+from ..ops.times import iso
+
+CMD_SHOWN = 60  # characters of a command on a line
+
+
+def add_tasks_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state", default="", metavar="STATE[,STATE]",
+                   help=f"only tasks in these states ({', '.join(TASK_STATES)})")
+    p.add_argument("--worker", default=None, metavar="WORKER",
+                   help="only tasks this worker runs or ended")
+    p.add_argument("--grep", default=None, metavar="TEXT",
+                   help="only tasks whose command contains TEXT")
+    p.add_argument("--limit", type=int, default=PAGE, metavar="N",
+                   help=f"at most N tasks (default {PAGE}, at most {MAX_PAGE})")
+    p.add_argument("--after", default=None, metavar="CURSOR",
+                   help="the page after this cursor (printed on stderr after a full page)")
+    p.add_argument("--json", action="store_true",
+                   help='print JSON: {"tasks": [...], "next": CURSOR or null, "note": ...}')
+
+
+def cmd_tasks(ns: argparse.Namespace, backend: Backend, store: ControlStore | None) -> int:
+    try:
+        states = parse_states(ns.state)
+    except ValueError as exc:
+        raise UsageError(f"tasks: --state: {exc}") from None
+    if not 1 <= ns.limit <= MAX_PAGE:
+        raise UsageError(f"tasks: --limit: from 1 to {MAX_PAGE}")
+    query = TaskQuery(states=states, worker=ns.worker, text=ns.grep or None,
+                      cursor=ns.after, limit=ns.limit)
+    rows, note = list_tasks(backend, store, ns.queue, query)
+    after = rows[-1].cursor if len(rows) == ns.limit else None
+    if ns.json:
+        print(json.dumps({"tasks": [row_json(r) for r in rows], "next": after, "note": note},
+                         indent=2))
+        return 0
+    if note:
+        print(f"jobq-ctl: note: {note}", file=sys.stderr)
+    for r in rows:
+        cmd = r.cmd if len(r.cmd) <= CMD_SHOWN else r.cmd[:CMD_SHOWN - 3] + "..."
+        print(f"{r.id}  {r.state:9}  {r.attempt:>2}  {iso(r.created):20}  "
+              f"{r.worker or '-':20}  {cmd}")
+    if after is not None:
+        print(f"jobq-ctl: more: the same command with --after '{after}'", file=sys.stderr)
+    return 0

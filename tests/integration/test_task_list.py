@@ -1,0 +1,110 @@
+"""Issue 30 (1): a queue's tasks by state, worker and text in the command, newest first, page
+by page (keyset) -- ``QueueAdmin.list_tasks`` on SQLite and PostgreSQL through ops/, in the
+test's process, and ``jobq-ctl tasks`` once as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from supervisor.backends import open_backend
+from supervisor.backends.task_list import TaskQuery
+from supervisor.core.task import Task
+from supervisor.ops.task_list import list_tasks
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _ids(rows) -> list[str]:
+    return [r.id for r in rows]
+
+
+@pytest.fixture
+def tasks(fenv):
+    """Seven tasks in every state: (backend, {name: id}); newest last in ``names``."""
+    b = open_backend(fenv.settings(worker_id="w-list"))
+    ids: dict[str, str] = {}
+
+    def push(name: str, cmd: str, **kw) -> None:
+        (ids[name],) = b.push([Task(cmd=cmd, **kw)])
+        time.sleep(0.002)  # distinct push times (PostgreSQL orders by created_at)
+
+    for name in ("ok", "bad", "busy"):
+        push(name, f"echo {name}")
+    ok, bad, busy = sorted(b.receive(3, 60), key=lambda lease: list(ids.values()).index(
+        lease.task.id))
+    ok.complete()
+    bad.dead_letter("exit status 3", "", 3)
+    push("waiting", "echo waiting 100%_done")
+    push("later", "echo later", not_before=time.time() + 3600)
+    push("gone", "echo gone")
+    admin = b.admin()
+    assert admin is not None
+    assert admin.cancel_pending([ids["gone"]], "cancelled by test", time.time())
+    push("quote", """echo 'say "hi" é' \\ """)
+    yield b, ids
+    busy.complete()
+    b.close()
+
+
+def test_states_worker_text_and_newest_first(tasks, fenv):
+    b, ids = tasks
+
+    def listed(**kw) -> list[str]:
+        rows, note = list_tasks(b, None, "default", TaskQuery(**kw))
+        assert note is None
+        return _ids(rows)
+
+    newest_first = [ids[n] for n in ("quote", "gone", "later", "waiting", "busy", "bad", "ok")]
+    assert listed() == newest_first
+    for state, names in (("pending", ["quote", "waiting"]), ("delayed", ["later"]),
+                         ("running", ["busy"]), ("succeeded", ["ok"]), ("failed", ["bad"]),
+                         ("cancelled", ["gone"])):
+        assert listed(states=(state,)) == [ids[n] for n in names], state
+    assert listed(states=("failed", "cancelled")) == [ids["gone"], ids["bad"]]
+    assert listed(worker="w-list") == [ids[n] for n in ("busy", "bad", "ok")]
+    assert listed(worker="nobody") == []
+    assert listed(text="100%_done") == [ids["waiting"]], "% and _ are text, not wildcards"
+    assert listed(text="0%_") == [ids["waiting"]]
+    assert listed(text="%") == [ids["waiting"]]
+    assert listed(text='"hi" é\' \\') == [ids["quote"]], "quotes, \\ and non-ASCII"
+    rows, _ = list_tasks(b, None, "default", TaskQuery(states=("failed",)))
+    (bad,) = rows
+    assert (bad.state, bad.attempt, bad.exit_status, bad.worker, bad.cmd) == (
+        "failed", 1, 3, "w-list", "echo bad")
+    assert bad.ended is not None and bad.ended >= bad.created
+
+
+def test_pages_follow_one_another_by_keyset(tasks):
+    b, ids = tasks
+    seen: list[str] = []
+    cursor = None
+    for _ in range(10):
+        rows, _ = list_tasks(b, None, "default", TaskQuery(cursor=cursor, limit=3))
+        seen += _ids(rows)
+        if len(rows) < 3:
+            break
+        cursor = rows[-1].cursor
+    assert seen == _ids(list_tasks(b, None, "default", TaskQuery(limit=100))[0])
+    assert len(seen) == len(ids) == len(set(seen))
+    # a page after a cursor of a filtered listing stays in the filter
+    first, _ = list_tasks(b, None, "default", TaskQuery(states=("pending",), limit=1))
+    rest, _ = list_tasks(b, None, "default", TaskQuery(states=("pending",),
+                                                        cursor=first[0].cursor))
+    assert _ids(first + rest) == [ids["quote"], ids["waiting"]]
+
+
+def test_jobq_ctl_tasks(env):
+    ids = env.push("echo a", "echo b", "echo c")
+    out = env.ctl("tasks", "--limit", "2")
+    assert [line.split()[0] for line in out.stdout.splitlines()] == ids[:0:-1]
+    assert "--after" in out.stderr
+    cursor = out.stderr.split("--after '")[1].split("'")[0]
+    page = json.loads(env.ctl("tasks", "--json", "--after", cursor).stdout)
+    assert [t["id"] for t in page["tasks"]] == ids[:1] and page["next"] is None
+    assert page["tasks"][0]["state"] == "pending" and page["tasks"][0]["cmd"] == "echo a"
+    bad = env.ctl("tasks", "--state", "done", check=False)
+    assert bad.returncode == 2 and "unknown state 'done'" in bad.stderr
+    assert "Traceback" not in bad.stderr
