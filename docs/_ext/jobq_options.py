@@ -81,8 +81,9 @@ def env_var(parser: argparse.ArgumentParser, action: argparse.Action) -> str | N
     if getattr(action, "is_config_file_arg", False):
         return CONFIG_ENV
     prefix = getattr(parser, "_auto_env_var_prefix", None)
-    if getattr(action, "env_var", None):
-        return str(action.env_var)
+    given = getattr(action, "env_var", None)  # set by hand, or by an earlier parse
+    if given:
+        return str(given)
     if prefix is None or not action.option_strings or isinstance(
             action, (argparse._VersionAction, argparse._HelpAction)):
         return None
