@@ -146,7 +146,8 @@ def _option_rst(option: Option) -> list[str]:
     if option.ini_key is not None or option.env_var is not None:
         facts += [f"INI key: {_literal(option.ini_key)}",
                   f"environment: {_literal(option.env_var)}"]
-    if option.default != ACTION:
+    # an unset default the help text explains ("default: the worker's ...") is not repeated
+    if option.default != ACTION and not (option.default == UNSET and "default" in option.help):
         facts.append(f"default: {_literal(None if option.default == UNSET else option.default)}")
     if facts:
         lines += ["   " + "; ".join(facts) + ".", ""]
