@@ -1,0 +1,36 @@
+"""Sphinx configuration of the jobq-supervisor docs site (scripts/docs builds it: HTML into
+build/docs/html, the man pages jobq-supervisor(1) and jobq-ctl(1) into build/docs/man)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "_ext"))  # jobq_reference, jobq_options
+
+from supervisor import __version__  # noqa: E402  (the installed package, as scripts/docs runs it)
+
+project = "jobq-supervisor"
+author = "the jobq-supervisor authors"
+copyright = "the jobq-supervisor authors"  # noqa: A001  (Sphinx's name)
+version = release = __version__
+
+extensions = ["jobq_reference"]
+root_doc = "index"
+exclude_patterns = ["_build"]
+nitpicky = True
+highlight_language = "none"
+
+html_theme = "alabaster"
+html_title = f"jobq-supervisor {release}"
+html_static_path: list[str] = []
+
+# One man page per command, from the same generated reference as the HTML pages.
+man_pages = [
+    ("reference/jobq-supervisor", "jobq-supervisor",
+     "run shell tasks from a queue under renewed leases", [], 1),
+    ("reference/jobq-ctl", "jobq-ctl",
+     "push tasks, inspect or repair a queue, and control its workers", [], 1),
+]
+man_show_urls = False
