@@ -11,6 +11,7 @@ from typing import Any
 from flask import Flask, abort, jsonify, render_template, request
 from flask.typing import ResponseReturnValue
 
+from ..backends.task_list import MAX_PAGE, PAGE, TASK_STATES, TaskQuery
 from . import tasks
 from .auth import Auth
 from .data import DataSource, Unavailable
@@ -48,6 +49,23 @@ def _int_arg(name: str, low: int, required: bool) -> int | None:
     return int(value)
 
 
+def _task_query() -> TaskQuery:
+    """The tasks page's filters from its query string (a bad one: 400)."""
+    states = tuple(request.args.getlist("state"))
+    if any(s not in TASK_STATES for s in states):
+        abort(400, f"?state= takes {', '.join(TASK_STATES)}")
+    worker = request.args.get("worker", "").strip() or None
+    if worker is not None:
+        worker = id_or_400(worker, "worker")
+    text = request.args.get("q", "").strip()[:200] or None
+    after = request.args.get("after") or None
+    if after is not None and len(after) > 300:
+        abort(400, "?after= is a cursor the previous page links to")
+    limit = _int_arg("limit", 1, required=False) or PAGE
+    return TaskQuery(states=states, worker=worker, text=text, cursor=after,
+                     limit=min(limit, MAX_PAGE))
+
+
 def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
              done: Callable[[str], ResponseReturnValue]) -> None:
     """Add the views (main thread, before serving).  ``current``: the request's queue."""
@@ -80,6 +98,18 @@ def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
         if offset is None:  # the first call of a page: is there such a task at all?
             found_or_404(current(), "task", task_id)
         return jsonify(tasks.output_json(current(), task_id, attempt, offset))
+
+    @app.get("/tasks")
+    def task_list() -> str:
+        query = _task_query()
+        rows, after, note = tasks.task_page(current(), query)
+        return render_template("tasks.html", rows=rows, after=after, note=note, query=query,
+                               states=TASK_STATES)
+
+    @app.get("/api/tasks")
+    def api_task_list() -> ResponseReturnValue:
+        rows, after, note = tasks.task_page(current(), _task_query())
+        return jsonify({"tasks": rows, "next": after, "note": note})
 
     @app.get("/failed")
     def failed() -> str:
@@ -116,6 +146,29 @@ def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
             abort(400, "no task ids given")
         n = tasks.requeue(current(), ids)
         return done(f"requeue {n} of {len(ids)} shown failed tasks")
+
+    @app.post("/tasks/bulk")
+    def tasks_bulk() -> ResponseReturnValue:
+        """The selected tasks' cancel or requeue: a confirmation page first (the same form
+        again with confirm=yes), then the action."""
+        auth.check_post()
+        action = request.form.get("action")
+        if action not in ("cancel", "requeue"):
+            abort(400, "action= is cancel or requeue")
+        ids = list(dict.fromkeys(id_or_400(i, "task") for i in request.form.getlist("id")))
+        if not ids:
+            abort(400, "no task selected")
+        if len(ids) > MAX_PAGE:
+            abort(400, f"at most {MAX_PAGE} tasks at once")
+        if request.form.get("confirm") != "yes":
+            return render_template("bulk.html", action=action, ids=ids,
+                                   back=request.form.get("back") or "")
+        if action == "cancel":
+            n = tasks.cancel_many(current(), ids, auth.who() or "")
+        else:
+            n = tasks.requeue(current(), ids)
+        shown = " ".join(ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
+        return done(f"{action} {n} of {len(ids)} selected tasks: {shown}")
 
     @app.route("/failed/clear", methods=["GET", "POST"])
     def failed_clear() -> ResponseReturnValue:

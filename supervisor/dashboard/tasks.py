@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..backends.task_list import TaskQuery
 from ..fleet.control.base import CANCEL_TTL
 from ..fleet.output.base import AttemptKey
 from ..ops.fleet import cancel_tasks
 from ..ops.output import output_end
 from ..ops.queue import all_failed_ids, forget_cancels, requeue_ids
 from ..ops.task_ends import failed_listing
+from ..ops.task_list import list_tasks, row_json
 from ..ops.times import iso_times
 from .data import DataSource
 
@@ -119,3 +121,30 @@ def clear_failed(data: DataSource) -> int:
     """``jobq-ctl clear --failed``: how many failed tasks were deleted."""
     with data.using("queue"):
         return data.backend().clear(failed=True)
+
+
+# ----------------------------------------------------------------------------- browse
+def task_page(data: DataSource, query: TaskQuery) -> tuple[list[dict[str, Any]],
+                                                          str | None, str | None]:
+    """(a page of the queue's tasks as ``jobq-ctl tasks --json`` prints them, the cursor of
+    the next page or None, a note on what the listing cannot see)."""
+    with data.using("queue"):
+        rows, note = list_tasks(data.backend(), data.optional_store(), data.queue, query)
+    after = rows[-1].cursor if len(rows) == query.limit else None
+    return [row_json(r) for r in rows], after, note
+
+
+def cancel_many(data: DataSource, ids: list[str], by: str) -> int:
+    """``jobq-ctl cancel IDS`` with the default grace: how many were still live (a pending
+    one never runs; a running one's worker stops it)."""
+    backend = data.backend()
+    states = None
+    admin = backend.admin()
+    if admin is not None:
+        with data.using("queue"):
+            states = admin.task_states(ids)
+        ids = [i for i in ids if i in states]  # gone meanwhile (cleared, purged)
+    with data.using("control store"):
+        live, _ = cancel_tasks(backend, data.store(), data.queue, ids, states, "", GRACE,
+                               CANCEL_TTL, data.key, by)
+    return len(live)

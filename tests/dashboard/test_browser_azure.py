@@ -58,6 +58,13 @@ def _check(sq, task_id: str, dashboard, browser, control: dict[str, str]) -> Non
     assert browser.execute_script("return window.__same_page") == 1
     assert "w-az" in text_of(browser, "attempts")
     shoot(browser, "task-azure")
+    # issue 30 (1): the tasks page lists the running task from its worker's record, and says
+    # what a queue without an index of its tasks can show
+    browser.get(d.url + "/tasks?state=running")
+    assert [e.get_attribute("data-id") for e in browser.find_elements(
+        "css selector", "#tasks tbody tr")] == [task_id]
+    assert "first 32 messages" in text_of(browser, "tasks-note")
+    browser.get(d.url + f"/tasks/{task_id}")
     (sq.tmp / "release").touch()
     wait_for(lambda: text_of(browser, "output-status") == "complete", 40,
              what="the attempt's output complete")

@@ -1,8 +1,9 @@
 """The task and failed pages in a real headless Chromium (Selenium) with two real workers, on
 SQLite and on PostgreSQL (``fenv``): a running task's output grows on the open page without a
 reload (and is shown as text, never as HTML), the cancel button cancels it, the requeue
-button on the failed page brings a failed task back and it runs again; screenshots of both
-pages at 1280x800 and 390x844 (no sideways scroll on the phone)."""
+button on the failed page brings a failed task back and it runs again; the tasks page
+filters by state and cancels the selected tasks after a confirmation; screenshots of the pages
+at 1280x800 and 390x844 (no sideways scroll on the phone)."""
 
 from __future__ import annotations
 
@@ -76,3 +77,26 @@ def test_live_output_cancel_and_requeue_in_the_browser(fenv, dashboard, browser)
     assert {e.get_attribute("data-id") for e in browser.find_elements("css selector",
                                                                        ".card")} == {chatty}
     assert f"action requeue {flaky} on queue default by alice@dashboard" in d.stderr()
+
+    # issue 30 (1): the tasks browser -- filter by state, select two, cancel after confirming
+    later = [fenv.push(f"echo later-{i}", extra=("--delay", "1h"))[0] for i in range(2)]
+    browser.get(d.url + "/tasks")
+    shown = {e.get_attribute("data-id") for e in browser.find_elements("css selector",
+                                                                        "#tasks tbody tr")}
+    assert shown == {chatty, flaky, *later}
+    click(browser, "state-delayed")
+    click(browser, "filter-apply")
+    wait_for(lambda: "state=delayed" in browser.current_url, 10, what="the filtered page")
+    rows = browser.find_elements("css selector", "#tasks tbody tr")
+    assert sorted(r.get_attribute("data-id") for r in rows) == sorted(later)
+    shoot(browser, "tasks")
+    for box in browser.find_elements("css selector", '#tasks input[type="checkbox"]'):
+        box.click()
+    click(browser, "bulk-cancel")
+    wait_for(lambda: browser.find_elements("id", "bulk-confirm"), 10, what="the confirmation")
+    assert "Cancel 2 tasks?" in browser.find_element("tag name", "h1").text
+    click(browser, "bulk-confirm")
+    wait_for(lambda: all(fenv.state(t) == "failed" for t in later), 20,
+             what="both delayed tasks cancelled")
+    reload_until(browser, lambda b: "no delayed tasks" in text_of(b, "no-tasks"), 20,
+                  what="the filtered page empty")

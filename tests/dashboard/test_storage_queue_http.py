@@ -113,3 +113,29 @@ def test_a_running_tasks_environment_names_show_masked(sq, azurite_table):
         release.touch()
         data.close_thread()
     sup.stop()
+
+
+def test_the_tasks_page_lists_what_a_peek_and_the_records_show(sq, azurite_table):
+    """Issue 30 (1) on a queue with no index of its tasks: pending ones from a peek, finished
+    ones from the control store's final result records, and a note that says so."""
+    from supervisor.fleet.control.records import ResultRecord
+
+    pending = sq.push("echo first", "echo second")
+    data = _data(sq, azurite_table)
+    data.store().put_results([ResultRecord(
+        queue=sq.queue, task_id="f" * 32, attempt=2, outcome="failed", reason="exit status 3",
+        tail="", exit_status=3, worker="w-9", when=1000.0, started=990.0, finished=1000.0,
+        final=True, max_attempts=2)])
+    client = create_app(data).test_client()
+    api = client.get("/api/tasks").get_json()
+    assert "first 32 messages" in api["note"]
+    assert {t["id"]: t["state"] for t in api["tasks"]} == {
+        pending[0]: "pending", pending[1]: "pending", "f" * 32: "failed"}
+    failed = client.get("/api/tasks?state=failed").get_json()["tasks"]
+    assert [(t["id"], t["worker"], t["exit_status"], t["attempt"]) for t in failed] == [
+        ("f" * 32, "w-9", 3, 2)]
+    assert [t["id"] for t in client.get("/api/tasks?q=SECOND").get_json()["tasks"]] == \
+        [pending[1]]
+    page = client.get("/tasks").get_data(as_text=True)
+    assert 'id="tasks-note"' in page and "f" * 32 in page
+    data.close_thread()

@@ -1,6 +1,7 @@
 """The PostgreSQL queue's task listing (``PostgresAdmin.list_tasks``; backends/task_list.py):
-newest first by (created_at, id), the next page after the last row's pair.  The caller's
-thread, on the main pool.
+newest first by (created_at, id), the next page after the last row's pair (the tasks of one
+push share its transaction's ``now()``: they list among themselves in id order).  The
+caller's thread, on the main pool.
 """
 
 from __future__ import annotations
