@@ -207,7 +207,7 @@ class Backend(Protocol):
     # ``oldest_pending_age(now)`` can tell how long the oldest pending task has waited
     # (jobq-ctl status, the autoscaling gauge).  Default False (then it is never asked).
     tells_age: bool
-    # Scheduling at push (jobq-ctl push, README "Scheduling"): ``priorities`` -- receive
+    # Scheduling at push (jobq-ctl push, docs/scheduling.rst): ``priorities`` -- receive
     # honours Task.priority; ``max_delay`` -- the longest Task.not_before ahead the service
     # takes (None: no limit); ``unique_tasks`` -- push skips a task whose unique_key matches
     # a pending or running one and returns that one's id in its place;

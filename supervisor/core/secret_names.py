@@ -14,7 +14,7 @@ or it is one of ``SECRET_NAMES`` (``JOBQ_POSTGRES_URL``, ``PGPASSFILE``),
 and it is not in ``NOT_SECRET`` (``PWD``: the shell's working directory) nor let through by
 the operator (``--pass-env NAME,NAME``).
 
-Called by worker/launch.py (the main thread, once at start); README "Security model" lists the
+Called by worker/launch.py (the main thread, once at start); docs/security.rst lists the
 words.
 """
 

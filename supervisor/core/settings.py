@@ -15,8 +15,8 @@ import socket
 import uuid
 from dataclasses import dataclass, fields
 
-# Exit statuses of jobq-supervisor (README "Exit status"): one table for worker/main.py and
-# worker/loop.py.
+# Exit statuses of jobq-supervisor (docs/troubleshooting.rst, "Exit statuses"): one table for
+# worker/main.py and worker/loop.py.
 EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, EXIT_FAILURES, EXIT_TASKS_FAILED = 0, 1, 2, 3, 4
 
 BACKENDS = ("sqlite", "storage-queue", "servicebus", "postgres")

@@ -83,7 +83,7 @@ def ctl_parser() -> _Parser:
     push.add_argument("--cwd", default=None,
                       help="working directory of the tasks, an absolute path on the "
                            "workers' hosts (default: the worker's)")
-    # -- scheduling (queue_commands.push_schedule; README "Scheduling" says which backend has which)
+    # -- scheduling (queue_commands.push_schedule; docs/scheduling.rst says which backend has which)
     push.add_argument("--priority", type=int, default=None, metavar="N",
                       help="0..9, higher first (default 5); SQLite only")
     when = push.add_mutually_exclusive_group()

@@ -157,7 +157,7 @@ def _add_security_options(p: _Parser) -> None:
                    help="refuse tasks whose command does not fully match REGEX")
     p.add_argument("--pass-env", type=_env_names, metavar="NAME,NAME",
                    help="inherited variables a task sees although their names look like "
-                        "secrets (README \"Security model\" lists the words), e.g. HF_TOKEN")
+                        "secrets (docs/security.rst lists the words), e.g. HF_TOKEN")
     p.add_argument("--task-user", metavar="NAME",
                    help="run tasks as this user (the supervisor must run as root)")
     p.add_argument("--task-group", metavar="NAME",

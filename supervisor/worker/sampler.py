@@ -1,5 +1,5 @@
 """The queue sampler thread: queue depth and the age of the oldest pending task as gauges of
-the metrics file, for autoscaling rules (KEDA, a VM scale set; README "Fleet operations").
+the metrics file, for autoscaling rules (KEDA, a VM scale set; docs/fleet.rst, "Autoscaling").
 
 Both are backend calls, and a network call must never delay the data plane: they run on a
 thread of their own with a backend of their own, opened on that thread (``open_backend``

@@ -1,6 +1,6 @@
 """Issue 25: every path option of both commands is resolved against the config file's
 directory (the mechanism is one marker, so a new path option must carry it), and the shipped
-files name one queue for the service, cron, jobq-ctl and the README's scripts."""
+files name one queue for the service, cron, jobq-ctl and the scripts of the README and docs/."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def test_the_shipped_files_point_every_command_at_one_queue(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)  # wherever a command starts
     unit = (REPO / "conf" / "jobq-supervisor.service").read_text()
     cron = (REPO / "conf" / "cron.example").read_text()
-    readme = (REPO / "README.rst").read_text()
+    readme = "\n".join(p.read_text() for p in [REPO / "README.rst",
+                                                *sorted((REPO / "docs").glob("*.rst"))])
     install = (REPO / "scripts" / "install-service").read_text()
     installed = re.search(r"^ExecStart=\S+ --config (\S+)$", unit, re.M).group(1)
     state = "/var/lib/" + re.search(r"^StateDirectory=(\S+)$", unit, re.M).group(1)

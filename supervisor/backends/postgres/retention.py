@@ -1,6 +1,7 @@
 """Retention of the PostgreSQL queue: succeeded tasks older than ``--retention`` are deleted,
 so the jobs table does not grow by a row per task for ever.  Failed tasks (cancelled ones
-included) stay until an operator requeues or clears them, as on SQLite (README "Retention").
+included) stay until an operator requeues or clears them, as on SQLite (docs/backends.rst,
+"Retention").
 
 Rows go in batches of ``PURGE_BATCH``, each one short autocommit statement over rows found
 through the index on finished rows' ended_at, ``FOR UPDATE SKIP LOCKED``: two workers purging

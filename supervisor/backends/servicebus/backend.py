@@ -265,13 +265,14 @@ class ServiceBusBackend(AzureBackendState, BackendBase):
 
     def push(self, tasks: Sequence[Task]) -> list[str]:
         """Send the tasks in batches; returns their ids.  The message id is the task's
-        unique key, else its id (duplicate detection drops a repeat, see README); a delayed
-        task is a scheduled message."""
+        unique key, else its id (duplicate detection drops a repeat, see docs/backends.rst); a
+        delayed task is a scheduled message."""
         ids: list[str] = []
         if any(t.unique_key for t in tasks):
             LOG.warning("unique keys are message ids: with duplicate detection on the queue "
-                        "(see README) Service Bus drops a repeat within its window, without "
-                        "telling; an id printed for it names a task that never runs")
+                        "(docs/backends.rst, \"Azure Service Bus\") Service Bus drops a repeat "
+                        "within its window, without telling; an id printed for it names a task "
+                        "that never runs")
         with self._sdk("push"), self._main.get_queue_sender(self.queue_name) as sender:
             batch = self._call("push", sender.create_message_batch)
             for task in tasks:

@@ -1,7 +1,7 @@
 """Who holds a SQLite lease, and whether that process is gone (the dead-owner pass of backend.py).
 
 Every SQLite worker of a queue runs on one host (a database shared by several hosts over a
-network filesystem is not supported: README, "SQLite backend").  So a lease can name the
+network filesystem is not supported: docs/backends.rst, "SQLite").  So a lease can name the
 processes it depends on, and any worker or ``jobq-ctl`` write can tell at once that they are
 gone, instead of waiting out the 45-minute lock and the stale-lock age (docs/backends.rst,
 "Where a backend plugs in").  The ``owner`` column of a running job holds::

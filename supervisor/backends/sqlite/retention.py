@@ -4,7 +4,7 @@ A succeeded task's row is of no use to the queue once it is done (its result rec
 output have their own stores and retention), and a busy queue would otherwise grow by a row
 per task for ever.  Failed tasks -- cancelled ones included, they end in the failed state --
 are kept until an operator requeues or clears them: they are work that did not get done
-(README "Retention").
+(docs/backends.rst, "Retention").
 
 Rows go in batches of ``PURGE_BATCH``, each its own short write transaction, so no other
 writer (a worker settling, ``jobq-ctl push``) waits for more than one batch.  The worker purges
