@@ -85,7 +85,7 @@ def ctl_parser() -> _Parser:
                            "workers' hosts (default: the worker's)")
     # -- scheduling (queue_commands.push_schedule; docs/scheduling.rst says which backend has which)
     push.add_argument("--priority", type=int, default=None, metavar="N",
-                      help="0..9, higher first (default 5); SQLite only")
+                      help="0..9, higher first (default 5); SQLite and PostgreSQL")
     when = push.add_mutually_exclusive_group()
     when.add_argument("--delay", type=_duration, default=None, metavar="DURATION",
                       help="start no sooner than this long after the push (e.g. 90s, 2h)")
