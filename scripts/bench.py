@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 import psutil
-from bench_dashboard import azure_calls, render_times
+from bench_dashboard import LISTED, PAGE_NO, azure_calls, render_times, task_page_times
 from bench_dispatch import fig_drain_azurite, fig_drain_servicebus
 from bench_fleet import fleet, print_fleet
 from bench_measure import (
@@ -231,6 +231,17 @@ def fig_dashboard(b: Bench) -> None:
           "target <= 300 ms" + (" MISSED" if worst > 300 else ""))
 
 
+def fig_task_pages(b: Bench) -> None:
+    r = task_page_times(b.tmp)
+    b.results["dashboard_task_pages"] = r
+    worst = max(p["median_ms"] for p in r.values())
+    b.row(f"Tasks page {PAGE_NO}: all / failed / one worker; text search",
+          " / ".join(f"{r[k]['median_ms']:.0f}" for k in ("all", "failed", "worker"))
+          + f"; {r['text']['median_ms']:.0f} ms median",
+          f"{LISTED:,} tasks, 100 a page by keyset (SQLite)",
+          "target < 300 ms" + (" MISSED" if worst >= 300 else ""))
+
+
 def fig_dashboard_azure_calls(b: Bench) -> None:
     r = azure_calls(b.tmp)
     b.results["dashboard_azure_calls"] = r
@@ -271,6 +282,7 @@ FIGURES = [
     Figure(fig_output_store),
     Figure(fig_output_store_blob, azurite=True),  # skipped with --skip-azurite
     Figure(fig_dashboard),
+    Figure(fig_task_pages),
     Figure(fig_dashboard_azure_calls, azurite=True),
     Figure(fig_receive_depth),
     # Azurite of its own (queue, table, blob) and the Service Bus test broker; needs Azurite

@@ -109,6 +109,80 @@ def render_times(tmp: Path) -> dict[str, Any]:
         proc.wait(30)
 
 
+# ------------------------------------------------------------------------ tasks page
+LISTED, PAGE_NO = 100_000, 50
+
+
+def _fill_listing(db: Path) -> None:
+    """LISTED tasks: pushed through jobq-ctl, then most of them ended (a queue's usual mix:
+    70 % succeeded, 10 % failed, 2 % cancelled, 1 % running, the rest pending)."""
+    cmds = "".join(f"python train.py --seed {i}\n" for i in range(LISTED))
+    subprocess.run([str(BIN / "jobq-ctl"), "--sqlite-path", str(db), "push", "--file", "-"],
+                   input=cmds, text=True, check=True, capture_output=True, timeout=600)
+    conn = sqlite3.connect(db, timeout=30)
+    with conn:
+        conn.execute("UPDATE jobs SET status=CASE WHEN seq % 100 < 70 THEN 'succeeded' "
+                     "WHEN seq % 100 < 80 THEN 'failed' WHEN seq % 100 < 82 THEN 'failed' "
+                     "WHEN seq % 100 < 83 THEN 'running' ELSE 'pending' END, "
+                     "reason=CASE WHEN seq % 100 BETWEEN 80 AND 81 THEN 'cancelled by bench' "
+                     "WHEN seq % 100 BETWEEN 70 AND 79 THEN 'exit status 1' END, "
+                     "attempt=CASE WHEN seq % 100 < 83 THEN 1 ELSE 0 END, "
+                     "locked_by=CASE WHEN seq % 100 < 83 THEN 'w-' || (seq % 7) END")
+    conn.close()
+
+
+def task_page_times(tmp: Path) -> dict[str, Any]:
+    """Milliseconds to serve page PAGE_NO (100 tasks a page, reached by its keyset link) of
+    /tasks on a queue of LISTED tasks: all, one state, one worker, and a text search (the
+    search's first page: it reads until 100 match)."""
+    db = tmp / "tasks.db"
+    db.unlink(missing_ok=True)
+    _fill_listing(db)
+    err = tmp / "dashboard-tasks.err"
+    with open(err, "wb") as fh:
+        proc = subprocess.Popen([str(BIN / "jobq-ctl"), "--sqlite-path", str(db), "dashboard",
+                                 "--bind", "127.0.0.1:0"], stderr=fh,
+                                stdout=subprocess.DEVNULL, cwd=tmp, start_new_session=True)
+    try:
+        wait_until(lambda: re.search(r"dashboard on (\S+)", err.read_text()), 30,
+                   what="the dashboard's URL line")
+        m = re.search(r"dashboard on (\S+)", err.read_text())
+        assert m is not None
+        url = m.group(1).rstrip("/")
+
+        def get(path: str) -> dict[str, Any]:
+            with urllib.request.urlopen(url + path, timeout=60) as resp:
+                if resp.status != 200:
+                    raise BenchError(f"{path}: HTTP {resp.status}")
+                return dict(json.loads(resp.read()))
+
+        out: dict[str, Any] = {}
+        for name, query in (("all", ""), ("failed", "state=failed"),
+                            ("worker", "worker=w-3"), ("text", "q=--seed%2012345")):
+            cursor = None
+            for _ in range(PAGE_NO - 1 if name != "text" else 0):  # to page PAGE_NO
+                page = get(f"/api/tasks?{query}" + (f"&after={cursor}" if cursor else ""))
+                cursor = page["next"]
+                if cursor is None:
+                    raise BenchError(f"/api/tasks?{query}: fewer than {PAGE_NO} pages")
+            path = "/tasks?" + query + (f"&after={cursor}" if cursor else "")
+            took = []
+            for i in range(REQUESTS + 2):
+                t0 = time.perf_counter()
+                with urllib.request.urlopen(url + path, timeout=60) as resp:
+                    body = resp.read()
+                if body.count(b"<tr data-id=") != (1 if name == "text" else 100):
+                    raise BenchError(f"{path}: not a full page")
+                if i >= 2:
+                    took.append((time.perf_counter() - t0) * 1000)
+            out[name] = {"median_ms": round(statistics.median(took), 1),
+                         "max_ms": round(max(took), 1)}
+        return out
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
 # ------------------------------------------------------------------------ Azure calls
 def _free_port() -> int:
     with socket.socket() as s:
