@@ -1,0 +1,91 @@
+"""``--metrics-port``: the worker's metrics (worker/metrics.py, the registry of the metrics
+file) served over HTTP at ``/metrics`` for Prometheus to scrape.
+
+prometheus-client's own exposition app (``make_wsgi_app``: content negotiation, gzip,
+``name[]`` filters) on the standard library's WSGI server, as prometheus-client's
+``start_http_server`` serves it -- but on a thread of ours (core/threads.py): the library's
+helper starts a thread of its own that would take the worker's signals and that nothing
+stops.  One request at a time (Prometheus scrapes a target sequentially) with a socket
+timeout, so a stuck client never holds more than the serve thread, and never the data plane:
+a scrape only reads the registry's values (each behind prometheus-client's lock).
+
+The socket is bound on the main thread at start, before any task runs: a port in use is one
+line and exit status 2 (``MetricsUnavailable``), not a worker that runs without its metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from typing import TYPE_CHECKING, Union
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from ..core.threads import start_thread
+from .metrics import MetricsUnavailable
+
+if TYPE_CHECKING:
+    from ..core.settings import Settings
+    from .metrics import Metrics
+
+log = logging.getLogger("jobq.metrics")
+
+REQUEST_TIMEOUT = 10.0  # s a client may take to send its request or read the answer
+STOP_WAIT = 5.0  # s the serve thread gets to end (it finishes the request in hand first)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access-log line per scrape on stderr (the worker's log is the journal)."""
+
+    timeout = REQUEST_TIMEOUT
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base's name)
+        pass
+
+
+class MetricsServer:
+    """The serve thread.  Built (the socket bound), started and stopped by the main thread;
+    requests are answered on the serve thread."""
+
+    def __init__(self, metrics: Metrics, address: str, port: int) -> None:
+        from prometheus_client import make_wsgi_app  # installed: Metrics checked it
+
+        try:
+            family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM,
+                                        flags=socket.AI_PASSIVE)[0][0]
+            server_class = type("Server", (WSGIServer,), {"address_family": family})
+            self.httpd: WSGIServer = make_server(address, port, make_wsgi_app(metrics.registry),
+                                                 server_class, handler_class=_QuietHandler)
+        except OSError as exc:  # socket.gaierror too
+            raise MetricsUnavailable(f"--metrics-port: cannot listen on "
+                                     f"{_join(address, port)}: {exc.strerror or exc}") from None
+        self.address = address
+        self.port: int = self.httpd.server_address[1]  # the chosen one, for port 0
+        self._thread: Union[threading.Thread, None] = None
+
+    @classmethod
+    def for_worker(cls, settings: Settings, metrics: Metrics) -> Union[MetricsServer, None]:
+        """The worker's server, or None without ``--metrics-port`` (main thread)."""
+        if settings.metrics_port is None:
+            return None
+        return cls(metrics, settings.metrics_address, settings.metrics_port)
+
+    @property
+    def url(self) -> str:
+        return f"http://{_join(self.address, self.port)}/metrics"
+
+    def start(self) -> None:
+        """Serve on a thread of its own (main thread)."""
+        self._thread = start_thread(self.httpd.serve_forever, "metrics-http")
+        log.info("metrics served at %s", self.url)
+
+    def stop(self) -> None:
+        """Stop serving and close the socket (main thread)."""
+        if self._thread is not None:  # shutdown() waits for a serve_forever that ran
+            self.httpd.shutdown()
+            self._thread.join(STOP_WAIT)
+        self.httpd.server_close()
+
+
+def _join(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
