@@ -19,12 +19,13 @@ import logging
 import socket
 import threading
 from typing import TYPE_CHECKING, Union
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from ..core.threads import start_thread
 from .metrics import MetricsUnavailable
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # names only: http.server and wsgiref load only with --metrics-port
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
     from ..core.settings import Settings
     from .metrics import Metrics
 
@@ -34,13 +35,18 @@ REQUEST_TIMEOUT = 10.0  # s a client may take to send its request or read the an
 STOP_WAIT = 5.0  # s the serve thread gets to end (it finishes the request in hand first)
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """No access-log line per scrape on stderr (the worker's log is the journal)."""
+def _quiet_handler() -> type[WSGIRequestHandler]:
+    """The request handler: a socket timeout, and no access-log line per scrape on stderr
+    (the worker's log is the journal)."""
+    from wsgiref.simple_server import WSGIRequestHandler
 
-    timeout = REQUEST_TIMEOUT
+    class Quiet(WSGIRequestHandler):
+        timeout = REQUEST_TIMEOUT
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base's name)
-        pass
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base's)
+            pass
+
+    return Quiet
 
 
 class MetricsServer:
@@ -48,6 +54,8 @@ class MetricsServer:
     requests are answered on the serve thread."""
 
     def __init__(self, metrics: Metrics, address: str, port: int) -> None:
+        from wsgiref.simple_server import WSGIServer, make_server
+
         from prometheus_client import make_wsgi_app  # installed: Metrics checked it
 
         try:
@@ -55,7 +63,7 @@ class MetricsServer:
                                         flags=socket.AI_PASSIVE)[0][0]
             server_class = type("Server", (WSGIServer,), {"address_family": family})
             self.httpd: WSGIServer = make_server(address, port, make_wsgi_app(metrics.registry),
-                                                 server_class, handler_class=_QuietHandler)
+                                                 server_class, handler_class=_quiet_handler())
         except OSError as exc:  # socket.gaierror too
             raise MetricsUnavailable(f"--metrics-port: cannot listen on "
                                      f"{_join(address, port)}: {exc.strerror or exc}") from None
