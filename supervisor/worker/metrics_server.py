@@ -16,7 +16,10 @@ line and exit status 2 (``MetricsUnavailable``), not a worker that runs without 
 from __future__ import annotations
 
 import logging
+import os
+import selectors
 import socket
+import sys
 import threading
 from typing import TYPE_CHECKING, Union
 
@@ -61,7 +64,8 @@ class MetricsServer:
         try:
             family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM,
                                         flags=socket.AI_PASSIVE)[0][0]
-            server_class = type("Server", (WSGIServer,), {"address_family": family})
+            server_class = type("Server", (WSGIServer,), {"address_family": family,
+                                                          "handle_error": _request_failed})
             self.httpd: WSGIServer = make_server(address, port, make_wsgi_app(metrics.registry),
                                                  server_class, handler_class=_quiet_handler())
         except OSError as exc:  # socket.gaierror too
@@ -70,6 +74,10 @@ class MetricsServer:
         self.address = address
         self.port: int = self.httpd.server_address[1]  # the chosen one, for port 0
         self._thread: Union[threading.Thread, None] = None
+        self._stop = threading.Event()
+        # serve_forever would look at its stop flag only every poll interval (0.5 s more per
+        # worker exit): a byte on this pipe ends the wait at once
+        self._wake_r, self._wake_w = os.pipe()
 
     @classmethod
     def for_worker(cls, settings: Settings, metrics: Metrics) -> Union[MetricsServer, None]:
@@ -84,15 +92,34 @@ class MetricsServer:
 
     def start(self) -> None:
         """Serve on a thread of its own (main thread)."""
-        self._thread = start_thread(self.httpd.serve_forever, "metrics-http")
+        self._thread = start_thread(self._serve, "metrics-http")
         log.info("metrics served at %s", self.url)
 
     def stop(self) -> None:
         """Stop serving and close the socket (main thread)."""
-        if self._thread is not None:  # shutdown() waits for a serve_forever that ran
-            self.httpd.shutdown()
+        self._stop.set()
+        os.write(self._wake_w, b"x")
+        if self._thread is not None:
             self._thread.join(STOP_WAIT)
         self.httpd.server_close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _serve(self) -> None:
+        """Answer each connection in turn until ``stop`` (the serve thread)."""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.httpd, selectors.EVENT_READ)
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            while not self._stop.is_set():
+                for key, _ in sel.select():
+                    if key.fileobj is self.httpd and not self._stop.is_set():
+                        self.httpd.handle_request()  # readable: no wait for the accept
+
+
+def _request_failed(server: object, request: object, client_address: object) -> None:
+    """A scrape that failed (a client gone or too slow): one DEBUG line, not the traceback
+    socketserver prints on stderr (the serve thread)."""
+    log.debug("metrics scrape from %s failed: %s", client_address, sys.exc_info()[1])
 
 
 def _join(address: str, port: int) -> str:
