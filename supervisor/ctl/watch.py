@@ -19,17 +19,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from ..backends.base import BackendError
 from ..core.options import UsageError, _duration
-from ..fleet.control.base import ControlStoreError
-from ..ops.times import iso
-from .clients import Clients
+
+if TYPE_CHECKING:  # the parser imports this module: what only a watch needs loads then
+    from .clients import Clients
 
 DEFAULT_EVERY = 2.0  # seconds between refreshes when --watch has no value
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, erase the screen
-Handler = Callable[[argparse.Namespace, Clients], int]
+Handler = Callable[[argparse.Namespace, "Clients"], int]
 
 
 def add_watch_option(p: argparse.ArgumentParser) -> None:
@@ -62,6 +61,10 @@ def watch(render: Callable[[], object], every: float, title: str,
           out: TextIO | None = None, stop: threading.Event | None = None) -> int:
     """Print ``render``'s output every ``every`` seconds until ``stop`` is set or Ctrl-C;
     exit status 0 (main thread)."""
+    from ..backends.base import BackendError
+    from ..fleet.control.base import ControlStoreError
+    from ..ops.times import iso
+
     out = sys.stdout if out is None else out
     stop = threading.Event() if stop is None else stop
     tty = out.isatty()
