@@ -138,6 +138,8 @@ class Settings:
     lock_file: str | None = None
     metrics_file: str | None = None
     metrics_interval: float = 5.0
+    metrics_port: int | None = None  # serve the metrics over HTTP (worker/metrics_server.py)
+    metrics_address: str = "127.0.0.1"  # loopback: a scraper elsewhere is an explicit choice
     scheduled_events: str = "auto"
     scheduled_events_url: str = SCHEDULED_EVENTS_URL
     scheduled_events_interval: float = 1.0
@@ -299,6 +301,10 @@ class Settings:
             raise bad("scheduled-events-interval", "must be positive")
         if self.metrics_interval <= 0:
             raise bad("metrics-interval", "must be positive")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise bad("metrics-port", "must be 0..65535 (0: any free port, logged at start)")
+        if not self.metrics_address.strip():
+            raise bad("metrics-address", "must not be empty")
         if self.control not in CONTROL_MODES:
             raise bad("control", f"must be one of {', '.join(CONTROL_MODES)}")
         if self.control_account_url and self.control_connection_string:

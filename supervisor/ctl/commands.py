@@ -20,6 +20,7 @@ from .output_commands import cmd_logs
 from .queue_commands import cmd_clear, cmd_failed, cmd_peek, cmd_prune, cmd_push, cmd_requeue
 from .result_command import cmd_result
 from .tasks_command import cmd_tasks
+from .watch import watched
 
 Handler = Callable[[argparse.Namespace, Clients], int]
 
@@ -44,14 +45,14 @@ COMMANDS: dict[str, Handler] = {
     "push": lambda ns, c: cmd_push(ns, c.queue(), c.sources, c.store),
     "logs": _logs,
     "size": _size,
-    "status": lambda ns, c: cmd_status(ns, c.queue(), c.store),
+    "status": watched(lambda ns, c: cmd_status(ns, c.queue(), c.store)),
     "peek": lambda ns, c: cmd_peek(ns, c.queue()),
     "failed": lambda ns, c: cmd_failed(ns, c.queue(), c.store),
     "tasks": lambda ns, c: cmd_tasks(ns, c.queue(), c.store),
     "requeue": lambda ns, c: cmd_requeue(ns, c.queue(), c.store),
     "clear": lambda ns, c: cmd_clear(ns, c.queue()),
     "prune": lambda ns, c: cmd_prune(ns, c.queue(), ns.retention),
-    "workers": lambda ns, c: cmd_workers(ns, c.backend, c.control()),
+    "workers": watched(lambda ns, c: cmd_workers(ns, c.backend, c.control())),
     "cancel": lambda ns, c: cmd_cancel(ns, c.backend, c.control()),
     "pause": lambda ns, c: cmd_flag(ns, c.control(), True),
     "resume": lambda ns, c: cmd_flag(ns, c.control(), False),

@@ -40,6 +40,7 @@ from .commands import COMMANDS, OPENS_OWN
 from .guards import refuse_before_opening
 from .stdout import run_quietly
 from .tasks_command import add_tasks_arguments
+from .watch import add_watch_option
 
 
 def ctl_parser() -> _Parser:
@@ -124,6 +125,7 @@ def ctl_parser() -> _Parser:
     st = cmd("status", "counts per state, the running tasks, the oldest pending task's age "
                        "and whether the queue is paused")
     st.add_argument("--json", action="store_true", help="print JSON")
+    add_watch_option(st)
     pk = cmd("peek", "show the next pending tasks")
     pk.add_argument("-n", type=int, default=10, help="how many tasks to show")
     pk.add_argument("--json", action="store_true", help="print JSON")
@@ -174,6 +176,7 @@ def _add_fleet_commands(cmd: Callable[..., argparse.ArgumentParser]) -> None:
     wk.add_argument("--json", action="store_true", help="print JSON")
     wk.add_argument("--all", action="store_true",
                     help="also list lost workers (no heartbeat for 3 intervals)")
+    add_watch_option(wk)
     cn = cmd("cancel", "cancel tasks: a pending one never runs, a running one is stopped",
              signs=True)
     cn.add_argument("ids", nargs="+", metavar="ID", help="task ids (as push prints them)")
@@ -231,6 +234,8 @@ def ctl_main(argv: list[str] | None = None) -> int:
         if ns.command != "status":
             return usage_failed("jobq-ctl", f"--queue: {ns.command} takes one queue (only "
                                             f"status and dashboard take several)")
+        if ns.watch is not None:
+            return usage_failed("jobq-ctl", "--watch: status --watch takes one queue")
         return _status_each(ns, settings)
     return _run(ns, settings)
 

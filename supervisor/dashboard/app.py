@@ -33,6 +33,7 @@ from .auth import NAME, Auth
 from .charts import depth_chart, depth_series, finished_chart
 from .data import DataSource, Refused, Unavailable
 from .history import History, summed_per_minute
+from .prom import register as register_metrics
 from .queues import Queues
 from .sessions import DEFAULT_IDLE_TIMEOUT, Sessions
 from .task_views import found_or_404, id_or_400
@@ -263,6 +264,7 @@ def create_app(data: DataSource | Sequence[DataSource],
         return _done(f"{action} {worker_id}")
 
     register_task_views(app, current, auth, _done)
+    register_metrics(app, queues)  # /metrics: the fleet's gauges for Prometheus
     return app
 
 

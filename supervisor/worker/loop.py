@@ -92,7 +92,7 @@ class Worker:
         self.last_empty_receive: float | None = None
         self.reaper = Reaper(self.watchdog, self._helper_pids, clock())
         self.metrics = Metrics(settings.metrics_file, backend=settings.backend,
-                               queue=settings.queue)
+                               queue=settings.queue, serve=settings.metrics_port is not None)
         self.ready_sent = False
         self.settlement = Settlement(
             settings, backend, self.guard, self.metrics,
@@ -138,7 +138,7 @@ class Worker:
             self.output_pump.start()
             self.launcher.start()
             self.lifecycle.start_poller()
-            self.reporter.start()  # the queue sampler, with --metrics-file
+            self.reporter.start()  # the queue sampler and the metrics' HTTP server
             if self.agent is not None:
                 self.agent.start()
                 self.agent.wait_first_poll()  # live cancels and the pause flag, 2 s at most

@@ -125,6 +125,12 @@ def worker_parser() -> _Parser:
                    help="hold an flock on PATH for the run; a second run exits 0 at once")
     p.add_argument("--metrics-file", metavar="PATH", path=True,
                    help="write Prometheus metrics to PATH (node_exporter textfile collector)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="also serve the metrics over HTTP at /metrics for Prometheus to scrape "
+                        "(0: any free port, logged at start); off by default")
+    p.add_argument("--metrics-address", metavar="ADDRESS",
+                   help="the address --metrics-port listens on (0.0.0.0 or :: for every "
+                        "interface)")
     _durations(p,
                ("--metrics-interval", "seconds between metrics file writes"),
                ("--heartbeat-interval",

@@ -1,10 +1,12 @@
-"""Prometheus metrics, written as a textfile for node_exporter's textfile collector.
+"""Prometheus metrics, written as a textfile for node_exporter's textfile collector and/or
+served over HTTP (``--metrics-port``: worker/metrics_server.py serves this registry).
 
-prometheus-client is an optional extra (``jobq-supervisor[metrics]``): without ``--metrics-file``
-every method is a cheap no-op and the library is never imported.  The registry is private, so
-nothing of the client's default process/platform collectors (or another library's metrics)
-leaks into our file.  ``write_to_textfile`` does the formatting and the atomic rename; we never
-hand-format the exposition text.
+prometheus-client is an optional extra (``jobq-supervisor[metrics]``): without
+``--metrics-file`` and ``--metrics-port`` every method is a cheap no-op and the library is
+never imported.  The registry is private, so nothing of the client's default
+process/platform collectors (or another library's metrics) leaks into our file.
+``write_to_textfile`` does the formatting and the atomic rename; we never hand-format the
+exposition text.
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ if TYPE_CHECKING:  # names only: the library is imported only for a metrics file
 
 log = logging.getLogger("jobq.metrics")
 
-INSTALL_HINT = "--metrics-file needs prometheus-client: pip install 'jobq-supervisor[metrics]'"
+INSTALL_HINT = ("--metrics-file and --metrics-port need prometheus-client: pip install "
+                "'jobq-supervisor[metrics]'")
 WARN_EVERY = 60.0  # a broken metrics file is worth one line a minute, not one per write
 RENEWAL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class MetricsUnavailable(ValueError):
-    """A metrics file was asked for but prometheus-client is not installed."""
+    """Metrics were asked for but cannot be had: prometheus-client is not installed, or
+    ``--metrics-port`` cannot listen (the one-line message says which; exit status 2)."""
 
 
 class Metrics:
@@ -40,12 +44,15 @@ class Metrics:
     called by the main thread.
     """
 
-    def __init__(self, path: str | None, *, backend: str, queue: str) -> None:
+    def __init__(self, path: str | None, *, backend: str, queue: str,
+                 serve: bool = False) -> None:
         self.path = path
+        # on with a file, or with ``serve``: the registry is served over HTTP (--metrics-port)
+        self._on = path is not None or serve
         self._warned_at: float | None = None
         self.clock: Callable[[], float] = time.monotonic  # paces the warnings; tests swap it
         self._process: psutil.Process | None = None
-        if path is None:
+        if not self._on:
             return
         try:
             import prometheus_client
@@ -117,11 +124,11 @@ class Metrics:
 
     @property
     def enabled(self) -> bool:
-        return self.path is not None
+        return self._on
 
     # -- any thread ----------------------------------------------------------------------
     def _inc(self, event: str) -> None:
-        if self.path is not None:
+        if self._on:
             self._events[event].inc()
 
     # One event each (main thread or a keeper thread); a no-op without --metrics-file.
@@ -135,7 +142,7 @@ class Metrics:
 
     def renewal(self, duration: float, ok: bool) -> None:
         """One renewal call that took ``duration`` seconds (lease keeper threads)."""
-        if self.path is None:
+        if not self._on:
             return
         self._renewal_duration.observe(max(0.0, duration))
         if ok:
@@ -144,18 +151,18 @@ class Metrics:
             self._renewal_failures.inc()
 
     def backend_error(self, operation: str) -> None:
-        if self.path is not None:
+        if self._on:
             self._backend_errors.labels(operation=operation, **self._labels).inc()
 
     def set_running(self, n: int, in_flight: int | None = None) -> None:
         """``n`` tasks run (and fill as many slots); ``in_flight`` leases held (default n)."""
-        if self.path is not None:
+        if self._on:
             self._running.set(n)
             self._slots_busy.set(n)
             self._in_flight.set(n if in_flight is None else in_flight)
 
     def set_slots_total(self, n: int) -> None:
-        if self.path is not None:
+        if self._on:
             self._slots_total.set(n)
 
     def queue_sampled(self, depth: int, oldest_age: float | None, can_age: bool,
@@ -163,7 +170,7 @@ class Metrics:
         """One successful queue sample (sampler thread).  ``can_age``: the backend can tell
         the oldest pending age, and ``oldest_age`` None then means nothing waits.  ``queue``:
         one of a worker's several queues (its series' label), None for the worker's one."""
-        if self.path is None:
+        if not self._on:
             return
         labels = self._labels if queue is None else {**self._labels, "queue": queue}
         self._depth.labels(**labels).set(depth)
@@ -172,17 +179,18 @@ class Metrics:
         self._sampled_at.labels(**labels).set(wall)
 
     def receive_ok(self) -> None:
-        if self.path is not None:
+        if self._on:
             self._last_receive.set(time.time())
 
     # -- main thread ---------------------------------------------------------------------
     def write(self) -> bool:
-        """Sample this process's RSS/CPU and write the file atomically (main thread).
+        """Sample this process's RSS/CPU and write the file atomically (main thread); without
+        a file, only the sample (for the HTTP scrapes).
 
         Returns whether the file was written.  Never raises: a full disk or a bad path must
         not take the worker down, and is logged at WARNING at most once a minute.
         """
-        if self.path is None:
+        if not self._on:
             return False
         assert self._process is not None
         try:
@@ -192,6 +200,8 @@ class Metrics:
                 self._cpu.set(cpu.user + cpu.system)
         except psutil.Error as exc:  # cannot happen for ourselves, but never worth a crash
             log.debug("cannot sample the supervisor's own CPU/RSS: %s", exc)
+        if self.path is None:
+            return False
         try:
             self._pc.write_to_textfile(self.path, self.registry)
         except OSError as exc:

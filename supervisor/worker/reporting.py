@@ -1,5 +1,5 @@
-"""What the worker tells the outside: systemd status and watchdog pings, the metrics file, and
-the one-line summary at exit.
+"""What the worker tells the outside: systemd status and watchdog pings, the metrics file and
+its HTTP server, and the one-line summary at exit.
 
 Main thread only.  The main loop calls ``report`` once a turn; each output has its own period.
 """
@@ -13,6 +13,7 @@ from typing import Callable
 from ..core.settings import Settings
 from .keeper import LeaseKeeper
 from .metrics import Metrics
+from .metrics_server import MetricsServer
 from .notify import Notifier
 from .sampler import QueueSampler
 from .watchdog import RunningTask
@@ -43,16 +44,23 @@ class Reporter:
         self.stalled_logged = False
         metrics.set_slots_total(settings.num_workers)
         self.sampler = QueueSampler.for_worker(settings, metrics)
+        # bound now: a port in use ends the start (MetricsUnavailable), before any task runs
+        self.server = MetricsServer.for_worker(settings, metrics)
 
     def start(self) -> None:
-        """Start the queue sampler thread, with ``--metrics-file`` (main thread)."""
+        """Start the queue sampler thread, with ``--metrics-file`` or ``--metrics-port``, and
+        the metrics' HTTP server with ``--metrics-port`` (main thread)."""
         if self.sampler is not None:
             self.sampler.start()
+        if self.server is not None:
+            self.server.start()
 
     def stop(self) -> None:
-        """Stop the queue sampler thread (main thread)."""
+        """Stop the queue sampler and HTTP server threads (main thread)."""
         if self.sampler is not None:
             self.sampler.stop()
+        if self.server is not None:
+            self.server.stop()
 
     def next_due(self) -> float:
         """When ``report`` has something to do next, inf if never (main thread)."""

@@ -4,9 +4,10 @@ the metrics file, for autoscaling rules (KEDA, a VM scale set; docs/fleet.rst, "
 Both are backend calls, and a network call must never delay the data plane: they run on a
 thread of their own with a backend of their own, opened on that thread (``open_backend``
 with ``for_ctl=True, create=False``: no receivers, nothing created).  Only with
-``--metrics-file``; one sample every ``--metrics-interval``, on Azure every 15 s at the
-least (each sample is billed: 2 calls on Storage Queue, 1 on Service Bus).  The sampler only
-sets gauges (prometheus-client values are thread-safe); the main thread writes the file.
+``--metrics-file`` or ``--metrics-port``; one sample every ``--metrics-interval``, on Azure
+every 15 s at the least (each sample is billed: 2 calls on Storage Queue, 1 on Service Bus).
+The sampler only sets gauges (prometheus-client values are thread-safe); the main thread
+writes the file.
 
 A failing backend only delays this thread: it backs off (doubling, up to BACKOFF_MAX), logs
 at most once a minute and once when a sample works again (core/backoff.py), and the gauges
@@ -57,7 +58,8 @@ class QueueSampler:
 
     @classmethod
     def for_worker(cls, settings: Settings, metrics: Metrics) -> Union[QueueSampler, None]:
-        """The worker's sampler, or None without ``--metrics-file`` (main thread)."""
+        """The worker's sampler, or None without ``--metrics-file`` or ``--metrics-port``
+        (main thread)."""
         if not metrics.enabled:
             return None
         interval = settings.metrics_interval

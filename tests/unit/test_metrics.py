@@ -183,7 +183,8 @@ def test_missing_prometheus_client_with_a_path_is_a_clear_error(tmp_path: Path,
         Metrics(str(tmp_path / "x.prom"), backend="sqlite", queue="jobs")
     assert isinstance(info.value, ValueError)
     assert str(info.value) == INSTALL_HINT == (
-        "--metrics-file needs prometheus-client: pip install 'jobq-supervisor[metrics]'")
+        "--metrics-file and --metrics-port need prometheus-client: pip install "
+        "'jobq-supervisor[metrics]'")
 
 
 def test_concurrent_calls_give_exact_counts(metrics: Metrics, tmp_path: Path) -> None:

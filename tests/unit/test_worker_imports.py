@@ -68,14 +68,15 @@ def test_the_circle_finder_finds_one() -> None:
 
 def test_type_names_cost_no_import() -> None:
     """The names ``RunningTask``, the launcher and settlement are typed with (a control
-    store's ``Cancel``, prometheus-client's metrics) are imported for the type checker only:
-    a worker with ``--control off`` and no metrics file loads neither."""
+    store's ``Cancel``, prometheus-client's metrics, the ``--metrics-port`` server's wsgiref)
+    are imported for the type checker only: a worker with ``--control off`` and no metrics
+    file or port loads none of them."""
     import subprocess
     import sys
 
     code = ("import sys, supervisor.worker.main, supervisor.worker.loop; "
             "print(sorted(m for m in sys.modules "
-            "if m.startswith(('supervisor.fleet.control', 'prometheus_client'))))")
+            "if m.startswith(('supervisor.fleet.control', 'prometheus_client', 'wsgiref'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     assert out.strip() == "[]"
