@@ -122,6 +122,11 @@ class QueueAdmin(Protocol):
         """How many cancelled tasks the queue keeps (among the failed ones)."""
         ...
 
+    def ids_starting(self, prefix: str, limit: int) -> list[str]:
+        """Up to ``limit`` ids of the queue's tasks that start with ``prefix``, in id order:
+        a range of the index on the ids, not a scan (ops/short_ids.py)."""
+        ...
+
 
 class Lease(Protocol):
     """One received message, held by this worker until settled or lost.
