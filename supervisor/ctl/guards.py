@@ -5,6 +5,7 @@ failed tasks, an id that cannot be a task's; and once they are open, the short i
 from __future__ import annotations
 
 import argparse
+from collections.abc import Collection
 
 from ..backends.azure_common import failed_queue_of
 from ..backends.base import QueueAdmin
@@ -69,3 +70,13 @@ def resolve_ids(ns: argparse.Namespace, settings: Settings, admin: QueueAdmin | 
     if ns.command == "cancel" and settings.backend != "sqlite" and not ns.any_id:
         refuse_bad_ids("cancel", list(ns.ids), True)
 
+
+def refuse_short_config(argv: list[str], commands: Collection[str]) -> None:
+    """``-c`` before the command: jobq-ctl's ``-c`` is push's command, not the config file
+    (jobq-supervisor's); say which option it is instead of "invalid choice"."""
+    for arg in argv:
+        if arg in commands:
+            return
+        if arg == "-c" or (arg.startswith("-c") and not arg.startswith("--")):
+            raise UsageError("-c: on jobq-ctl, -c is push's command (push -c CMD); give the "
+                             "config file as --config FILE, before or after the command")
