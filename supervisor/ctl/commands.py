@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from ..backends import open_backend
+from ..ops.short_ids import may_be_prefix
 from .clients import Clients
 from .fleet_commands import (
     cmd_cancel,
@@ -45,9 +47,20 @@ def _short_ids(handler: Handler) -> Handler:
     command opened: the queue's index where it has one, the control and output stores."""
     def run(ns: argparse.Namespace, c: Clients) -> int:
         src = c.sources
-        resolve_ids(ns, c.settings, c.backend.admin() if c.backend is not None else None,
-                    c.store or (src.control if src is not None else None),
-                    src.output if src is not None else None)
+        backend, opened = c.backend, None
+        ids = [ns.id] if getattr(ns, "id", None) else list(getattr(ns, "ids", None) or ())
+        if backend is None and c.settings.backend == "postgres" and any(
+                may_be_prefix(i) for i in ids):
+            # result and cancel run on the control store alone; the jobs' id index is the
+            # one place that knows every task of a PostgreSQL queue
+            backend = opened = open_backend(c.settings, for_ctl=True, create=False)
+        try:
+            resolve_ids(ns, c.settings, backend.admin() if backend is not None else None,
+                        c.store or (src.control if src is not None else None),
+                        src.output if src is not None else None)
+        finally:
+            if opened is not None:
+                opened.close()
         return handler(ns, c)
     return run
 

@@ -341,8 +341,9 @@ def task_ids_from_rows(first_row: FirstRow, queue: str, prefix: str, limit: int)
                 break
             escaped = row[len(head):] if head else row.rpartition(":")[0]
             found.add(unkey_part(escaped))
-            # past this id's rows only: an escaped id holds no ':' (nor any control char)
-            lo = row + "\x00" if head else escaped + ";"
+            # past this id's rows only: an escaped id holds no ':' nor any control char (and
+            # PostgreSQL text no NUL: "\x01" is the successor here)
+            lo = row + "\x01" if head else escaped + ";"
     return sorted(found)[:limit]
 
 
