@@ -46,7 +46,7 @@ def oldest_pending_age(backend: Queue, now: float) -> float | None:
 # Whether the database orders text byte by byte (collation C or POSIX, libc provider): then
 # a prefix is a range of the jobs' primary key (an Index Scan, tests/postgres/test_short_ids.py);
 # under a linguistic collation such a range may step over ids, and the prefix is tested on
-# each of the queue's rows instead (a scan, documented in docs/architecture.rst).
+# each of the queue's rows instead (a scan, documented in docs/fleet.rst).
 BYTE_ORDER_SQL = ("SELECT datcollate IN ('C', 'POSIX') AND coalesce(to_jsonb(d) ->> "
                   "'datlocprovider', 'c') = 'c' FROM pg_database d WHERE datname = "
                   "current_database()")
