@@ -24,7 +24,7 @@ def refuse_before_opening(ns: argparse.Namespace, settings: Settings) -> None:
     ids = list(getattr(ns, "ids", None) or ()) + ([ns.id] if getattr(ns, "id", None) else [])
     if ns.command in ("cancel", "requeue", "logs", "result"):
         refuse_bad_ids(ns.command, ids, settings.backend != "sqlite"
-                       and ns.command == "cancel" and not ns.any_id)
+                       and ns.command == "cancel" and not ns.any_id, short_later=True)
 
 
 def refuse_failed_queue(settings: Settings) -> None:
@@ -37,15 +37,17 @@ def refuse_failed_queue(settings: Settings) -> None:
                          f"brings failed tasks back)")
 
 
-def refuse_bad_ids(command: str, ids: list[str], made_only: bool) -> None:
+def refuse_bad_ids(command: str, ids: list[str], made_only: bool,
+                   short_later: bool = False) -> None:
     """An id no task can have; with ``made_only`` (a cancel on Azure, which has no index of
     task ids to look one up in and would record any string) also one no producer makes --
-    but for a possible short id, checked again once resolved (resolve_ids)."""
+    but with ``short_later`` for a possible short id, checked once resolved (resolve_ids)."""
     for task_id in ids:
         problem = id_problem(task_id)
         if problem is not None:
             raise UsageError(f"{command}: {task_id[:40]!r} is not a task id: {problem}")
-        if made_only and not is_made_id(task_id) and not may_be_prefix(task_id):
+        if made_only and not is_made_id(task_id) and not (short_later
+                                                          and may_be_prefix(task_id)):
             raise UsageError(f"{command}: {task_id[:40]!r} is not a task id (jobq-ctl and "
                              f"ai4s-jobq make 32 hex digits, as push prints them); nothing "
                              f"cancelled (--any-id: the id of a hand-written body)")
