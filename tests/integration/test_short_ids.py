@@ -92,9 +92,14 @@ def test_the_prefix_query_is_a_range_of_the_id_index(fenv, close_at_end):
     the ids, so a prefix costs the same in a queue of a million tasks."""
     close_at_end(_queue(fenv))
     if isinstance(fenv.settings().postgres_url, str):
-        from supervisor.backends.postgres.admin import PREFIX_SQL
+        from supervisor.backends.postgres.admin import BYTE_ORDER_SQL, PREFIX_SCAN_SQL, PREFIX_SQL
 
         with psycopg.connect(fenv.url, autocommit=True) as conn:
+            # the test server's databases are C (initdb --locale=C): the range applies; a
+            # linguistic collation's scan finds the same ids
+            assert conn.execute(BYTE_ORDER_SQL).fetchone() == (True,)
+            scan = conn.execute(PREFIX_SCAN_SQL.format(jobs="jobq.jobs"), (Q, "c040527d", 6))
+            assert [i for (i,) in scan] == [A1, A2]
             conn.execute("SET enable_seqscan = off")  # a tiny table is scanned otherwise
             plan = "\n".join(r[0] for r in conn.execute(
                 "EXPLAIN " + PREFIX_SQL.format(jobs="jobq.jobs"),
