@@ -128,6 +128,11 @@ class QueueAdmin(Protocol):
         wall-clock epoch s (pending vs delayed)."""
         ...
 
+    def ids_starting(self, prefix: str, limit: int) -> list[str]:
+        """Up to ``limit`` ids of the queue's tasks that start with ``prefix``, in id order:
+        a range of the index on the ids, not a scan (ops/short_ids.py)."""
+        ...
+
 
 class Lease(Protocol):
     """One received message, held by this worker until settled or lost.

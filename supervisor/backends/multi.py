@@ -233,6 +233,9 @@ class MultiQueueAdmin(QueueAdmin):
     def cancel_pending(self, ids: Sequence[str], reason: str, now: float) -> set[str]:
         return {i for a in self.admins for i in a.cancel_pending(ids, reason, now)}
 
+    def ids_starting(self, prefix: str, limit: int) -> list[str]:
+        return sorted({i for a in self.admins for i in a.ids_starting(prefix, limit)})[:limit]
+
     def task_detail(self, task_id: str) -> TaskDetail | None:
         return next((d for a in self.admins if (d := a.task_detail(task_id)) is not None),
                     None)

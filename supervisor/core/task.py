@@ -65,6 +65,19 @@ def _storable(text: str) -> bool:
     return True
 
 
+def prefix_end(prefix: str) -> str | None:
+    """The smallest string above every string that starts with ``prefix`` in code point (and
+    UTF-8 byte) order, for an index range ``prefix <= id < end``; None when there is none (a
+    prefix of U+10FFFF only).  Steps over the surrogates, which no stored id holds."""
+    for i in range(len(prefix) - 1, -1, -1):
+        code = ord(prefix[i]) + 1
+        if code == 0xD800:
+            code = 0xE000
+        if code <= 0x10FFFF:
+            return prefix[:i] + chr(code)
+    return None
+
+
 def is_made_id(task_id: str) -> bool:
     """Is ``task_id`` shaped like an id jobq-ctl or ai4s-jobq makes (32 hex digits, a GUID)?
     Only a hand-written body has another id."""

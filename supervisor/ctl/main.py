@@ -37,7 +37,7 @@ from ..fleet.output.base import OutputConfigError, OutputStoreError
 from ..worker.main import worker_parser
 from .clients import Clients, open_clients
 from .commands import COMMANDS, OPENS_OWN
-from .guards import refuse_before_opening
+from .guards import refuse_before_opening, refuse_short_config
 from .stdout import run_quietly
 from .tasks_command import add_tasks_arguments
 from .watch import add_watch_option
@@ -67,6 +67,9 @@ def ctl_parser() -> _Parser:
     def cmd(name: str, help_text: str, signs: bool = False) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_text, description=help_text, epilog=None)
         add_backend_options(sp, suppress=True)
+        # after the command too: the file is read from anywhere in argv (configargparse)
+        sp.add_argument("--config", default=argparse.SUPPRESS, metavar="PATH",
+                        help="the worker's INI config file (also before the command)")
         if signs:
             sp.add_argument("--signing-key-file", action="append", default=argparse.SUPPRESS,
                             metavar="PATH", help="sign with this key (the first one given)")
@@ -144,6 +147,8 @@ def ctl_parser() -> _Parser:
     pr = cmd("prune", "SQLite, PostgreSQL: delete succeeded tasks older than --retention now "
                       "(workers do it every --reaper-interval); failed and cancelled tasks are "
                       "kept")
+    pr.add_argument("--retention", type=_duration, default=argparse.SUPPRESS,
+                    help="as before the command")
     pr.add_argument("--older-than", type=_duration, default=None, metavar="DURATION",
                     help="this age instead of --retention (e.g. 1d, 12h; 0: every succeeded "
                          "task)")
@@ -224,6 +229,7 @@ def ctl_main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         parser = ctl_parser()
+        refuse_short_config(argv, COMMANDS)
         ns = _parse(parser, argv)
         ns.worker_id = "jobq-ctl"
         settings = parser.settings(ns)

@@ -185,8 +185,8 @@ def create_app(data: DataSource | Sequence[DataSource],
 
     @app.get("/search")
     def search() -> ResponseReturnValue:
-        task_id = id_or_400(request.args.get("id"), "task")
         here = current()
+        task_id = queues.resolve_id(id_or_400(request.args.get("id"), "task"), here)
         found = queues.find_task(task_id, here) if queues.several else here
         return redirect(url_for("task", task_id=task_id, queue=(found or here).queue))
 

@@ -38,6 +38,7 @@ from ..ops.fleet import (
     workers_json,
 )
 from ..ops.results import results_json, task_results
+from ..ops.short_ids import resolve
 from ..ops.times import iso_or_none
 
 T = TypeVar("T")
@@ -294,6 +295,19 @@ class DataSource:
         if last is not None and last["state"] == "cancelled" and not last["worker"]:
             found.update(state="cancelled", reason=last["reason"])
         return True
+
+    def resolve_id(self, text: str) -> str:
+        """The task id ``text`` names on this queue: a unique prefix of 8 or more characters
+        gives the whole id (ops/short_ids.py, on the queue's index, the control store and the
+        output store, where there are); raises AmbiguousId."""
+        with self.using("queue"):
+            admin = self.backend().admin()
+            store = self.optional_store()
+            try:
+                output: OutputStore | None = self.output()
+            except Unavailable:
+                output = None
+            return resolve(text, self.queue, admin, store, output)
 
     def missing_text(self) -> str:
         """What a task lookup that found nothing could not see (a request thread)."""

@@ -11,6 +11,7 @@ from typing import TypedDict
 from flask import abort, request
 
 from ..ops.fleet import StatusJson
+from ..ops.short_ids import AmbiguousId
 from .data import DataSource, FlagJson, Unavailable, count_states
 
 
@@ -85,6 +86,21 @@ class Queues:
             states, flags[name] = self.sources[name].fleet_states()
             listings.append(states)
         return count_states(listings), flags
+
+    def resolve_id(self, text: str, first: DataSource) -> str:
+        """The task id ``text`` names (a whole id, or a unique prefix: DataSource.resolve_id)
+        on the first queue, asking ``first`` first, that knows one; ``text`` when none does.
+        A prefix ambiguous on a queue is a 400 page naming the candidates."""
+        for d in [first] + [d for d in self.sources.values() if d is not first]:
+            try:
+                found = d.resolve_id(text)
+            except AmbiguousId as exc:
+                abort(400, str(exc))
+            except Unavailable:
+                continue
+            if found != text:
+                return found
+        return text
 
     def find_task(self, task_id: str, first: DataSource) -> DataSource | None:
         """The queue that knows ``task_id``, asking ``first`` (the page's queue) first: the

@@ -91,3 +91,26 @@ def test_service_bus_without_a_control_store_is_exit_2_naming_the_option(azure):
     for args in (["workers"], ["cancel", "f" * 32], ["pause"], ["drain", "w"]):
         line = one_error_line(azure_ctl(None, queue, *args), 2)
         assert "--control-account-url" in line
+
+
+def test_short_ids_resolve_on_what_the_table_knows(azure):
+    """Issue 30, 2: with no index of the queue's messages (Service Bus here), a prefix finds
+    the tasks of the result and cancel records; one matching nothing is refused as before."""
+    from supervisor.fleet.control.records import Cancel, ResultRecord
+
+    conn, queue, store = azure
+    now = time.time()
+    ran, other = "c040527d" + "a" * 24, "c040527d" + "b" * 24
+    store.put_results([ResultRecord(queue=queue, task_id=ran, attempt=n, outcome="failed",
+                                    reason="", tail="", exit_status=1, worker="w", when=now)
+                       for n in (1, 2, 3)])
+    store.put_cancel(Cancel(queue=queue, task_id=other, reason="", who="op", when=now))
+    assert store.task_ids(queue, "c040527d", 6) == [ran, other]
+    res = azure_ctl(conn, queue, "cancel", "c040527da")
+    assert res.returncode == 0 and res.stdout.startswith(f"{ran}: cancel recorded"), res.stderr
+    assert store.get_cancel(queue, ran) is not None
+    line = one_error_line(azure_ctl(conn, queue, "result", "c040527d"), 2)
+    assert f"ambiguous in queue {queue}: {ran}, {other}" in line
+    line = one_error_line(azure_ctl(conn, queue, "cancel", "0123456789ab"), 2)
+    assert "'0123456789ab' is not a task id" in line
+    assert store.get_cancel(queue, "0123456789ab") is None

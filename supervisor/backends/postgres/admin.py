@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ...core.task import MAX_PRIORITY
+from ...core.task import MAX_ID, MAX_PRIORITY, prefix_end
 from ..base import QueueAdmin, TakenBack, TaskDetail
 from ..task_list import TaskQuery, TaskRow
 from . import task_list
@@ -43,6 +43,19 @@ def oldest_pending_age(backend: Queue, now: float) -> float | None:
     if not rows or rows[0][0] is None:
         return None
     return max(0.0, now - float(rows[0][0]))
+
+
+# Whether the database orders text byte by byte (collation C or POSIX, libc provider): then
+# a prefix is a range of the jobs' primary key (an Index Scan, tests/postgres/test_short_ids.py);
+# under a linguistic collation such a range may step over ids, and the prefix is tested on
+# each of the queue's rows instead (a scan, documented in docs/fleet.rst).
+BYTE_ORDER_SQL = ("SELECT datcollate IN ('C', 'POSIX') AND coalesce(to_jsonb(d) ->> "
+                  "'datlocprovider', 'c') = 'c' FROM pg_database d WHERE datname = "
+                  "current_database()")
+PREFIX_SQL = ("SELECT id FROM {jobs} WHERE id >= %s AND id < %s AND starts_with(id, %s) "
+              "AND queue = %s ORDER BY id LIMIT %s")
+PREFIX_SCAN_SQL = ("SELECT id FROM {jobs} WHERE queue = %s AND starts_with(id, %s) "
+                   "ORDER BY id LIMIT %s")
 
 
 class PostgresAdmin(QueueAdmin):
@@ -87,6 +100,15 @@ class PostgresAdmin(QueueAdmin):
         state, attempt, body, reason, worker, until = rows[0]
         return TaskDetail(state, attempt, body, reason, worker,
                           None if until is None else float(until))
+
+    def ids_starting(self, prefix: str, limit: int) -> list[str]:
+        b = self.backend
+        if b._query(BYTE_ORDER_SQL)[0][0]:
+            end = prefix_end(prefix) or "\U0010ffff" * (MAX_ID + 1)
+            rows = b._query(PREFIX_SQL.format(jobs=b.jobs), (prefix, end, prefix, b.queue, limit))
+        else:
+            rows = b._query(PREFIX_SCAN_SQL.format(jobs=b.jobs), (b.queue, prefix, limit))
+        return [i for (i,) in rows]
 
     def cancelled_count(self) -> int:
         b = self.backend

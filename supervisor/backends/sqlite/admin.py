@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from ...core.task import MAX_PRIORITY
+from ...core.task import MAX_ID, MAX_PRIORITY, prefix_end
 from ..base import QueueAdmin, TakenBack, TaskDetail
 from ..task_list import TaskQuery, TaskRow
 from . import task_list
@@ -134,6 +134,10 @@ def oldest_pending_age(backend: Queue, now: float) -> float | None:
 
 CANCELLED_SQL = ("SELECT COUNT(*) FROM jobs WHERE queue=? AND status='failed' AND reason "
                  "LIKE 'cancelled%'")
+# A range of the UNIQUE (queue, id) index (SQLite compares TEXT byte by byte); the substr
+# test only matters for a prefix with no end (prefix_end).
+PREFIX_SQL = ("SELECT id FROM jobs WHERE queue=? AND id>=? AND id<? AND substr(id, 1, ?)=? "
+              "ORDER BY id LIMIT ?")
 DETAIL_SQL = ("SELECT status, attempt, body, reason, locked_by, locked_until FROM jobs "
               "WHERE queue=? AND id=?")
 
@@ -165,3 +169,8 @@ class SqliteAdmin(QueueAdmin):
 
     def list_tasks(self, query: TaskQuery, now: float) -> list[TaskRow]:
         return task_list.list_tasks(self.backend, query, now)
+
+    def ids_starting(self, prefix: str, limit: int) -> list[str]:
+        end = prefix_end(prefix) or "\U0010ffff" * (MAX_ID + 1)
+        return [i for (i,) in self.backend._query(
+            PREFIX_SQL, (self.backend.queue, prefix, end, len(prefix), prefix, limit))]

@@ -57,6 +57,7 @@ from .base import (
     result_partition,
     row_of,
     skipped,
+    task_ids_from_rows,
     worker_partition,
 )
 from .records import (
@@ -327,6 +328,15 @@ class AzureTableControlStore(AzureClaims):
                             "RowKey lt @hi", {"pk": result_partition(queue), "lo": prefix,
                                               "hi": after_prefix(prefix)})
         return sorted(self._records(found, "result"), key=lambda r: r.attempt)
+
+    def task_ids(self, queue: str, prefix: str, limit: int) -> list[str]:
+        return task_ids_from_rows(self._first_row, queue, prefix, limit)
+
+    def _first_row(self, part: str, lo: str, hi: str) -> Union[str, None]:
+        found = self._query("find task ids", "PartitionKey eq @pk and RowKey ge @lo and "
+                            "RowKey lt @hi", {"pk": part, "lo": lo, "hi": hi},
+                            select=["RowKey"], page=1)
+        return str(found[0]["RowKey"]) if found else None
 
     # -------------------------------------------------------------------- housekeeping
     def purge(self, now: float) -> PurgeCounts:

@@ -30,6 +30,7 @@ times are epoch seconds taken by the caller (``now``), so tests inject the clock
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -182,6 +183,10 @@ class ControlStore(Protocol):
     def results_of(self, queue: str, task_id: str) -> list[ResultRecord]:
         """The result records of one task's attempts, by attempt (one range query)."""
         ...
+    def task_ids(self, queue: str, prefix: str, limit: int) -> list[str]:
+        """Up to ``limit`` ids, in order, of the tasks of ``queue`` with a result or cancel
+        record whose id starts with ``prefix`` (``task_ids_from_rows``)."""
+        ...
 
     # -- unique keys (jobq-ctl push; the worker's control thread releases) ---------------
     def create_claim(self, claim: UniqueClaim) -> bool:
@@ -310,6 +315,36 @@ def audit_key(record: AuditRecord) -> str:
 def after_prefix(prefix: str) -> str:
     """The smallest string above every string that starts with ``prefix``."""
     return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+def unkey_part(text: str) -> str:
+    """The text ``key_part`` escaped (each escape is one character below U+00A0)."""
+    return re.sub(r"%([0-9A-F]{2})", lambda m: chr(int(m.group(1), 16)), text)
+
+
+# first_row(part, lo, hi): the smallest row key of ``part`` in [lo, hi), or None.
+FirstRow = Callable[[str, str, str], Union[str, None]]
+
+
+def task_ids_from_rows(first_row: FirstRow, queue: str, prefix: str, limit: int) -> list[str]:
+    """``ControlStore.task_ids`` on a store's key ranges: the result partition (a row per
+    attempt, ``<id>:<attempt>``) and the cancels (``cancel:<id>``), each walked one
+    distinct id at a time -- a keyed read per id, however many attempts it has (the
+    caller's thread; ``limit`` stays small: ops/short_ids.py)."""
+    found: set[str] = set()
+    for part, head in ((result_partition(queue), ""), (queue_partition(queue), "cancel:")):
+        lo = head + key_part(prefix)
+        hi = after_prefix(lo)
+        for _ in range(max(0, limit)):
+            row = first_row(part, lo, hi)
+            if row is None:
+                break
+            escaped = row[len(head):] if head else row.rpartition(":")[0]
+            found.add(unkey_part(escaped))
+            # past this id's rows only: an escaped id holds no ':' nor any control char (and
+            # PostgreSQL text no NUL: "\x01" is the successor here)
+            lo = row + "\x01" if head else escaped + ";"
+    return sorted(found)[:limit]
 
 
 def row_of(record: Union[Cancel, QueueFlag, Command]) -> str:

@@ -330,6 +330,16 @@ class PostgresControlStore:
                                              base.after_prefix(prefix)))
         return [r for _, r in self._decode(rows, "result")]  # type: ignore[misc]
 
+    def task_ids(self, queue: str, prefix: str, limit: int) -> list[str]:
+        return base.task_ids_from_rows(self._first_row, queue, prefix, limit)
+
+    def _first_row(self, part: str, lo: str, hi: str) -> Union[str, None]:
+        with self._tx("find task ids") as conn:  # part and row are COLLATE "C": a key range
+            rows = self._exec(conn, self._sql(
+                "SELECT row FROM {t} WHERE part = %s AND row >= %s AND row < %s ORDER BY row "
+                "LIMIT 1"), (part, lo, hi)).fetchall()
+        return str(rows[0][0]) if rows else None
+
     # --------------------------------------------------------------------- unique keys
     # A claim's doc is {"task": <task id>}, ``at`` its time; its ``rev`` is its etag.
     def create_claim(self, claim: base.UniqueClaim) -> bool:

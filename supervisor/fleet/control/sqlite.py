@@ -257,6 +257,14 @@ class SqliteControlStore:
                             (base.result_partition(queue), prefix, base.after_prefix(prefix)))
         return [r for _, r in self._decode(rows, "result")]  # type: ignore[misc]
 
+    def task_ids(self, queue: str, prefix: str, limit: int) -> list[str]:
+        return base.task_ids_from_rows(self._first_row, queue, prefix, limit)
+
+    def _first_row(self, part: str, lo: str, hi: str) -> Union[str, None]:
+        rows = self._select("find task ids", "SELECT row FROM control_records WHERE part=? "
+                            "AND row>=? AND row<? ORDER BY row LIMIT 1", (part, lo, hi))
+        return str(rows[0][0]) if rows else None
+
     # --------------------------------------------------------------------- unique keys
     # A claim's doc is {"task": <task id>}, ``at`` its time; its ``rev`` is its etag.
     def create_claim(self, claim: base.UniqueClaim) -> bool:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar, Union
+from urllib.parse import unquote
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -55,6 +56,7 @@ from ...backends.azure_common import short
 from ...core.azure_account import create_if_missing, error_code, sdk_client, store_error
 from .base import READ_LIMIT, AttemptKey, Chunk, OutputConfigError, OutputStoreError
 from .blob_names import ATTEMPT, PART, attempt_base, blob_base, part_name, scrubber, segment
+from .files import part
 
 log = logging.getLogger("jobq.output")
 T = TypeVar("T")
@@ -313,6 +315,18 @@ class BlobOutputStore:
         prefix = f"{segment(queue)}/{segment(task_id)}/"
         names = (b.name[len(prefix):] for b in self._listing(prefix))
         return sorted({int(m.group(1)) for m in map(ATTEMPT.fullmatch, names) if m})
+
+    def task_ids(self, queue: str, prefix: str, limit: int) -> list[str]:
+        """One listing of the task folders under the prefix (``/``-delimited)."""
+        head = f"{segment(queue)}/"
+        try:
+            found = [str(b.name)[len(head):].rstrip("/") for b in self._container.walk_blobs(
+                name_starts_with=head + part(prefix), delimiter="/")]
+        except ResourceNotFoundError:
+            return []
+        except _ERRORS as exc:
+            raise self._error("list", exc) from None
+        return sorted(unquote(n) for n in found)[:limit]
 
     # -------------------------------------------------------------------- housekeeping
     def purge(self, before: float) -> int:

@@ -93,6 +93,11 @@ class OutputStore(Protocol):
         """The attempts of the task that have output, ascending."""
         ...
 
+    def task_ids(self, queue: str, prefix: str, limit: int) -> list[str]:
+        """Up to ``limit`` ids, in order, of the tasks of ``queue`` with output kept whose
+        id starts with ``prefix`` (ops/short_ids.py)."""
+        ...
+
     def purge(self, before: float) -> int:
         """Delete the output of attempts last written before ``before`` (epoch seconds);
         returns how many attempts were deleted."""

@@ -19,6 +19,7 @@ import contextlib
 import errno
 import os
 import re
+from urllib.parse import unquote
 
 from .base import READ_LIMIT, AttemptKey, Chunk, OutputStoreError, OutputStoreFull
 
@@ -133,6 +134,17 @@ class FileOutputStore:
         except OSError as exc:
             raise OutputStoreError(f"output store {self.root}: {exc.strerror or exc}") from None
         return sorted(int(n[:-4]) for n in names if n.endswith(".log") and n[:-4].isdigit())
+
+    def task_ids(self, queue: str, prefix: str, limit: int) -> list[str]:
+        """A listing of the queue's folder (one folder per task)."""
+        head = part(prefix)
+        try:
+            names = os.listdir(os.path.join(self.root, part(queue)))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise OutputStoreError(f"output store {self.root}: {exc.strerror or exc}") from None
+        return sorted(unquote(n) for n in names if n.startswith(head))[:limit]
 
     def purge(self, before: float) -> int:
         deleted = 0

@@ -293,6 +293,12 @@ class PostgresOutputStore:
                          "task_id=%s ORDER BY attempt", (queue, task_id), missing=())
         return [int(a) for (a,) in rows]
 
+    def task_ids(self, queue: str, prefix: str, limit: int) -> list[str]:
+        rows = self._sql("find task ids", f"SELECT DISTINCT task_id FROM {self.t.outputs} WHERE "
+                         "queue=%s AND starts_with(task_id, %s) ORDER BY task_id LIMIT %s",
+                         (queue, prefix, limit), missing=())
+        return [str(t) for (t,) in rows]
+
     # -------------------------------------------------------------------- housekeeping
     def purge(self, before: float) -> int:
         """Output-store thread: delete the attempts last written before ``before`` (epoch
