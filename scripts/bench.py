@@ -39,6 +39,7 @@ from bench_measure import (
     sqlite_throughput,
 )
 from bench_output import blob_store_rate, output_rate, store_rate
+from bench_pg_fleet_layer import fig_pg_fleet
 from bench_postgres import fig_postgres
 from bench_receive import receive_time
 from bench_rtt import fig_drain_servicebus_rtt
@@ -289,6 +290,8 @@ FIGURES = [
     Figure(fig_startup, azurite=True),
     # one PostgreSQL server of its own (fsync on), PgQueuer and Procrastinate in their venvs
     Figure(fig_postgres),
+    # issue 29: cancel, logs -f, a flood beside renewing leases; a PostgreSQL server of its own
+    Figure(fig_pg_fleet),
 ]
 
 
@@ -323,7 +326,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer tasks and runs (a smoke test)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--skip-azurite", action="store_true")
-    ap.add_argument("--only", metavar="TEXT", help="only the figures whose name contains TEXT")
+    ap.add_argument("--only", metavar="TEXT", help="only the figures whose name contains TEXT "
+                    "(a dash matches an underscore: --only pg-fleet)")
     ap.add_argument("--fleet", action="store_true",
                     help="the fleet model instead of the table: storage calls per task and "
                          "per idle worker-hour, cost, workers per queue (bench_fleet.py)")
@@ -348,7 +352,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="jobq-bench-") as td:
         bench = Bench(Path(td), args.quick, runs, n, results)
         measure(bench, [f for f in FIGURES if args.only is None
-                        or args.only in f.measure.__name__], args.skip_azurite)
+                        or args.only.replace("-", "_") in f.measure.__name__], args.skip_azurite)
     if args.json:
         print(json.dumps(results, indent=2))
     else:

@@ -142,14 +142,16 @@ class PgFigure:
     def jobq_env(self, db: str) -> dict[str, str]:
         return {"JOBQ_POSTGRES_URL": self.srv.url(db)}
 
-    def ctl(self, db: str, *args: str) -> None:
-        """``jobq-ctl ARGS --backend postgres`` on ``db``; raises unless it exits 0."""
+    def ctl(self, db: str, *args: str) -> str:
+        """``jobq-ctl ARGS --backend postgres`` on ``db``: its output; raises unless it
+        exits 0."""
         done = subprocess.run([str(BIN / "jobq-ctl"), *args, "--backend", "postgres"],
                               env={**os.environ, **self.jobq_env(db)}, capture_output=True,
                               text=True, timeout=1800)
         if done.returncode != 0:
             raise BenchError(f"jobq-ctl {args[0]} failed ({done.returncode}): "
                              f"{done.stderr[-2000:]}")
+        return done.stdout
 
     def push(self, db: str, n: int) -> None:
         """``n`` ``true`` tasks with ``jobq-ctl push --file`` (which creates the schema)."""
