@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from .actions_command import cmd_actions
 from .clients import Clients
 from .fleet_commands import (
     cmd_cancel,
@@ -49,8 +50,8 @@ COMMANDS: dict[str, Handler] = {
     "failed": lambda ns, c: cmd_failed(ns, c.queue(), c.store),
     "tasks": lambda ns, c: cmd_tasks(ns, c.queue(), c.store),
     "requeue": lambda ns, c: cmd_requeue(ns, c.queue(), c.store),
-    "clear": lambda ns, c: cmd_clear(ns, c.queue()),
-    "prune": lambda ns, c: cmd_prune(ns, c.queue(), ns.retention),
+    "clear": lambda ns, c: cmd_clear(ns, c.queue(), c.store),
+    "prune": lambda ns, c: cmd_prune(ns, c.queue(), ns.retention, c.store),
     "workers": lambda ns, c: cmd_workers(ns, c.backend, c.control()),
     "cancel": lambda ns, c: cmd_cancel(ns, c.backend, c.control()),
     "pause": lambda ns, c: cmd_flag(ns, c.control(), True),
@@ -58,6 +59,7 @@ COMMANDS: dict[str, Handler] = {
     "drain": lambda ns, c: cmd_command(ns, c.control(), "drain"),
     "stop": lambda ns, c: cmd_command(ns, c.control(), "stop"),
     "result": lambda ns, c: cmd_result(ns, c.backend, c.control()),
+    "actions": lambda ns, c: cmd_actions(ns, c.control()),
     "dashboard": _dashboard,  # it opens its clients per thread (supervisor/dashboard/)
     "migrate": lambda ns, c: cmd_migrate(ns, c.settings),  # PostgreSQL: its own connection
 }
