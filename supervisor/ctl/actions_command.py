@@ -42,7 +42,9 @@ def note_action(ns: argparse.Namespace, store: ControlStore | None, action: str,
 def add_actions_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--limit", type=int, default=DEFAULT_LIMIT, metavar="N",
                     help=f"the newest N actions (default {DEFAULT_LIMIT}, at most {MAX_LIMIT})")
-    sp.add_argument("--json", action="store_true", help="print JSON: a list, newest first")
+    sp.add_argument("--json", action="store_true",
+                    help="print JSON: a list, newest first (each signature checked against "
+                         "the --signing-key-file keys when given)")
 
 
 def cmd_actions(ns: argparse.Namespace, store: ControlStore) -> int:
