@@ -66,5 +66,5 @@ def cmd_actions(ns: argparse.Namespace, store: ControlStore) -> int:
     for r in rows:
         signed = f"  [signed, {r['signature']}]" if r["signature"] else ""
         print(f"{r['when'] or '-':20}  {r['who']:30} {r['via']:9} {r['action']:8} "
-              f"{r['detail']}{signed}")
+              f"{r['detail']}{signed}".rstrip())
     return 0
