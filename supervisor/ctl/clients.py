@@ -23,13 +23,15 @@ from ..ops.follow import Sources
 # Sub-commands that only look: they open the backend with create=False, so a mistyped queue
 # or path is "does not exist" (exit 1) instead of a new, empty queue and "0".
 READ_ONLY_COMMANDS = frozenset({"size", "peek", "status", "failed", "workers", "logs",
-                                "result", "tasks"})
+                                "result", "tasks", "actions"})
 # Sub-commands that look at one queue: a queue the backend does not know is "does not
 # exist" (exit 1), not an empty queue (Backend.require_queue).
 QUEUE_VIEWS = frozenset({"size", "peek", "status", "failed", "tasks"})
-# Sub-commands that go on without a control store (see open_store).
-STORE_OPTIONAL = ("status", "requeue", "failed", "tasks")
-FLEET_COMMANDS = frozenset({"workers", "cancel", "pause", "resume", "drain", "stop", "result"})
+# Sub-commands that go on without a control store (see open_store); clear and prune only
+# keep their audit record in it (ctl/actions_command.py).
+STORE_OPTIONAL = ("status", "requeue", "failed", "tasks", "clear", "prune")
+FLEET_COMMANDS = frozenset({"workers", "cancel", "pause", "resume", "drain", "stop", "result",
+                            "actions"})
 # s per blob call: with start-up, an unreachable (black-holed) store is exit 1 within 10 s
 READ_TIMEOUT = 5.0
 
@@ -80,14 +82,16 @@ def open_store(command: str, settings: Settings) -> ControlStore | None:
     """The control store for ``command``.  A fleet command without one is a UsageError;
     status and requeue go on without one (status then shows its control part as unknown;
     requeue cannot clear the cancels of what it brings back, and says so; failed lists what
-    the backend keeps)."""
+    the backend keeps; requeue, clear and prune keep no audit record)."""
     optional = command in STORE_OPTIONAL
     try:
         store = open_control_store(settings, create=command not in READ_ONLY_COMMANDS)
     except ControlStoreError as exc:
         if not optional:
             raise
-        print(f"jobq-ctl: warning: {exc}", file=sys.stderr)
+        unkept = " (not kept in the audit log)" if command in ("requeue", "clear",
+                                                                "prune") else ""
+        print(f"jobq-ctl: warning: {exc}{unkept}", file=sys.stderr)
         return None
     if store is None and not optional:
         raise UsageError(_no_store(command, settings))

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from ..backends import open_backend
 from ..ops.short_ids import may_be_prefix
+from .actions_command import cmd_actions
 from .clients import Clients
 from .fleet_commands import (
     cmd_cancel,
@@ -76,8 +77,8 @@ COMMANDS: dict[str, Handler] = {
     "failed": lambda ns, c: cmd_failed(ns, c.queue(), c.store),
     "tasks": lambda ns, c: cmd_tasks(ns, c.queue(), c.store),
     "requeue": _short_ids(lambda ns, c: cmd_requeue(ns, c.queue(), c.store)),
-    "clear": lambda ns, c: cmd_clear(ns, c.queue()),
-    "prune": lambda ns, c: cmd_prune(ns, c.queue(), ns.retention),
+    "clear": lambda ns, c: cmd_clear(ns, c.queue(), c.store),
+    "prune": lambda ns, c: cmd_prune(ns, c.queue(), ns.retention, c.store),
     "workers": watched(lambda ns, c: cmd_workers(ns, c.backend, c.control())),
     "cancel": _short_ids(lambda ns, c: cmd_cancel(ns, c.backend, c.control())),
     "pause": lambda ns, c: cmd_flag(ns, c.control(), True),
@@ -85,6 +86,7 @@ COMMANDS: dict[str, Handler] = {
     "drain": lambda ns, c: cmd_command(ns, c.control(), "drain"),
     "stop": lambda ns, c: cmd_command(ns, c.control(), "stop"),
     "result": _short_ids(lambda ns, c: cmd_result(ns, c.backend, c.control())),
+    "actions": lambda ns, c: cmd_actions(ns, c.control()),
     "dashboard": _dashboard,  # it opens its clients per thread (supervisor/dashboard/)
     "migrate": lambda ns, c: cmd_migrate(ns, c.settings),  # PostgreSQL: its own connection
 }

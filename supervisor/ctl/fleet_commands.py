@@ -18,6 +18,7 @@ from ..backends.base import Backend
 from ..core.options import UsageError
 from ..fleet.control.base import CANCEL_TTL, ControlStore, worker_state
 from ..fleet.control.records import QueueFlag
+from ..ops.audit import ids_text, tasks_text
 from ..ops.fleet import (
     cancel_tasks,
     live_worker_ids,
@@ -32,6 +33,7 @@ from ..ops.fleet import (
 from ..ops.keys import first_key
 from ..ops.queue import taken_back
 from ..ops.times import duration_text, iso
+from .actions_command import note_action
 
 EXIT_NOT_FOUND = 1
 
@@ -89,6 +91,8 @@ def cmd_cancel(ns: argparse.Namespace, backend: Backend | None, store: ControlSt
             return EXIT_NOT_FOUND
     live, taken = cancel_tasks(backend, store, ns.queue, ids, states, ns.reason, grace,
                                ns.cancel_ttl, first_key(ns), who())
+    if live:
+        note_action(ns, store, "cancel", tasks_text(ids, len(live), reason=ns.reason))
     for task_id in ids:
         if task_id in back:  # its worker is gone: nobody would have stopped it
             gone = (f"{task_id}: its worker {back[task_id].worker or '?'} is gone (its "
@@ -117,6 +121,7 @@ def cmd_cancel(ns: argparse.Namespace, backend: Backend | None, store: ControlSt
 def cmd_flag(ns: argparse.Namespace, store: ControlStore, paused: bool) -> int:
     """``pause`` (``paused``) and ``resume``."""
     put_pause(store, ns.queue, paused, first_key(ns), who())
+    note_action(ns, store, "pause" if paused else "resume", "")
     print(f"queue {ns.queue} paused: no worker starts a new task; running tasks go on"
           if paused else f"queue {ns.queue} resumed")
     return 0
@@ -138,6 +143,8 @@ def cmd_command(ns: argparse.Namespace, store: ControlStore, action: str) -> int
             put_commands(store, ns.queue, [worker], action, key, by)
             sent.append(worker)
     finally:
+        if sent:
+            note_action(ns, store, action, ids_text(sent))
         for worker in sent:
             print(f"{worker}: {action} sent")
     return 0

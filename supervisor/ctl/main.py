@@ -35,6 +35,7 @@ from ..core.settings import EXIT_UNEXPECTED, Settings
 from ..fleet.control.base import CANCEL_TTL, ControlConfigError, ControlStoreError
 from ..fleet.output.base import OutputConfigError, OutputStoreError
 from ..worker.main import worker_parser
+from .actions_command import add_actions_arguments
 from .clients import Clients, open_clients
 from .commands import COMMANDS, OPENS_OWN
 from .guards import refuse_before_opening, refuse_short_config
@@ -210,6 +211,8 @@ def _add_fleet_commands(cmd: Callable[..., argparse.ArgumentParser]) -> None:
     rs.add_argument("id", metavar="ID", help="a task id (as push prints it)")
     rs.add_argument("--json", action="store_true", help="print JSON: a list, one object per "
                     "attempt")
+    add_actions_arguments(cmd("actions", "the newest operator actions (jobq-ctl's and the "
+                                         "dashboard's): who, when, what, on which tasks"))
 
 
 def _error(text: str) -> int:

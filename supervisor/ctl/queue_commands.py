@@ -23,11 +23,13 @@ from ..core.signing import sign_task
 from ..core.task import DEFAULT_PRIORITY, MAX_NOT_BEFORE, MAX_PRIORITY, Task, TaskFormatError
 from ..fleet.control.base import ControlStore
 from ..fleet.control.unique import push_unique
+from ..ops.audit import count_text, tasks_text
 from ..ops.follow import Sources
 from ..ops.keys import first_key
 from ..ops.queue import all_failed_ids, forget_cancels, requeue_ids, taken_back
 from ..ops.task_ends import failed_listing
 from ..ops.times import iso, iso_or_none, iso_times
+from .actions_command import note_action
 from .output_commands import after_push
 from .stdout import print_or_drop
 
@@ -293,6 +295,11 @@ def cmd_requeue(ns: argparse.Namespace, backend: Backend, store: ControlStore | 
     ids = all_failed_ids(backend, ns.include_cancelled) if ns.all_failed else list(ns.ids)
     n = requeue_ids(backend, ids) if ns.all_failed else backend.requeue(ns.ids)
     returned = sum(t.status == "pending" for t in back.values())
+    if n + returned:
+        what = ("failed and cancelled tasks" if ns.include_cancelled else "failed tasks"
+                ) if ns.all_failed else "tasks"
+        note_action(ns, store, "requeue", tasks_text(list(dict.fromkeys(ids)), n + returned,
+                                                     what))
     print(f"requeued {n + returned}")
     for t in back.values():
         print(f"{t.id}: its worker {t.worker or '?'} is gone (its process ended): taken back, "
@@ -308,13 +315,18 @@ def cmd_requeue(ns: argparse.Namespace, backend: Backend, store: ControlStore | 
     return 0
 
 
-def cmd_clear(ns: argparse.Namespace, backend: Backend) -> int:
+def cmd_clear(ns: argparse.Namespace, backend: Backend, store: ControlStore | None = None
+              ) -> int:
     n = backend.clear(failed=ns.failed)
+    if n:
+        note_action(ns, store, "clear", count_text(n, "failed tasks" if ns.failed
+                                                   else "pending tasks"))
     print(f"deleted {n}")
     return 0
 
 
-def cmd_prune(ns: argparse.Namespace, backend: Backend, retention: float) -> int:
+def cmd_prune(ns: argparse.Namespace, backend: Backend, retention: float,
+              store: ControlStore | None = None) -> int:
     """Delete the succeeded tasks older than --older-than (default: ``retention``, the
     --retention of the flags, environment or config file) and say how many."""
     if not backend.keeps_succeeded:
@@ -325,5 +337,8 @@ def cmd_prune(ns: argparse.Namespace, backend: Backend, retention: float) -> int
                          "--older-than to prune anyway")
     age = retention if ns.older_than is None else ns.older_than
     n = backend.prune_succeeded(time.time() - age)
+    if n:
+        note_action(ns, store, "prune", count_text(
+            n, f"succeeded tasks older than {format_duration(age)}"))
     print(f"pruned {n} succeeded task(s) older than {format_duration(age)}")
     return 0

@@ -2,7 +2,7 @@
 Every view runs on one of waitress's request threads (see serve.py); reads and writes go
 through DataSource (data.py), so a queue or store that is down is a 503 page and never a
 traceback.  Actions write the same signed control records as ``jobq-ctl`` and carry the
-login as ``who``."""
+login as ``who``; each is kept in the audit log as jobq-ctl's are (ops/audit.py)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from flask import (
 from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import HTTPException
 
-from ..fleet.control.records import AuditRecord
+from ..ops.audit import ids_text
 from ..ops.results import ended_text
-from ..ops.times import duration_text, iso_or_none
+from ..ops.times import duration_text
 from .auth import NAME, Auth
 from .charts import depth_chart, depth_series, finished_chart
 from .data import DataSource, Refused, Unavailable
@@ -163,7 +163,7 @@ def create_app(data: DataSource | Sequence[DataSource],
     @app.get("/actions")
     def actions() -> str:
         try:
-            found, store_error = _audit_json(current().audits_or_raise(ACTIONS_SHOWN)), None
+            found, store_error = current().audits_or_raise(ACTIONS_SHOWN), None
         except Unavailable as exc:
             found, store_error = [], str(exc)
         return render_template("actions.html", actions=found, store_error=store_error,
@@ -171,7 +171,7 @@ def create_app(data: DataSource | Sequence[DataSource],
 
     @app.get("/api/actions")
     def api_actions() -> ResponseReturnValue:
-        return jsonify(_audit_json(current().audits_or_raise(ACTIONS_SHOWN)))
+        return jsonify(current().audits_or_raise(ACTIONS_SHOWN))
 
     @app.get("/workers")
     def workers() -> str:
@@ -232,13 +232,14 @@ def create_app(data: DataSource | Sequence[DataSource],
         return redirect(url_for("overview"))
 
     # ------------------------------------------------------------------ actions
-    def _done(what: str) -> ResponseReturnValue:
+    def _done(action: str, detail: str = "") -> ResponseReturnValue:
         who = auth.who() or ""
         data = current()
-        # The audit trail: this line, and an audit record in the control store (jobq-ctl
-        # has none of its own: its user runs it, the shell's history is theirs).
+        # The audit trail: this line, and an audit record in the control store, worded as
+        # jobq-ctl's (ops/audit.py)
+        what = f"{action} {detail}".strip()
         log.warning("dashboard: action %s on queue %s by %s", what, data.queue, who)
-        if not data.audit(what, who, time.time()):
+        if not data.audit(action, detail, who, time.time()):
             log.warning("dashboard: action %s by %s not kept in the control store (down)",
                         what, who)
         back = request.form.get("back") or ""
@@ -261,16 +262,11 @@ def create_app(data: DataSource | Sequence[DataSource],
         data = current()
         if not data.command(worker_id, action, auth.who() or ""):
             abort(404, f"no live worker {worker_id!r} on queue {data.queue}")
-        return _done(f"{action} {worker_id}")
+        return _done(action, ids_text([worker_id]))
 
     register_task_views(app, current, auth, _done)
     register_metrics(app, queues)  # /metrics: the fleet's gauges for Prometheus
     return app
-
-
-def _audit_json(records: list[AuditRecord]) -> list[dict[str, str | None]]:
-    return [{"when": iso_or_none(a.when), "who": a.who, "action": a.action,
-             "detail": a.detail} for a in records]
 
 
 def _local(target: str) -> bool:

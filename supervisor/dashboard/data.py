@@ -24,9 +24,9 @@ from ..fleet.control.base import (
     ControlStoreRefused,
     worker_states,
 )
-from ..fleet.control.records import AuditRecord, new_seq
 from ..fleet.output.base import OutputStore, OutputStoreError
 from ..ops import fleet
+from ..ops.audit import VIA_DASHBOARD, ActionJson, actions_json, record_action
 from ..ops.fleet import (
     StatusJson,
     WorkerJson,
@@ -321,23 +321,24 @@ class DataSource:
         with self.using("control store"):
             put_pause(self.store(), self.queue, paused, self.key, by)
 
-    def audit(self, what: str, by: str, when: float) -> bool:
-        """Keep one operator action in the control store (a request thread); False when the
-        store is down -- the action is done and logged anyway."""
-        action, _, detail = what.partition(" ")
+    def audit(self, action: str, detail: str, by: str, when: float) -> bool:
+        """Keep one operator action in the control store, worded and signed as jobq-ctl's
+        (ops/audit.py; a request thread); False when the store is down -- the action is done
+        and logged anyway."""
         try:
             with self.using("control store"):
-                self.store().put_audit(AuditRecord(queue=self.queue, seq=new_seq(when),
-                                                   who=by, action=action, detail=detail,
-                                                   when=when))
+                record_action(self.store(), self.queue, action, detail, by, VIA_DASHBOARD,
+                              self.key, when)
         except (Unavailable, Refused):
             return False
         return True
 
-    def audits_or_raise(self, limit: int) -> list[AuditRecord]:
-        """The newest operator actions, newest first (Unavailable when the store is down)."""
+    def audits_or_raise(self, limit: int) -> list[ActionJson]:
+        """The newest operator actions, jobq-ctl's and the dashboard's, newest first
+        (Unavailable when the store is down); signatures checked with the dashboard's key."""
         with self.using("control store"):
-            return self.store().audits(self.queue, limit)
+            found = self.store().audits(self.queue, limit)
+        return actions_json(found, [self.key] if self.key is not None else [])
 
     def command(self, worker_id: str, action: str, by: str) -> bool:
         """Send drain/stop to a live worker; False when there is no such live worker."""

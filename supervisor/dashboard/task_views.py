@@ -12,6 +12,7 @@ from flask import Flask, abort, jsonify, render_template, request
 from flask.typing import ResponseReturnValue
 
 from ..backends.task_list import MAX_PAGE, PAGE, TASK_STATES, TaskQuery
+from ..ops.audit import count_text, tasks_text
 from . import tasks
 from .auth import Auth
 from .data import DataSource, Unavailable
@@ -67,7 +68,7 @@ def _task_query() -> TaskQuery:
 
 
 def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
-             done: Callable[[str], ResponseReturnValue]) -> None:
+             done: Callable[[str, str], ResponseReturnValue]) -> None:
     """Add the views (main thread, before serving).  ``current``: the request's queue."""
 
     @app.get("/tasks/<task_id>")
@@ -128,7 +129,7 @@ def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
         task_id = id_or_400(task_id, "task")
         if tasks.cancel(current(), task_id, auth.who() or "") is None:
             abort(409, f"task {task_id} has already ended: nothing to cancel")
-        return done(f"cancel {task_id}")
+        return done("cancel", tasks_text([task_id]))
 
     @app.post("/tasks/<task_id>/requeue")
     def task_requeue(task_id: str) -> ResponseReturnValue:
@@ -136,7 +137,7 @@ def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
         task_id = id_or_400(task_id, "task")
         if tasks.requeue(current(), [task_id]) == 0:
             abort(409, f"task {task_id} is not failed or cancelled: nothing to requeue")
-        return done(f"requeue {task_id}")
+        return done("requeue", tasks_text([task_id]))
 
     @app.post("/failed/requeue")
     def failed_requeue() -> ResponseReturnValue:
@@ -145,7 +146,7 @@ def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
         if not ids:
             abort(400, "no task ids given")
         n = tasks.requeue(current(), ids)
-        return done(f"requeue {n} of {len(ids)} shown failed tasks")
+        return done("requeue", tasks_text(ids, n, "shown failed tasks"))
 
     @app.post("/tasks/bulk")
     def tasks_bulk() -> ResponseReturnValue:
@@ -167,8 +168,7 @@ def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
             n = tasks.cancel_many(current(), ids, auth.who() or "")
         else:
             n = tasks.requeue(current(), ids)
-        shown = " ".join(ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
-        return done(f"{action} {n} of {len(ids)} selected tasks: {shown}")
+        return done(action, tasks_text(ids, n, "selected tasks"))
 
     @app.route("/failed/clear", methods=["GET", "POST"])
     def failed_clear() -> ResponseReturnValue:
@@ -180,4 +180,4 @@ def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
         if request.form.get("confirm") != "yes":
             abort(400, "clearing needs confirm=yes (the confirmation page sends it)")
         n = tasks.clear_failed(current())
-        return done(f"clear {n} failed tasks")
+        return done("clear", count_text(n, "failed tasks"))

@@ -157,15 +157,17 @@ class ResultRecord:
 
 @dataclass(frozen=True)
 class AuditRecord:
-    """One operator action (the dashboard's: pause, cancel, requeue, clear...), kept for
-    AUDIT_TTL: who did what, when, from where."""
+    """One operator action (jobq-ctl's or the dashboard's: pause, cancel, requeue, clear...),
+    kept for AUDIT_TTL: who did what, when, from where (ops/audit.py words them)."""
 
     queue: str
     seq: str  # new_seq(when): unique, sorts by time
-    who: str
-    action: str  # "pause", "cancel", "requeue", "clear failed", ...
+    who: str  # jobq-ctl: user@host; the dashboard: the login
+    action: str  # "pause", "cancel", "requeue", "clear", ...
     detail: str  # what it applied to (task ids, worker ids), one line
     when: float
+    sig: Union[Sig, None] = None  # signed with the operator's key, as their other records
+    via: str = "dashboard"  # "jobq-ctl" or "dashboard" (every record older than the field)
     kind = "audit"
 
 
@@ -274,7 +276,7 @@ def decode(text: object, kind: str | None = None) -> Record:
 
 
 _STR = ("id", "queue", "host", "version", "state", "task_id", "reason", "who", "worker",
-        "seq", "action", "outcome", "tail", "cmd", "cancelled_by", "detail")
+        "seq", "action", "outcome", "tail", "cmd", "cancelled_by", "detail", "via")
 _INT = ("pid", "slots_used", "slots_total", "tasks_omitted", "attempt", "succeeded", "failed")
 _FLOAT = ("started", "heartbeat", "interval", "when", "grace")
 _OPT_INT = ("exit_status", "signal", "max_attempts")

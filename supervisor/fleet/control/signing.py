@@ -1,11 +1,12 @@
-"""Signatures on control records (cancel, queue flag, command), like those on tasks.
+"""Signatures on control records (cancel, queue flag, command; audit), like those on tasks.
 
 ``sig`` is ``{"kid": "<8 hex>", "mac": "<64 hex>"}``: the MAC of core/signing.py, as tasks
 have it (HMAC-SHA256 with a ``SigningKey``, named by its ``kid``), over the canonical text of
 the record -- its document (records.to_doc) without ``sig``, keys sorted, no whitespace, UTF-8.  The
 document holds the kind, the queue, the task id or the worker and the time, so a signature
-cannot be moved to another task, queue, worker or kind.  Worker and result records are not
-signed: workers write them, and nothing acts on them.
+cannot be moved to another task, queue, worker or kind.  An audit record is signed too,
+so that a reader of the log can tell an action by a key holder (nothing acts on it).
+Worker and result records are not signed: workers write them, and nothing acts on them.
 
 With keys configured, a worker acts only on records that ``verify`` accepts; ``Gate`` does
 that and logs each refused record once.  jobq-ctl signs with the first key.
@@ -21,13 +22,15 @@ from typing import TypeVar, Union
 
 from ...core.signing import SigningKey, key_of, mac, mac_matches
 from .base import OnceLog, row_of
-from .records import Cancel, Command, QueueFlag, to_doc
+from .records import AuditRecord, Cancel, Command, QueueFlag, to_doc
 
-Signable = Union[Cancel, QueueFlag, Command]
-S = TypeVar("S", Cancel, QueueFlag, Command)
+Signable = Union[Cancel, QueueFlag, Command]  # what a worker acts on (Gate)
+Signed = Union[Signable, AuditRecord]
+S = TypeVar("S", Cancel, QueueFlag, Command, AuditRecord)
+G = TypeVar("G", Cancel, QueueFlag, Command)
 
 
-def canonical(record: Signable) -> bytes:
+def canonical(record: Signed) -> bytes:
     doc = to_doc(record)
     doc.pop("sig", None)
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
@@ -39,7 +42,7 @@ def sign(record: S, key: SigningKey) -> S:
     return replace(record, sig={"kid": key.kid, "mac": mac(key, canonical(record))})
 
 
-def verify(record: Signable, keys: Sequence[SigningKey]) -> Union[str, None]:
+def verify(record: Signed, keys: Sequence[SigningKey]) -> Union[str, None]:
     """None if ``record`` carries a valid signature by one of ``keys``, else why not."""
     sig = record.sig
     if sig is None:
@@ -71,5 +74,5 @@ class Gate:
                         record.kind, row_of(record), record.queue, reason)
         return False
 
-    def filter(self, records: Sequence[S]) -> list[S]:
+    def filter(self, records: Sequence[G]) -> list[G]:
         return [r for r in records if self.accepts(r)]
