@@ -296,11 +296,16 @@ def _gone(procs: list[psutil.Process]) -> None:
     """Every process we started (the workers, their tasks, the dashboard, Chromium) is gone;
     a survivor is killed and reported."""
     _, alive = psutil.wait_procs(procs, timeout=10)
-    alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    left = []
     for p in alive:
-        p.kill()
-    if alive:
-        raise BenchError(f"processes left running (killed): {[p.pid for p in alive]}")
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                p.kill()
+                left.append(p.pid)
+        except psutil.NoSuchProcess:  # gone meanwhile
+            continue
+    if left:
+        raise BenchError(f"processes left running (killed): {left}")
 
 
 def main(argv: list[str] | None = None) -> int:
