@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchlib import ACCOUNT_KEY, BIN, REPO, BenchError, wait_until
+from benchlib import ACCOUNT_KEY, BIN, REPO, BenchError, dashboard, wait_until
 
 PENDING, RUNNING, WORKERS = 10_000, 1_000, 50
 REQUESTS = 20
@@ -77,17 +77,8 @@ def render_times(tmp: Path) -> dict[str, Any]:
     db = tmp / "dash.db"
     db.unlink(missing_ok=True)
     _fill(db)
-    err = tmp / "dashboard.err"
-    with open(err, "wb") as fh:
-        proc = subprocess.Popen([str(BIN / "jobq-ctl"), "--sqlite-path", str(db), "dashboard",
-                                 "--bind", "127.0.0.1:0"], stderr=fh,
-                                stdout=subprocess.DEVNULL, cwd=tmp, start_new_session=True)
-    try:
-        wait_until(lambda: re.search(r"dashboard on (\S+)", err.read_text()), 30,
-                   what="the dashboard's URL line")
-        m = re.search(r"dashboard on (\S+)", err.read_text())
-        assert m is not None
-        url = m.group(1).rstrip("/")
+    with dashboard(["--sqlite-path", str(db), "dashboard", "--bind", "127.0.0.1:0"],
+                   tmp) as url:
         out: dict[str, Any] = {}
         for page in ("/", "/workers"):
             took = []
@@ -104,9 +95,6 @@ def render_times(tmp: Path) -> dict[str, Any]:
             out[page] = {"median_ms": round(statistics.median(took), 1),
                          "max_ms": round(max(took), 1), "bytes": len(body)}
         return out
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
 
 
 # ------------------------------------------------------------------------ tasks page

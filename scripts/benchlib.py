@@ -10,6 +10,7 @@ from __future__ import annotations
 import calendar
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -137,6 +138,37 @@ def supervisor(args: list[str], cwd: Path, env: dict[str, str] | None = None,
             yield proc
         finally:
             stop(proc, stop_timeout)
+
+
+@contextmanager
+def dashboard(args: list[str], cwd: Path, log: str = "dashboard.err") -> Iterator[str]:
+    """A ``jobq-ctl *args`` that serves the dashboard (``args``: the backend options,
+    ``dashboard``, its own; a ``--bind`` with port 0) in its own session, its stderr in
+    ``cwd/log``; the block gets its base URL, read from the first line it prints.  However
+    the block ends, it is sent SIGTERM, and SIGKILL if it is not gone 10 s later."""
+    err = cwd / log
+    with open(err, "wb") as fh:
+        proc = subprocess.Popen([str(BIN / "jobq-ctl"), *args], stderr=fh,
+                                stdout=subprocess.DEVNULL, cwd=cwd, start_new_session=True)
+    try:
+        def url() -> str | None:
+            m = re.search(r"dashboard on (http://\S+)", err.read_text(errors="replace"))
+            if m is None and proc.poll() is not None:
+                raise BenchError(f"the dashboard exited ({proc.returncode}): "
+                                 f"{log_tail(err, 300).strip()}")
+            return m.group(1).rstrip("/") if m else None
+        wait_until(url, 30, 0.05, what="the dashboard's URL line")
+        found = url()
+        assert found is not None
+        yield found
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
 
 
 def expect_exit(proc: subprocess.Popen[bytes], timeout: float, log: Path) -> None:

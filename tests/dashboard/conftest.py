@@ -1,5 +1,5 @@
 """Dashboard test helpers: a real ``jobq-ctl dashboard`` process on a free loopback port, and
-a headless Chromium driven by Selenium (Debian's chromium + chromium-driver)."""
+a headless Chromium driven by Selenium (tests/browser.py: Debian's chromium + chromium-driver)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.browser import login as form_login
+from tests.browser import set_viewport, start_chromium, why_no_browser
 from tests.conftest import command, wait_for
 
 if TYPE_CHECKING:
     from supervisor.dashboard.data import DataSource
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 TOKEN = "s3cret-token-for-tests-0123456789"
 SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
@@ -92,36 +92,19 @@ def dashboard(request):
         d.stop()
 
 
-def _why_no_browser() -> str | None:
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if not os.access(path, os.X_OK):
-            return f"{path} is missing (apt-get install chromium chromium-driver)"
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[test]')"
-    return None
-
-
-@pytest.fixture
-def browser(tmp_path):
-    why = _why_no_browser()
+def need_browser() -> None:
+    """Skip the test, saying why, where Chromium or Selenium is missing (fail under CI)."""
+    why = why_no_browser()
     if why:
         if os.environ.get("CI"):  # CI must run them: scripts/test installs both
             pytest.fail(f"browser tests: {why}")
         pytest.skip(f"browser tests: {why}")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
 
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                 "--window-size=1280,800", f"--user-data-dir={tmp_path / 'chromium'}"):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-    driver.set_page_load_timeout(30)
+
+@pytest.fixture
+def browser(tmp_path):
+    need_browser()
+    driver = start_chromium(tmp_path / "chromium", *SIZES["desktop"])
     try:
         yield driver
     finally:
@@ -145,17 +128,7 @@ def shoot(driver, name: str) -> None:
 
 def login(driver, url: str, name: str = "alice") -> None:
     """Log in through the login form with the test token."""
-    driver.get(url + "/login")
-    driver.find_element("id", "name").send_keys(name)
-    driver.find_element("id", "token").send_keys(TOKEN)
-    driver.find_element("id", "login-submit").click()
-    wait_for(lambda: driver.find_elements("css selector", ".who form"), 10, what="logged in")
-
-
-def set_viewport(driver, w: int, h: int) -> None:
-    """The viewport (not the window) at w x h, through the DevTools protocol."""
-    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                           {"width": w, "height": h, "deviceScaleFactor": 1, "mobile": w < 600})
+    form_login(driver, url, TOKEN, name)
 
 
 def data_source(e, output: Callable[[], Any] | None = None) -> DataSource:
