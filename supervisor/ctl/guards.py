@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..backends import INDEXED
 from ..backends.azure_common import failed_queue_of
 from ..core.options import UsageError
 from ..core.settings import Settings
@@ -18,7 +19,7 @@ def refuse_before_opening(ns: argparse.Namespace, settings: Settings) -> None:
         refuse_failed_queue(settings)
     ids = list(getattr(ns, "ids", None) or ()) + ([ns.id] if getattr(ns, "id", None) else [])
     if ns.command in ("cancel", "requeue", "logs", "result"):
-        refuse_bad_ids(ns.command, ids, settings.backend != "sqlite"
+        refuse_bad_ids(ns.command, ids, settings.backend not in INDEXED
                        and ns.command == "cancel" and not ns.any_id)
 
 
@@ -34,7 +35,8 @@ def refuse_failed_queue(settings: Settings) -> None:
 
 def refuse_bad_ids(command: str, ids: list[str], made_only: bool) -> None:
     """An id no task can have; with ``made_only`` (a cancel on Azure, which has no index of
-    task ids to look one up in and would record any string) also one no producer makes."""
+    task ids to look one up in and would record any string; SQLite and PostgreSQL say "no
+    task", exit 1) also one no producer makes."""
     for task_id in ids:
         problem = id_problem(task_id)
         if problem is not None:
