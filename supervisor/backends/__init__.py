@@ -11,6 +11,10 @@ if TYPE_CHECKING:
 
 
 AZURE = ("storage-queue", "servicebus")
+# The backends whose ``admin()`` answers (a queue that indexes its tasks by id), known before
+# one is opened: jobq-ctl opens them for the fleet commands that ask the queue (cancel takes a
+# pending task off it; ctl/clients.py).  tests/unit/test_backend_seam.py holds it to the classes.
+INDEXED = ("sqlite", "postgres")
 
 
 def open_backend(settings: Settings, for_ctl: bool = False, create: bool = True,

@@ -1,6 +1,6 @@
 """The worker's outcome counts as its fleet records show them: made by the worker
 (``Settlement.snapshot``, worker/settlement.py), read by the fleet layer's control thread
-(fleet/agent.py, fleet/agent_group.py), which never imports the worker."""
+(fleet/worker_record.py, fleet/agent_group.py), which never imports the worker."""
 
 from __future__ import annotations
 

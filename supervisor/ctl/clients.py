@@ -11,7 +11,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from ..backends import open_backend
+from ..backends import INDEXED, open_backend
 from ..backends.base import Backend
 from ..core.options import UsageError
 from ..core.settings import Settings
@@ -32,6 +32,9 @@ QUEUE_VIEWS = frozenset({"size", "peek", "status", "failed", "tasks"})
 STORE_OPTIONAL = ("status", "requeue", "failed", "tasks", "clear", "prune")
 FLEET_COMMANDS = frozenset({"workers", "cancel", "pause", "resume", "drain", "stop", "result",
                             "actions"})
+# Fleet commands that ask the queue where it tells (``Backend.admin``): cancel takes a pending
+# task off it, result reads whether the cancel took the task.
+ASKS_QUEUE = frozenset({"cancel", "result"})
 # s per blob call: with start-up, an unreachable (black-holed) store is exit 1 within 10 s
 READ_TIMEOUT = 5.0
 
@@ -62,9 +65,11 @@ class Clients:
 
 
 def needs_backend(command: str, settings: Settings) -> bool:
-    """The queue commands and status need the backend; the fleet ones only on SQLite (to
-    check the database and, for cancel, the task ids)."""
-    return command not in FLEET_COMMANDS or settings.backend == "sqlite"
+    """The queue commands and status need the backend; the fleet ones on SQLite (to check
+    the database), and cancel and result on every queue that indexes its tasks (the task
+    ids, a pending task taken off the queue)."""
+    return (command not in FLEET_COMMANDS or settings.backend == "sqlite"
+            or (command in ASKS_QUEUE and settings.backend in INDEXED))
 
 
 def _no_store(command: str, settings: Settings) -> str:

@@ -54,8 +54,8 @@ def _short_ids(handler: Handler) -> Handler:
         ids = [ns.id] if getattr(ns, "id", None) else list(getattr(ns, "ids", None) or ())
         if backend is None and c.settings.backend == "postgres" and any(
                 may_be_prefix(i) for i in ids):
-            # result and cancel run on the control store alone; the jobs' id index is the
-            # one place that knows every task of a PostgreSQL queue
+            # logs runs on the stores alone; the jobs' id index is the one place that knows
+            # every task of a PostgreSQL queue
             backend = opened = open_backend(c.settings, for_ctl=True, create=False)
         try:
             resolve_ids(ns, c.settings, backend.admin() if backend is not None else None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Collection
 
+from ..backends import INDEXED
 from ..backends.azure_common import failed_queue_of
 from ..backends.base import QueueAdmin
 from ..core.options import UsageError
@@ -23,7 +24,7 @@ def refuse_before_opening(ns: argparse.Namespace, settings: Settings) -> None:
         refuse_failed_queue(settings)
     ids = list(getattr(ns, "ids", None) or ()) + ([ns.id] if getattr(ns, "id", None) else [])
     if ns.command in ("cancel", "requeue", "logs", "result"):
-        refuse_bad_ids(ns.command, ids, settings.backend != "sqlite"
+        refuse_bad_ids(ns.command, ids, settings.backend not in INDEXED
                        and ns.command == "cancel" and not ns.any_id, short_later=True)
 
 
@@ -40,8 +41,9 @@ def refuse_failed_queue(settings: Settings) -> None:
 def refuse_bad_ids(command: str, ids: list[str], made_only: bool,
                    short_later: bool = False) -> None:
     """An id no task can have; with ``made_only`` (a cancel on Azure, which has no index of
-    task ids to look one up in and would record any string) also one no producer makes --
-    but with ``short_later`` for a possible short id, checked once resolved (resolve_ids)."""
+    task ids to look one up in and would record any string; SQLite and PostgreSQL say "no
+    task", exit 1) also one no producer makes -- but with ``short_later`` for a possible short
+    id, checked once resolved (resolve_ids)."""
     for task_id in ids:
         problem = id_problem(task_id)
         if problem is not None:
@@ -69,7 +71,7 @@ def resolve_ids(ns: argparse.Namespace, settings: Settings, admin: QueueAdmin | 
         ns.id = one(ns.id)
     if getattr(ns, "ids", None):
         ns.ids = [one(i) for i in ns.ids]
-    if ns.command == "cancel" and settings.backend != "sqlite" and not ns.any_id:
+    if ns.command == "cancel" and settings.backend not in INDEXED and not ns.any_id:
         refuse_bad_ids("cancel", list(ns.ids), True)
 
 

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Callable, Protocol, Union
 from ..backends.base import Lease
 from ..backends.multi import MultiQueueBackend
 from ..core.outcome_counts import OutcomeCounts
-from .agent import ControlAgent, RunningTaskView, View
+from .agent import ControlAgent
 from .control.records import Cancel, Command, ResultRecord
+from .worker_record import RunningTaskView, View
 
 if TYPE_CHECKING:
     from ..backends.base import Backend

@@ -1,8 +1,8 @@
 """The result records a worker has not written yet: a bounded, coalescing outbox.
 
 The main thread puts (``put``: a dict insert under a lock, never a wait); the control thread
-takes everything waiting once it is due (``due``, ``batch``), writes it in one store call and
-marks it written (``written``), or, when the write failed, leaves it for after its back-off
+takes everything waiting once it is due (``due``), writes it in one store call (``write``:
+``batch``, then ``written``), or, when the write failed, leaves it for after its back-off
 (``retry_at``).  A newer record of an attempt replaces one not written yet, so a short task's
 "running" and end records become one write.  Beyond ``kept`` records the oldest are dropped
 and counted (``dropped``): a dead control store must not grow the worker's memory.
@@ -10,11 +10,16 @@ and counted (``dropped``): a dead control store must not grow the worker's memor
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from typing import Callable
 
+from .control.base import ControlStore
 from .control.records import ResultRecord
+from .control.unique import release_final
+
+log = logging.getLogger("jobq.control")
 
 # ~300 bytes a record, ~4 KB with an output tail (failed and cancelled attempts only)
 RESULTS_KEPT = 5000
@@ -35,6 +40,8 @@ class Outbox:
         self.kept = kept
         self.delay = delay
         self.dropped = 0
+        self._drops_logged = 0
+        self._drops_logged_at = -math.inf
         self.retry_at = -math.inf  # after a failed write: not before then
         self._waiting: dict[Key, ResultRecord] = {}
         self._since = 0.0  # clock() when the oldest waiting record came
@@ -76,3 +83,24 @@ class Outbox:
                 if self._waiting.get(key) is record:
                     del self._waiting[key]
             self._since = self.clock()
+
+    def write(self, store: ControlStore) -> bool:
+        """Every waiting record in one store call, then the unique-key claims their final
+        records release; whether a call was made (control thread).  Raises
+        ControlStoreError: the records wait for the next try."""
+        batch = self.batch()
+        if not batch:
+            return False
+        store.put_results(list(batch.values()))
+        self.written(batch)
+        release_final(store, batch.values())
+        return True
+
+    def report_drops(self, every: float) -> None:
+        """Log the records dropped so far, at most once per ``every`` s (control thread)."""
+        dropped, now = self.dropped, self.clock()
+        if dropped > self._drops_logged and now - self._drops_logged_at >= every:
+            log.warning("control store: %d result record(s) dropped so far: the store could "
+                        "not take them and %d were waiting (their tasks ran and were settled "
+                        "as usual)", dropped, self.kept)
+            self._drops_logged, self._drops_logged_at = dropped, now

@@ -38,7 +38,7 @@ def taken_back(backend: Backend, ids: list[str]) -> dict[str, TakenBack]:
 def forget_cancels(queue: str, ids: list[str], store: ControlStore | None) -> None:
     """A requeued task that had been cancelled must run again: its cancel record would make
     the next worker cancel it at claim time.  Workers drop a deleted cancel from their cache
-    within a minute (fleet/agent.py)."""
+    within a minute (fleet/directives.py)."""
     if store is None or not ids:
         return
     try:

@@ -76,7 +76,7 @@ class Launcher:
         self.held = ReceiveAhead(lock=settings.lock, slots=settings.num_workers,
                                  can_hold=backend.receive_ahead,
                                  max_receive=backend.max_receive, clock=clock)
-        # task id -> Cancel, kept by the control thread (fleet/agent.py; several queues:
+        # task id -> Cancel, kept by the control thread (fleet/directives.py; several queues:
         # a ChainMap over their agents' caches, fleet/agent_group.py); read only here
         self.cancels: Mapping[str, Cancel] = {}
 

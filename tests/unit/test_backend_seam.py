@@ -91,3 +91,20 @@ self._client("backend", opener, "queue")
     assert [v.split(": ", 1)[0] for v in violations(planted, "x")] == [
         "x:2", "x:3", "x:4", "x:5", "x:6", "x:7"]
     assert violations(allowed, "y") == []
+
+
+def test_indexed_names_the_backends_whose_admin_answers() -> None:
+    """``backends.INDEXED`` (what jobq-ctl opens for cancel and result before it has a
+    backend to ask) is exactly the backend classes that override ``admin()``."""
+    from supervisor.backends import INDEXED
+    from supervisor.backends.base import BackendBase
+    from supervisor.backends.postgres.backend import PostgresBackend
+    from supervisor.backends.servicebus.backend import ServiceBusBackend
+    from supervisor.backends.sqlite.backend import SqliteBackend
+    from supervisor.backends.storage_queue.backend import StorageQueueBackend
+
+    classes = {"sqlite": SqliteBackend, "storage-queue": StorageQueueBackend,
+               "servicebus": ServiceBusBackend, "postgres": PostgresBackend}
+    assert set(classes) == set(BACKENDS)
+    assert {name for name, cls in classes.items()
+            if cls.admin is not BackendBase.admin} == set(INDEXED)

@@ -58,11 +58,11 @@ def test_a_cancel_stops_applying_at_its_ttl(store) -> None:  # noqa: F811
     cache = agent.cancels
     assert set(cache) == {"short", "default"}
     # the control thread sleeps no longer than until the next expiry
-    assert agent._expire() == WHEN + 10
+    assert agent.directives.expire() == WHEN + 10
     clock.now = T0 + 9.9
-    assert agent._expire() == WHEN + 10 and "short" in cache
+    assert agent.directives.expire() == WHEN + 10 and "short" in cache
     clock.now = T0 + 10
-    assert agent._expire() == WHEN + CANCEL_TTL
+    assert agent.directives.expire() == WHEN + CANCEL_TTL
     assert set(agent.cancels) == {"default"} and agent.cancels is cache  # the launcher's dict
     # a task with the expired cancel's id starting now is not touched, not even by a full poll
     rt = make_task(clock)
@@ -75,7 +75,7 @@ def test_a_cancel_stops_applying_at_its_ttl(store) -> None:  # noqa: F811
     agent._poll()
     assert set(agent.cancels) == {"default"}
     clock.now = T0 + CANCEL_TTL
-    agent._expire()
+    agent.directives.expire()
     assert agent.cancels == {}
 
 

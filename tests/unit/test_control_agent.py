@@ -217,7 +217,7 @@ def test_with_keys_unsigned_records_are_ignored_and_logged_once(store, caplog) -
     store.put_flag(QueueFlag(queue="q", paused=True, who="ops", when=1e9))
     with caplog.at_level(logging.WARNING, "jobq.control"):
         agent._poll()
-        agent._cursor = None
+        agent.directives.cursor = None
         agent._poll()
     assert set(agent.cancels) == {"b"} and not agent.paused and events.empty()
     unsigned = [r for r in caplog.records if "signature unsigned" in r.getMessage()]
@@ -288,7 +288,7 @@ def test_a_cancel_deleted_from_the_store_leaves_the_cache_within_a_refresh(store
                                                                             tmp_path) -> None:
     import sqlite3
 
-    from supervisor.fleet.agent import REFRESH_EVERY
+    from supervisor.fleet.directives import REFRESH_EVERY
 
     clock = FakeClock(T0)
     agent, _, _ = agent_for(store, clock)

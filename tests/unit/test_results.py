@@ -297,11 +297,11 @@ def test_a_failed_write_keeps_the_records_for_after_the_back_off(caplog) -> None
         agent._write_results()
     assert len(agent.outbox) == 10 and agent.outbox.dropped == 5
     with caplog.at_level(logging.WARNING, "jobq.control"):
-        agent._report_drops()
+        agent.outbox.report_drops(LOG_EVERY)
         agent.result(record("late"))  # one more dropped: not logged again within a minute
-        agent._report_drops()
+        agent.outbox.report_drops(LOG_EVERY)
         clock.now += LOG_EVERY
-        agent._report_drops()
+        agent.outbox.report_drops(LOG_EVERY)
     drops = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
     assert len(drops) == 2 and drops[0].startswith("control store: 5 result record(s)")
     store.down = False

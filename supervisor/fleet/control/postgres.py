@@ -1,14 +1,13 @@
-"""Control store in the queue's own PostgreSQL database: the records of base.py in one table.
+"""Control store in the queue's own PostgreSQL database: record_table.py's table of records,
+with this driver's SQL and connection handling.
 
 ``S.control_records(part, row, kind, at, rev, expires, doc)`` (backends/postgres/schema.py,
-migration ``_migration_control``), laid out as the SQLite store's table: ``part``/``row`` the
-partition and row keys of base.py (byte order: ``COLLATE "C"``), ``at`` the record's own time
-for purges, ``doc`` the record's JSON text as written (a signature covers that text),
-``expires`` a cancel's own end (``when + ttl``).  ``rev`` is taken from the sequence
-``S.control_rev``: the etag of a unique-key claim, and the poll's cursor (the highest cancel
-``rev`` seen).  Sequence values are handed out in one order and committed in another, so each
-cancel write takes a transaction-level advisory lock of its queue first: cancels of a queue
-commit in ``rev`` order, and a later poll with ``rev > cursor`` misses none.
+migration ``_migration_control``), laid out as the SQLite store's table (record_table.py;
+keys in byte order: ``COLLATE "C"``), plus ``expires``, a cancel's own end (``when + ttl``),
+for the purge.  ``rev`` is taken from the sequence ``S.control_rev``.  Sequence values are
+handed out in one order and committed in another, so each cancel write takes a
+transaction-level advisory lock of its queue first: cancels of a queue commit in ``rev``
+order, and a later poll with ``rev > cursor`` misses none.
 
 A cancel, a queue flag and a command each send ``NOTIFY "S.control"`` (``control_channel``)
 with the queue's name, in the write's transaction: a listening worker learns of it at once.
@@ -28,49 +27,40 @@ broken connection is dropped and made again at the next call.  Every call is one
 transaction under ``SET LOCAL statement_timeout`` (``timeout``) and a client-side deadline
 (backends/postgres/deadlines.py: a frozen server cannot hold the control thread); any failure
 is ControlStoreError, one redacted line.  Nothing uses session state beyond a transaction,
-so the store works through PgBouncer in transaction mode (``prepare=False``).
+so the store works through PgBouncer in transaction mode (``prepare=False``).  The purge
+deletes PURGE_BATCH rows per short transaction (``SKIP LOCKED``: two purges at once split the
+rows), for at most record_table.PURGE_BUDGET seconds.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Union
+from typing import Callable, Union
 
 from ...backends.base import BackendConfigError, BackendError, QueueNotFound
-from ...backends.postgres.connect import connect, describe, one_line, psycopg
+from ...backends.postgres.connect import Conn, connect, describe, one_line, psycopg
 from ...backends.postgres.connect import statement_timeout_ms as timeout_ms
 from ...backends.postgres.deadlines import DEADLINES
 from ...backends.postgres.listener import WakeListener
 from ...backends.postgres.schema import Tables, check_schema, control_channel
-from . import base, records
-from .base import (
-    ControlConfigError,
-    ControlSnapshot,
-    ControlStoreError,
-    ControlStoreRefused,
-    OnceLog,
-    PurgeCounts,
-)
+from . import records
+from .base import ControlConfigError, ControlStoreError, ControlStoreRefused
+from .record_table import Dialect, RecordTableStore, Row
 
 APP_CONTROL = "jobq-control"  # application_name: pg_stat_activity tells them from the data plane
 CALL_TIMEOUT = 5.0  # s: a call's statement_timeout
 CUT_GRACE = 1.0  # s after it that a call the server does not answer is cut (deadlines.py)
 PURGE_BATCH = 1000  # rows per purge statement
-PURGE_BUDGET = 10.0  # s: a purge stops after this many seconds of batches (the next goes on)
 LISTEN_EFFECT = "cancels, pauses and commands arrive at the next poll meanwhile"
 
-_COLUMNS = "part, row, kind, rev, doc"  # what _decode reads: row[-3] is the kind
 _UPSERT = ("INSERT INTO {t} (part, row, kind, at, rev, expires, doc) VALUES "
            "(%s, %s, %s, %s, nextval('{rev}'), %s, %s) ON CONFLICT (part, row) DO UPDATE SET "
            "kind = EXCLUDED.kind, at = EXCLUDED.at, rev = EXCLUDED.rev, "
            "expires = EXCLUDED.expires, doc = EXCLUDED.doc")
-_POLL = ("SELECT {c} FROM {t} WHERE part = %s AND (row = 'flag' OR (row >= %s AND row < %s) "
-         "OR (row >= 'cancel:' AND row < 'cancel;' AND rev > %s))")
 _PURGE = ("DELETE FROM {t} WHERE (part, row) IN (SELECT part, row FROM {t} WHERE "
           "(kind = 'worker' AND at < %s) OR (kind = 'cancel' AND (at < %s OR expires < %s)) OR "
           "(kind = 'cmd' AND at < %s) OR (kind = 'result' AND at < %s) OR "
@@ -78,11 +68,18 @@ _PURGE = ("DELETE FROM {t} WHERE (part, row) IN (SELECT part, row FROM {t} WHERE
           "(kind = 'unique' AND at < %s) LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING kind")
 
 
-class PostgresControlStore:
+def dialect(tables: Tables) -> Dialect:
+    """The statements on the records table and rev sequence of ``tables``."""
+    t, rev = tables.control_records, tables.control_rev
+    return Dialect(table=t, marker="%s", rev=f"nextval('{rev}')", bump=None,
+                   upsert=_UPSERT.format(t=t, rev=rev), expires=True,
+                   purge=_PURGE.format(t=t), purge_batch=PURGE_BATCH, for_update=" FOR UPDATE")
+
+
+class PostgresControlStore(RecordTableStore[Conn]):
     """Control records in schema ``schema`` of the database at ``url``."""
 
     name = "postgres"
-    end_cursor = str(2**62)  # past every cancel's rev
 
     def __init__(self, url: Union[str, None], schema: str = "jobq", *, create: bool = True,
                  prepare: bool = True, notify: bool = True, timeout: float = CALL_TIMEOUT,
@@ -97,16 +94,15 @@ class PostgresControlStore:
             tables = Tables.of(schema)
         except BackendConfigError as exc:
             raise ControlConfigError(f"control store: {exc}") from None
+        super().__init__(dialect(tables))
         self.url, self.schema, self.timeout = url, schema, timeout
-        self._table, self._rev = tables.control_records, tables.control_rev
         self._channel = control_channel(schema)
         self._prepare = prepare
         self._notify = notify
         self._watches: list[_QueueWatch] = []
         self._trace = trace
-        self._once = OnceLog()
         self._lock = threading.Lock()
-        self._conn: Union[psycopg.Connection[Any], None] = None
+        self._conn: Union[Conn, None] = None
         conn = self._connection()
         try:
             check_schema(conn, schema, create, url)
@@ -124,7 +120,7 @@ class PostgresControlStore:
         return f"PostgresControlStore(schema {self.schema} on {describe(self.url)})"
 
     # ------------------------------------------------------------------------- plumbing
-    def _connection(self) -> psycopg.Connection[Any]:
+    def _connection(self) -> Conn:
         if self._conn is None or self._conn.closed:
             try:
                 self._conn = connect(self.url, application_name=APP_CONTROL,
@@ -134,7 +130,7 @@ class PostgresControlStore:
         return self._conn
 
     @contextmanager
-    def _tx(self, what: str) -> Iterator[psycopg.Connection[Any]]:
+    def _tx(self, what: str, write: bool) -> Iterator[Conn]:
         """One transaction under the call's timeouts; errors -> ControlStoreError."""
         with self._lock:
             try:
@@ -162,240 +158,29 @@ class PostgresControlStore:
         if self._trace is not None:
             self._trace(text)
 
-    def _exec(self, conn: psycopg.Connection[Any], sql: str,
-              args: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+    def _exec(self, conn: Conn, sql: str, args: Sequence[object] = ()) -> list[Row]:
         self._traced(f"{sql} {tuple(args)!r}")
-        return conn.execute(sql, args)
+        cur = conn.execute(sql, args)
+        return cur.fetchall() if cur.description is not None else []
 
-    def _sql(self, template: str) -> str:
-        return template.format(t=self._table, rev=self._rev, c=_COLUMNS)
+    def _exec_many(self, conn: Conn, sql: str, rows: Sequence[Sequence[object]]) -> None:
+        """The statements pipelined (executemany): one round trip for a batch."""
+        self._traced(f"{sql} x {len(rows)}")
+        with conn.cursor() as cur:
+            cur.executemany(sql, rows)
 
-    def _put(self, part: str, row: str, record: records.Record, at: float,
-             notify: Union[str, None] = None) -> None:
-        """Upsert one record; ``notify``: the queue to NOTIFY on control_channel, in the
-        same transaction."""
-        expires = None
-        if isinstance(record, records.Cancel) and record.ttl is not None:
-            expires = record.when + record.ttl
-        with self._tx(f"write {record.kind}") as conn:
-            if isinstance(record, records.Cancel):
-                # Cancels of a queue commit in rev order (the poll's cursor; module doc).
-                self._exec(conn, "SELECT pg_advisory_xact_lock(%s)", (self._cancel_lock(part),))
-            self._exec(conn, self._sql(_UPSERT),
-                       (part, row, record.kind, at, expires, records.encode(record)))
-            if notify is not None:
-                self._exec(conn, "SELECT pg_notify(%s, %s)", (self._channel, notify))
+    def _on_put(self, conn: Conn, part: str, record: records.Record,
+                notify: Union[str, None]) -> None:
+        """Cancels of a queue commit in rev order (the poll's cursor; module doc), and
+        ``notify`` is sent on control_channel in the write's transaction."""
+        if isinstance(record, records.Cancel):
+            self._exec(conn, "SELECT pg_advisory_xact_lock(%s)", (self._cancel_lock(part),))
+        if notify is not None:
+            self._exec(conn, "SELECT pg_notify(%s, %s)", (self._channel, notify))
 
     def _cancel_lock(self, part: str) -> int:
         digest = hashlib.sha256(f"jobq-supervisor control {self.schema} {part}".encode()).digest()
         return int.from_bytes(digest[:8], "big", signed=True)
-
-    def _delete(self, part: str, row: str) -> None:
-        with self._tx("delete") as conn:
-            self._exec(conn, self._sql("DELETE FROM {t} WHERE part = %s AND row = %s"),
-                       (part, row))
-
-    def _select(self, what: str, where: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
-        with self._tx(what) as conn:
-            return self._exec(conn, self._sql(f"SELECT {{c}} FROM {{t}} WHERE {where}"),
-                              args).fetchall()
-
-    def _decode(self, rows: Iterable[tuple[Any, ...]], kind: Union[str, None] = None
-                ) -> Iterator[tuple[tuple[Any, ...], records.Record]]:
-        """(row, record) for each row whose last column decodes; others skipped, logged once."""
-        for row in rows:
-            try:
-                yield row, records.decode(row[-1], kind or row[-3])
-            except records.RecordError as exc:
-                base.skipped(self._once, self.name, (str(row[0]), str(row[1])), exc)
-
-    # -------------------------------------------------------------------------- workers
-    def put_worker(self, record: records.WorkerRecord) -> None:
-        self._put(base.worker_partition(record.queue), base.key_part(record.id), record,
-                  record.heartbeat)
-
-    def delete_worker(self, queue: str, worker_id: str) -> None:
-        self._delete(base.worker_partition(queue), base.key_part(worker_id))
-
-    def workers(self, queue: Union[str, None] = None) -> list[records.WorkerRecord]:
-        if queue is None:
-            rows = self._select("list workers", "part >= %s AND part < %s ORDER BY part, row",
-                                ("w:", base.after_prefix("w:")))
-        else:
-            rows = self._select("list workers", "part = %s ORDER BY row",
-                                (base.worker_partition(queue),))
-        return [r for _, r in self._decode(rows, "worker")]  # type: ignore[misc]
-
-    # ---------------------------------------------------------------------- ctl writes
-    def put_cancel(self, cancel: records.Cancel) -> None:
-        self._put(base.queue_partition(cancel.queue), base.row_of(cancel), cancel, cancel.when,
-                  notify=cancel.queue)
-
-    def put_flag(self, flag: records.QueueFlag) -> None:
-        self._put(base.queue_partition(flag.queue), "flag", flag, flag.when, notify=flag.queue)
-
-    def put_command(self, command: records.Command) -> None:
-        self._put(base.queue_partition(command.queue), base.command_key(command), command,
-                  command.when, notify=command.queue)
-
-    # --------------------------------------------------------------------- worker reads
-    def poll(self, queue: str, worker_id: str,
-             cursor: Union[str, None] = None) -> ControlSnapshot:
-        """One SELECT: the flag, cancels with a rev above ``cursor``, this worker's commands."""
-        try:
-            since = int(cursor) if cursor is not None else -1
-        except ValueError:
-            since = -1  # a cursor from another store: start over with all live cancels
-        prefix = base.command_prefix(worker_id)
-        with self._tx("poll") as conn:
-            rows = self._exec(conn, self._sql(_POLL), (
-                base.queue_partition(queue), prefix, base.after_prefix(prefix),
-                since)).fetchall()
-        return ControlSnapshot.of_rows(self._decode(rows), since, cursor)
-
-    def get_cancel(self, queue: str, task_id: str) -> Union[records.Cancel, None]:
-        rows = self._select("get cancel", "part = %s AND row = %s",
-                            (base.queue_partition(queue), base.cancel_key(task_id)))
-        for _, record in self._decode(rows, "cancel"):
-            return record  # type: ignore[return-value]
-        return None
-
-    def delete_cancel(self, queue: str, task_id: str) -> None:
-        self._delete(base.queue_partition(queue), base.cancel_key(task_id))
-
-    def ack_command(self, command: records.Command) -> None:
-        self._delete(base.queue_partition(command.queue), base.command_key(command))
-
-    # ------------------------------------------------------------------------ listings
-    def cancels(self, queue: str) -> list[records.Cancel]:
-        rows = self._select("list cancels", "part = %s AND row >= 'cancel:' AND "
-                            "row < 'cancel;' ORDER BY at, row", (base.queue_partition(queue),))
-        return [r for _, r in self._decode(rows, "cancel")]  # type: ignore[misc]
-
-    def put_result(self, result: records.ResultRecord) -> None:
-        self.put_results([result])
-
-    def put_results(self, batch: Sequence[records.ResultRecord]) -> None:
-        """One transaction for the whole batch, its statements sent together (executemany
-        pipelines them): the control thread's flush of many short tasks is one round trip."""
-        if not batch:
-            return
-        rows: list[tuple[str, str, str, float, None, str]] = []
-        gone: list[tuple[str, str]] = []
-        for r in batch:
-            text = records.encode(r)
-            rows.append((base.result_partition(r.queue), base.result_key(r), "result",
-                         r.when, None, text))
-            if r.outcome in base.INDEXED_STATES:
-                rows.append((base.index_partition(r.queue), base.index_key(r.outcome, r),
-                             base.INDEX_KIND, r.when, None, text))
-            elif r.outcome == "lock-lost":  # a corrected record: no longer listed as ended
-                gone += [(base.index_partition(r.queue), base.index_key(o, r))
-                         for o in base.INDEXED_STATES]
-        with self._tx("write results") as conn:
-            with conn.cursor() as cur:
-                self._traced(f"{self._sql(_UPSERT)} x {len(rows)}")
-                cur.executemany(self._sql(_UPSERT), rows)
-                if gone:
-                    self._traced(f"DELETE x {len(gone)}")
-                    cur.executemany(self._sql("DELETE FROM {t} WHERE part = %s AND row = %s"),
-                                    gone)
-
-    def results(self, queue: str, outcome: Union[str, None] = None) -> list[records.ResultRecord]:
-        if outcome in base.INDEXED_STATES:
-            prefix = f"{outcome}:"
-            rows = self._select("list results", "part = %s AND row >= %s AND row < %s "
-                                "ORDER BY at, row", (base.index_partition(queue), prefix,
-                                                     base.after_prefix(prefix)))
-        else:
-            rows = self._select("list results", "part = %s ORDER BY at, row",
-                                (base.result_partition(queue),))
-        found: list[records.ResultRecord] = [
-            r for _, r in self._decode(rows, "result")]  # type: ignore[misc]
-        return [r for r in found if outcome is None or r.outcome == outcome]
-
-    def put_audit(self, record: records.AuditRecord) -> None:
-        self._put(base.audit_partition(record.queue), base.audit_key(record), record,
-                  record.when)
-
-    def audits(self, queue: str, limit: int = 100) -> list[records.AuditRecord]:
-        rows = self._select("list actions", "part = %s ORDER BY row LIMIT %s",
-                            (base.audit_partition(queue), max(0, limit)))
-        return [r for _, r in self._decode(rows, "audit")]  # type: ignore[misc]
-
-    def results_of(self, queue: str, task_id: str) -> list[records.ResultRecord]:
-        prefix = base.key_part(task_id) + ":"
-        rows = self._select("read results", "part = %s AND row >= %s AND row < %s "
-                            "ORDER BY row", (base.result_partition(queue), prefix,
-                                             base.after_prefix(prefix)))
-        return [r for _, r in self._decode(rows, "result")]  # type: ignore[misc]
-
-    def task_ids(self, queue: str, prefix: str, limit: int) -> list[str]:
-        return base.task_ids_from_rows(self._first_row, queue, prefix, limit)
-
-    def _first_row(self, part: str, lo: str, hi: str) -> Union[str, None]:
-        with self._tx("find task ids") as conn:  # part and row are COLLATE "C": a key range
-            rows = self._exec(conn, self._sql(
-                "SELECT row FROM {t} WHERE part = %s AND row >= %s AND row < %s ORDER BY row "
-                "LIMIT 1"), (part, lo, hi)).fetchall()
-        return str(rows[0][0]) if rows else None
-
-    # --------------------------------------------------------------------- unique keys
-    # A claim's doc is {"task": <task id>}, ``at`` its time; its ``rev`` is its etag.
-    def create_claim(self, claim: base.UniqueClaim) -> bool:
-        with self._tx("claim unique key") as conn:
-            return bool(self._exec(conn, self._sql(
-                "INSERT INTO {t} (part, row, kind, at, rev, doc) VALUES "
-                "(%s, %s, 'unique', %s, nextval('{rev}'), %s) ON CONFLICT (part, row) "
-                "DO NOTHING RETURNING rev"), (*_claim_key(claim.queue, claim.key), claim.when,
-                                              _claim_doc(claim))).fetchall())
-
-    def get_claim(self, queue: str, key: str) -> Union[base.UniqueClaim, None]:
-        with self._tx("read unique key") as conn:
-            rows = self._exec(conn, self._sql("SELECT at, rev, doc FROM {t} WHERE part = %s "
-                                              "AND row = %s"), _claim_key(queue, key)).fetchall()
-        for at, rev, doc in rows:
-            return base.UniqueClaim(queue, key, _claim_task(doc), float(at), str(rev))
-        return None
-
-    def replace_claim(self, claim: base.UniqueClaim, etag: str) -> bool:
-        with self._tx("replace unique key") as conn:
-            return bool(self._exec(conn, self._sql(
-                "UPDATE {t} SET at = %s, rev = nextval('{rev}'), doc = %s WHERE part = %s "
-                "AND row = %s AND rev::text = %s RETURNING rev"),
-                (claim.when, _claim_doc(claim), *_claim_key(claim.queue, claim.key),
-                 etag)).fetchall())
-
-    def release_claim(self, queue: str, key: str, task_id: str) -> None:
-        """The row is locked while its document is read, so that a push replacing the
-        claim meanwhile keeps it."""
-        part, row = _claim_key(queue, key)
-        with self._tx("release unique key") as conn:
-            found = self._exec(conn, self._sql("SELECT rev, doc FROM {t} WHERE part = %s AND "
-                                               "row = %s FOR UPDATE"), (part, row)).fetchall()
-            if found and _claim_task(found[0][1]) == task_id:
-                self._exec(conn, self._sql("DELETE FROM {t} WHERE part = %s AND row = %s"),
-                           (part, row))
-
-    # -------------------------------------------------------------------- housekeeping
-    def purge(self, now: float) -> PurgeCounts:
-        """Delete records past their age (any process may), PURGE_BATCH rows per short
-        transaction (``SKIP LOCKED``: two purges at once split the rows), for at most
-        PURGE_BUDGET seconds; the next purge deletes what is left."""
-        cut = base.purge_cutoffs(now)
-        args = (cut["worker"], cut["cancel"], now, cut["cmd"], cut["result"], base.INDEX_KIND,
-                cut[base.INDEX_KIND], cut["audit"], cut["unique"], PURGE_BATCH)
-        kinds: list[str] = []
-        stop = time.monotonic() + PURGE_BUDGET
-        while True:
-            with self._tx("purge") as conn:
-                batch = [k for (k,) in self._exec(conn, self._sql(_PURGE), args).fetchall()]
-            kinds += batch
-            if len(batch) < PURGE_BATCH or time.monotonic() >= stop:
-                break
-        return PurgeCounts(workers=kinds.count("worker"), cancels=kinds.count("cancel"),
-                           commands=kinds.count("cmd"), results=kinds.count("result"),
-                           audits=kinds.count("audit"), claims=kinds.count("unique"))
 
     # ------------------------------------------------------------------------ push
     def watch(self, queue: str, on_change: Callable[[], None]) -> Union[_QueueWatch, None]:
@@ -438,20 +223,3 @@ class _QueueWatch:
 
     def close(self) -> None:
         self.listener.close()
-
-
-def _claim_key(queue: str, key: str) -> tuple[str, str]:
-    return base.claim_partition(queue), base.key_part(key)
-
-
-def _claim_doc(claim: base.UniqueClaim) -> str:
-    return json.dumps({"task": claim.task_id})
-
-
-def _claim_task(doc: str) -> str:
-    """The task a claim's document names; "" when unreadable (a claim of no task, which
-    the next push replaces)."""
-    try:
-        return str(json.loads(doc)["task"])
-    except (ValueError, KeyError, TypeError):
-        return ""
