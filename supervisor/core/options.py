@@ -1,5 +1,5 @@
 """Command-line usage shared by both commands (worker/main.py builds the parsers,
-ctl/queue_commands.py runs the
+ctl/commands.py dispatches the
 sub-commands): the parser class with its one-line errors and help format, ``JOBQ_CONFIG``
 and the INI file (core/config_file.py), the option value types, the Settings built from them, and
 UsageError (main thread)."""
