@@ -83,10 +83,12 @@ def test_sqlite_ctl_imports_no_azure_and_no_flask(env, tmp_path):
 
 
 # Imported by no jobq-ctl command on SQLite: the other backends' drivers, the dashboard's web
-# stack, the metrics client.
+# stack, the metrics client, and shutil's compressors (argparse's help formatter would import
+# shutil for the terminal's width).
 NEVER_ON_SQLITE = ("azure", "psycopg", "psycopg_pool", "flask", "werkzeug", "waitress",
                    "prometheus_client", "supervisor.dashboard", "supervisor.backends.postgres",
-                   "supervisor.backends.storage_queue", "supervisor.backends.servicebus")
+                   "supervisor.backends.storage_queue", "supervisor.backends.servicebus",
+                   "lzma", "bz2")
 # The stores and command modules a command uses are imported for it alone (ctl/commands.py's
 # table): what each of these commands must not pull in.
 UNUSED_BY = {
