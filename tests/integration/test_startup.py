@@ -20,7 +20,7 @@ import psutil
 from supervisor.worker.lifeline import Lifeline
 from tests.conftest import SESSION_TAG, command, wait_for
 
-FOREIGN = ("azure", "flask", "werkzeug", "jinja2", "waitress", "uamqp")
+FOREIGN = ("azure", "flask", "werkzeug", "jinja2", "waitress", "uamqp", "psycopg", "psycopg_pool")
 
 
 def imported(args: list[str], cwd, entry: str = "jobq-supervisor") -> tuple[int, set[str], str]:
