@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import fields
+from functools import partial
 from typing import Any, NoReturn
 
 import configargparse
@@ -82,8 +83,10 @@ class _Parser(configargparse.ArgParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # configargparse's own epilog points at a URL shortener; ours is EPILOG
         kwargs.setdefault("epilog", EPILOG)
+        # the width once per parser, not once per option (argparse makes a formatter for each)
         super().__init__(*args, add_config_file_help=False, add_env_var_help=False,
-                         formatter_class=_HelpFormatter, **kwargs)
+                         formatter_class=partial(_HelpFormatter, width=_columns() - 2),
+                         **kwargs)
         self.ini_owner: Callable[[], argparse.ArgumentParser] | None = None
         self.ini_file = IniFile(self._ini_options)
         self._config_file_parser = self.ini_file  # configargparse's slot for it
