@@ -92,10 +92,12 @@ NEVER_ON_SQLITE = ("azure", "psycopg", "psycopg_pool", "flask", "werkzeug", "wai
 # The stores and command modules a command uses are imported for it alone (ctl/commands.py's
 # table): what each of these commands must not pull in.
 UNUSED_BY = {
-    ("--help",): ("supervisor.fleet.control", "supervisor.fleet.output", "supervisor.ops",
+    ("--help",): ("supervisor.fleet.control", "supervisor.fleet.output", "supervisor.ops.follow",
+                  "supervisor.ops.fleet", "supervisor.ops.queue", "supervisor.ops.task_list",
                   "supervisor.backends.sqlite", "supervisor.ctl.queue_commands",
                   "supervisor.ctl.fleet_commands", "sqlite3"),
     ("size",): ("supervisor.fleet.control", "supervisor.fleet.output", "supervisor.ops.follow",
+                "supervisor.ops.task_list",
                 "supervisor.ctl.fleet_commands", "supervisor.ctl.output_commands",
                 "supervisor.ctl.queue_commands", "supervisor.ctl.migrate_command"),
     ("push", "-c", "true"): ("supervisor.fleet.control", "supervisor.fleet.output",
