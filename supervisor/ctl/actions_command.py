@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from ..core.options import UsageError
-from ..core.signing import SecurityConfigError, load_keys
-from ..fleet.control.base import ControlStore, ControlStoreError
-from ..ops.audit import VIA_CTL, actions_json, record_action
-from ..ops.fleet import who
-from ..ops.keys import first_key
+
+if TYPE_CHECKING:
+    from ..fleet.control.base import ControlStore
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 1000
@@ -32,6 +31,12 @@ def note_action(ns: argparse.Namespace, store: ControlStore | None, action: str,
     store error is a warning, never the command's failure."""
     if store is None:
         return
+    # here, not at the top: the parser's --help imports this module for its arguments
+    from ..fleet.control.base import ControlStoreError
+    from ..ops.audit import VIA_CTL, record_action
+    from ..ops.fleet import who
+    from ..ops.keys import first_key
+
     try:
         record_action(store, ns.queue, action, detail, who(), VIA_CTL, first_key(ns))
     except ControlStoreError as exc:
@@ -51,6 +56,9 @@ def cmd_actions(ns: argparse.Namespace, store: ControlStore) -> int:
     """``jobq-ctl actions``: read-only; a store that cannot be reached is exit 1 (main)."""
     if not 1 <= ns.limit <= MAX_LIMIT:
         raise UsageError(f"--limit: 1 to {MAX_LIMIT}")
+    from ..core.signing import SecurityConfigError, load_keys
+    from ..ops.audit import actions_json
+
     try:  # given keys: each signature is checked against them
         keys = load_keys(getattr(ns, "signing_key_file", None))
     except SecurityConfigError as exc:

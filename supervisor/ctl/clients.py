@@ -1,24 +1,25 @@
 """What each ``jobq-ctl`` command opens before it runs (main thread): the backend (read-only
 commands open it with ``create=False``), the control store (a fleet command without one is
 exit 2; status, requeue and failed go on without one), and for ``logs`` and ``push
---wait/--follow`` the output store and the result records (``open_sources``), each before
-anything is done, so that a configuration that cannot work is exit 2 with nothing pushed.
+--wait/--follow`` the output store and the result records (``sources.open_sources``), each
+before anything is done, so that a configuration that cannot work is exit 2 with nothing
+pushed.  The stores' modules (stores.py, sources.py) are imported only for a command that opens
+one.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..backends import INDEXED, open_backend
 from ..backends.base import Backend
-from ..core.options import UsageError
 from ..core.settings import Settings
-from ..fleet.control.base import ControlStore, ControlStoreError
-from ..fleet.control.open import open_control_store
-from ..fleet.output.open import open_output_store
-from ..ops.follow import Sources
+
+if TYPE_CHECKING:
+    from ..fleet.control.base import ControlStore
+    from ..ops.follow import Sources
 
 # Sub-commands that only look: they open the backend with create=False, so a mistyped queue
 # or path is "does not exist" (exit 1) instead of a new, empty queue and "0".
@@ -35,8 +36,6 @@ FLEET_COMMANDS = frozenset({"workers", "cancel", "pause", "resume", "drain", "st
 # Fleet commands that ask the queue where it tells (``Backend.admin``): cancel takes a pending
 # task off it, result reads whether the cancel took the task.
 ASKS_QUEUE = frozenset({"cancel", "result"})
-# s per blob call: with start-up, an unreachable (black-holed) store is exit 1 within 10 s
-READ_TIMEOUT = 5.0
 
 
 @dataclass
@@ -54,7 +53,8 @@ class Clients:
         return self.backend
 
     def control(self) -> ControlStore:
-        """The control store of a fleet command (``open_store`` refused to go on without)."""
+        """The control store of a fleet command (``stores.open_store`` refused to go on
+        without)."""
         assert self.store is not None
         return self.store
 
@@ -72,84 +72,33 @@ def needs_backend(command: str, settings: Settings) -> bool:
             or (command in ASKS_QUEUE and settings.backend in INDEXED))
 
 
-def _no_store(command: str, settings: Settings) -> str:
-    if settings.control == "off":
-        return f"{command}: the control store is off (--control off); use --control auto"
-    if settings.backend == "servicebus":
-        return (f"{command}: no control store: Service Bus has no storage account; set "
-                f"--control-account-url or --control-connection-string (env "
-                f"JOBQ_CONTROL_CONNECTION_STRING)")
-    return (f"{command}: no control store: the table endpoint of this account is not known; "
-            f"set --control-account-url or --control-connection-string")
-
-
-def open_store(command: str, settings: Settings) -> ControlStore | None:
-    """The control store for ``command``.  A fleet command without one is a UsageError;
-    status and requeue go on without one (status then shows its control part as unknown;
-    requeue cannot clear the cancels of what it brings back, and says so; failed lists what
-    the backend keeps; requeue, clear and prune keep no audit record)."""
-    optional = command in STORE_OPTIONAL
-    try:
-        store = open_control_store(settings, create=command not in READ_ONLY_COMMANDS)
-    except ControlStoreError as exc:
-        if not optional:
-            raise
-        unkept = " (not kept in the audit log)" if command in ("requeue", "clear",
-                                                                "prune") else ""
-        print(f"jobq-ctl: warning: {exc}{unkept}", file=sys.stderr)
-        return None
-    if store is None and not optional:
-        raise UsageError(_no_store(command, settings))
-    return store
-
-
-def open_sources(ns: argparse.Namespace, settings: Settings, backend: Backend | None
-                 ) -> Sources:
-    """The stores ``logs`` or ``push --wait/--follow`` read; before a push, so that a
-    configuration that cannot work is exit 2 with nothing pushed.  ``push --wait`` on a
-    queue that tells its tasks' states (``Backend.admin``: SQLite) works without a control
-    store (``--control off``): the rows' status ends the wait."""
-    name = "logs" if ns.command == "logs" else "push --follow" if ns.follow else "push --wait"
-    admin = backend.admin() if backend is not None else None
-    jobs = admin.task_states if admin is not None else None
-    needs_output = ns.command == "logs" or ns.follow
-    if settings.control == "off" and jobs is not None and not needs_output:
-        return Sources(settings.queue, None, None, jobs)
-    control = open_store(name, settings)  # None is a UsageError: which option to set
-    assert control is not None
-    try:
-        output = (open_output_store(settings, create=False, read_timeout=READ_TIMEOUT)
-                  if needs_output else None)
-    except BaseException:
-        control.close()
-        raise
-    if needs_output and output is None:
-        control.close()
-        raise UsageError(f"{name}: no output store: task output is kept beside the control "
-                         "store (SQLite: files beside the database; PostgreSQL: tables in "
-                         "its schema; Azure: blob container --task-log-container in the "
-                         "account of --control-account-url or --control-connection-string)")
-    return Sources(settings.queue, output, control, jobs)
-
-
 def open_clients(ns: argparse.Namespace, settings: Settings) -> Clients:
     """Everything ``ns.command`` runs on, opened in order (a failure closes what was opened
     and raises: UsageError, the backends' and stores' errors)."""
     clients = Clients(settings)
+    takes_store = ns.command in FLEET_COMMANDS or ns.command in STORE_OPTIONAL
+    unique = ns.command == "push" and (ns.unique or ns.unique_key is not None)
+    wants_sources = ns.command == "logs" or (ns.command == "push" and (ns.wait or ns.follow))
+    # the stores' modules (records, output, follower) only for a command that opens one
+    if takes_store or unique:
+        from . import stores
+    if wants_sources:
+        from . import sources
     try:
         if needs_backend(ns.command, settings):
             clients.backend = open_backend(settings, for_ctl=True,
                                            create=ns.command not in READ_ONLY_COMMANDS)
             if ns.command in QUEUE_VIEWS:
                 clients.backend.require_queue()
-        if ns.command in FLEET_COMMANDS or ns.command in STORE_OPTIONAL:
-            clients.store = open_store(ns.command, settings)
-        elif (ns.command == "push" and (ns.unique or ns.unique_key is not None)
-              and clients.backend is not None and clients.backend.unique_by_control):
+        if takes_store:
+            clients.store = stores.open_store(ns.command, settings,
+                                              ns.command not in READ_ONLY_COMMANDS,
+                                              ns.command in STORE_OPTIONAL)
+        elif unique and clients.backend is not None and clients.backend.unique_by_control:
             # None: push_schedule says why (exit 2)
-            clients.store = open_control_store(settings)
-        if ns.command == "logs" or (ns.command == "push" and (ns.wait or ns.follow)):
-            clients.sources = open_sources(ns, settings, clients.backend)
+            clients.store = stores.open_control_store(settings)
+        if wants_sources:
+            clients.sources = sources.open_sources(ns, settings, clients.backend)
     except BaseException:
         clients.close()
         raise

@@ -74,6 +74,8 @@ def cmd_workers(ns: argparse.Namespace, backend: Backend | None, store: ControlS
 # ------------------------------------------------------------------------------- cancel
 def cmd_cancel(ns: argparse.Namespace, backend: Backend | None, store: ControlStore) -> int:
     grace = 0.0 if ns.now else ns.grace
+    if ns.cancel_ttl is None:  # not given (main.py's parser does not import CANCEL_TTL)
+        ns.cancel_ttl = CANCEL_TTL
     if not 0 < ns.cancel_ttl <= CANCEL_TTL:
         raise UsageError(f"--cancel-ttl: must be more than 0 and at most "
                          f"{duration_text(CANCEL_TTL)} (the age at which cancels are purged)")

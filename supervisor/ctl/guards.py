@@ -1,6 +1,6 @@
 """What ``jobq-ctl`` refuses before it opens a queue or a store: a push into a queue of
-failed tasks, an id that cannot be a task's; and once they are open, the short ids resolved
-(``resolve_ids``).  One line, exit status 2 (a UsageError); main thread."""
+failed tasks, an id that cannot be a task's (short ids are resolved once the stores are open:
+short_id_args.py).  One line, exit status 2 (a UsageError); main thread."""
 
 from __future__ import annotations
 
@@ -9,13 +9,10 @@ from collections.abc import Collection
 
 from ..backends import INDEXED
 from ..backends.azure_common import failed_queue_of
-from ..backends.base import QueueAdmin
 from ..core.options import UsageError
 from ..core.settings import Settings
 from ..core.task import id_problem, is_made_id
-from ..fleet.control.base import ControlStore
-from ..fleet.output.base import OutputStore
-from ..ops.short_ids import AmbiguousId, may_be_prefix, resolve
+from ..ops.short_ids import may_be_prefix
 
 
 def refuse_before_opening(ns: argparse.Namespace, settings: Settings) -> None:
@@ -43,7 +40,7 @@ def refuse_bad_ids(command: str, ids: list[str], made_only: bool,
     """An id no task can have; with ``made_only`` (a cancel on Azure, which has no index of
     task ids to look one up in and would record any string; SQLite and PostgreSQL say "no
     task", exit 1) also one no producer makes -- but with ``short_later`` for a possible short
-    id, checked once resolved (resolve_ids)."""
+    id, checked once resolved (short_id_args.resolve_ids)."""
     for task_id in ids:
         problem = id_problem(task_id)
         if problem is not None:
@@ -53,26 +50,6 @@ def refuse_bad_ids(command: str, ids: list[str], made_only: bool,
             raise UsageError(f"{command}: {task_id[:40]!r} is not a task id (jobq-ctl and "
                              f"ai4s-jobq make 32 hex digits, as push prints them); nothing "
                              f"cancelled (--any-id: the id of a hand-written body)")
-
-
-def resolve_ids(ns: argparse.Namespace, settings: Settings, admin: QueueAdmin | None,
-                store: ControlStore | None, output: OutputStore | None) -> None:
-    """Replace each short id of ``ns`` (``id``, ``ids``) by the task id it is a unique
-    prefix of (ops/short_ids.py, on what the command opened); AmbiguousId (exit 2) for a
-    prefix several ids start with; an id matching nothing stays, for the command's own
-    "no task".  Then the made-id check of an Azure cancel, on the ids as resolved."""
-    def one(text: str) -> str:
-        try:
-            return resolve(text, settings.queue, admin, store, output)
-        except AmbiguousId as exc:
-            raise UsageError(f"{ns.command}: {exc}") from None
-
-    if getattr(ns, "id", None):
-        ns.id = one(ns.id)
-    if getattr(ns, "ids", None):
-        ns.ids = [one(i) for i in ns.ids]
-    if ns.command == "cancel" and settings.backend not in INDEXED and not ns.any_id:
-        refuse_bad_ids("cancel", list(ns.ids), True)
 
 
 def refuse_short_config(argv: list[str], commands: Collection[str]) -> None:

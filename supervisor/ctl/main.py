@@ -1,12 +1,13 @@
 """The ``jobq-ctl`` command line: its parser and entry point (main thread).
 
 The queue commands (push, size, peek, failed, requeue, clear) run on a Backend
-(queue_commands.py); the fleet commands (workers, cancel, pause, resume, drain, stop; status)
-also on the control store (fleet_commands.py, docs/architecture.rst "The fleet layer");
-``logs`` and ``push --wait/--follow`` on the output store and the result records
-(output_commands.py).  What each opens: clients.py; which handler runs: commands.py.  Errors
-are one line: exit 2 for a usage or configuration error, 1 for a queue or store that cannot be
-reached.
+(push_command.py, queue_commands.py); the fleet commands (workers, cancel, pause, resume,
+drain, stop; status) also on the control store (fleet_commands.py, docs/architecture.rst
+"The fleet layer"); ``logs`` and ``push --wait/--follow`` on the output store and the result
+records (output_commands.py).  What each opens: clients.py; which handler runs: commands.py,
+which imports that handler's module only (start-up CPU: the stores' modules are imported by
+the commands that open a store, never here).  Errors are one line: exit 2 for a usage or
+configuration error, 1 for a queue or store that cannot be reached.
 """
 
 from __future__ import annotations
@@ -32,12 +33,10 @@ from ..core.options import (
     usage_failed,
 )
 from ..core.settings import EXIT_UNEXPECTED, Settings
-from ..fleet.control.base import CANCEL_TTL, ControlConfigError, ControlStoreError
-from ..fleet.output.base import OutputConfigError, OutputStoreError
 from ..worker.main import worker_parser
 from .actions_command import add_actions_arguments
 from .clients import Clients, open_clients
-from .commands import COMMANDS, OPENS_OWN
+from .commands import COMMANDS, OPENS_OWN, handler
 from .guards import refuse_before_opening, refuse_short_config
 from .stdout import run_quietly
 from .tasks_command import add_tasks_arguments
@@ -88,7 +87,7 @@ def ctl_parser() -> _Parser:
     push.add_argument("--cwd", default=None,
                       help="working directory of the tasks, an absolute path on the "
                            "workers' hosts (default: the worker's)")
-    # -- scheduling (queue_commands.push_schedule; docs/scheduling.rst says which backend has which)
+    # -- scheduling (push_command.push_schedule; docs/scheduling.rst says which backend has which)
     push.add_argument("--priority", type=int, default=None, metavar="N",
                       help="0..9, higher first (default 5); SQLite and PostgreSQL")
     when = push.add_mutually_exclusive_group()
@@ -194,7 +193,8 @@ def _add_fleet_commands(cmd: Callable[..., argparse.ArgumentParser]) -> None:
     how.add_argument("--grace", type=_duration, default=30.0, metavar="DURATION",
                      help="SIGTERM, then SIGKILL after this long (default 30s)")
     how.add_argument("--now", action="store_true", help="SIGKILL at once (--grace 0)")
-    cn.add_argument("--cancel-ttl", type=_duration, default=CANCEL_TTL, metavar="DURATION",
+    # default None: CANCEL_TTL (fleet_commands.py; its module is not imported to build this)
+    cn.add_argument("--cancel-ttl", type=_duration, default=None, metavar="DURATION",
                     help="how long the cancel applies, also to a task no worker has received "
                          "yet (Azure has no index of task ids); default and at most 7d")
     cmd("pause", "no worker of the queue starts a new task; running ones go on", signs=True)
@@ -269,24 +269,40 @@ def _status_each(ns: argparse.Namespace, settings: Settings) -> int:
     return rc
 
 
+def _store_failed(exc: Exception) -> int:
+    """A control or output store's error: exit 2 for its configuration, else 1; anything else
+    is raised again.  Their modules are imported here, not at start-up: only a command that
+    opened a store (and so imported them already) can have raised one (main thread)."""
+    from ..fleet.control.base import ControlConfigError, ControlStoreError
+    from ..fleet.output.base import OutputConfigError, OutputStoreError
+
+    if isinstance(exc, (ControlConfigError, OutputConfigError)):
+        return usage_failed("jobq-ctl", str(exc))
+    if isinstance(exc, (ControlStoreError, OutputStoreError)):
+        return _error(str(exc))
+    raise exc
+
+
 def _run(ns: argparse.Namespace, settings: Settings) -> int:
     """One command on one queue (main thread)."""
-    handler = COMMANDS[ns.command]
+    run = handler(ns.command)
     clients: Clients | None = None
     try:
         if ns.command in OPENS_OWN:
-            return handler(ns, Clients(settings))
+            return run(ns, Clients(settings))
         refuse_before_opening(ns, settings)
         clients = open_clients(ns, settings)
-        return handler(ns, clients)
+        return run(ns, clients)
     except QueueNotFound as exc:  # like a missing SQLite file or Storage Queue: exit 1
         return _error(str(exc))
-    except (UsageError, BackendConfigError, ControlConfigError, OutputConfigError) as exc:
+    except (UsageError, BackendConfigError) as exc:
         return usage_failed("jobq-ctl", str(exc))
-    except (BackendError, ControlStoreError, OutputStoreError) as exc:
+    except BackendError as exc:
         return _error(str(exc))
     except KeyboardInterrupt:
         return 130  # quietly, like any command line tool
+    except Exception as exc:
+        return _store_failed(exc)
     finally:
         if clients is not None:
             clients.close()

@@ -1,5 +1,5 @@
 """``jobq-ctl logs`` and ``push --wait/--follow`` (main thread of jobq-ctl): the commands on
-top of the follower of ops/follow.py (the stores they read: clients.open_sources; the last
+top of the follower of ops/follow.py (the stores they read: sources.open_sources; the last
 lines of an attempt: ops/output.py).
 
 Streams: stdout carries a task's output as it was printed (raw bytes; with several tasks

@@ -6,13 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from ..backends.base import Backend
 from ..backends.task_list import MAX_PAGE, PAGE, TASK_STATES, TaskQuery
 from ..core.options import UsageError
-from ..fleet.control.base import ControlStore
-from ..ops.task_list import list_tasks, parse_states, row_json
 from ..ops.times import iso
+
+if TYPE_CHECKING:
+    from ..fleet.control.base import ControlStore
 
 CMD_SHOWN = 60  # characters of a command on a line
 
@@ -33,6 +35,10 @@ def add_tasks_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_tasks(ns: argparse.Namespace, backend: Backend, store: ControlStore | None) -> int:
+    # here, not above: main.py imports this module for add_tasks_arguments at every start-up,
+    # and the listing imports the control records (ctl/commands.py)
+    from ..ops.task_list import list_tasks, parse_states, row_json
+
     try:
         states = parse_states(ns.state)
     except ValueError as exc:

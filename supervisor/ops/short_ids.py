@@ -22,13 +22,15 @@ any unknown id.  A full id (``is_made_id``: 32 hex digits, a GUID) is never look
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
-from ..backends.base import QueueAdmin
 from ..core.options import UsageError
 from ..core.task import MAX_ID, is_made_id
-from ..fleet.control.base import ControlStore
-from ..fleet.output.base import OutputStore
+
+if TYPE_CHECKING:  # types only: jobq-ctl's guards ask may_be_prefix before opening a store
+    from ..backends.base import QueueAdmin
+    from ..fleet.control.base import ControlStore
+    from ..fleet.output.base import OutputStore
 
 MIN_PREFIX = 8  # characters: shorter is never taken for a prefix
 SHOWN = 5  # candidates an ambiguous prefix names (one more tells that there are more)

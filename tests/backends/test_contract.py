@@ -29,7 +29,7 @@ from supervisor.backends.multi import MultiQueueBackend
 from supervisor.core.options import UsageError
 from supervisor.core.task import Task
 from supervisor.ctl.main import ctl_parser
-from supervisor.ctl.queue_commands import push_schedule
+from supervisor.ctl.push_command import push_schedule
 from tests.conftest import wait_for
 
 from .conftest import LOCK, WORKER, Kit

@@ -20,7 +20,7 @@ import psutil
 from supervisor.worker.lifeline import Lifeline
 from tests.conftest import SESSION_TAG, command, wait_for
 
-FOREIGN = ("azure", "flask", "werkzeug", "jinja2", "waitress", "uamqp")
+FOREIGN = ("azure", "flask", "werkzeug", "jinja2", "waitress", "uamqp", "psycopg", "psycopg_pool")
 
 
 def imported(args: list[str], cwd, entry: str = "jobq-supervisor") -> tuple[int, set[str], str]:
@@ -80,6 +80,50 @@ def test_sqlite_ctl_imports_no_azure_and_no_flask(env, tmp_path):
         code, names, err = imported([*base, *args], tmp_path, "jobq-ctl")
         assert code == 0, (args, err)
         assert not names & set(FOREIGN), (args, sorted(names & set(FOREIGN)))
+
+
+# Imported by no jobq-ctl command on SQLite: the other backends' drivers, the dashboard's web
+# stack, the metrics client, and shutil's compressors (argparse's help formatter would import
+# shutil for the terminal's width).
+NEVER_ON_SQLITE = ("azure", "psycopg", "psycopg_pool", "flask", "werkzeug", "waitress",
+                   "prometheus_client", "supervisor.dashboard", "supervisor.backends.postgres",
+                   "supervisor.backends.storage_queue", "supervisor.backends.servicebus",
+                   "lzma", "bz2")
+# The stores and command modules a command uses are imported for it alone (ctl/commands.py's
+# table): what each of these commands must not pull in.
+UNUSED_BY = {
+    ("--help",): ("supervisor.fleet.control", "supervisor.fleet.output", "supervisor.ops.follow",
+                  "supervisor.ops.fleet", "supervisor.ops.queue", "supervisor.ops.task_list",
+                  "supervisor.backends.sqlite", "supervisor.ctl.queue_commands",
+                  "supervisor.ctl.fleet_commands", "sqlite3"),
+    ("size",): ("supervisor.fleet.control", "supervisor.fleet.output", "supervisor.ops.follow",
+                "supervisor.ops.task_list",
+                "supervisor.ctl.fleet_commands", "supervisor.ctl.output_commands",
+                "supervisor.ctl.queue_commands", "supervisor.ctl.migrate_command"),
+    ("push", "-c", "true"): ("supervisor.fleet.control", "supervisor.fleet.output",
+                             "supervisor.ops.follow", "supervisor.ctl.fleet_commands",
+                             "supervisor.ctl.output_commands", "supervisor.ctl.result_command"),
+    ("status",): ("supervisor.fleet.output", "supervisor.ops.follow",
+                  "supervisor.ctl.queue_commands", "supervisor.ctl.output_commands"),
+    ("logs", "ID"): ("supervisor.ctl.queue_commands", "supervisor.ctl.fleet_commands",
+                     "supervisor.ctl.result_command"),
+}
+
+
+def test_each_ctl_command_imports_only_what_it_uses(env, tmp_path):
+    """Start-up CPU of jobq-ctl is mostly imports (a test run starts it thousands of times, a
+    cron script at each call): a command imports the store and command modules it uses, not
+    every command's (issue 27)."""
+    [task_id] = env.push("true")
+    base = ["--backend", "sqlite", "--sqlite-path", str(env.db)]
+    for args, unused in UNUSED_BY.items():
+        argv = [task_id if a == "ID" else a for a in args]
+        code, names, err = imported_modules([*base, *argv], tmp_path, "jobq-ctl")
+        assert code == 0, (args, err)
+        assert "supervisor.ctl.main" in names  # the check sees our imports
+        loaded = sorted(n for n in names for prefix in (*NEVER_ON_SQLITE, *unused)
+                        if n == prefix or n.startswith(prefix + "."))
+        assert not loaded, (args, loaded)
 
 
 def test_lifeline_of_a_run_without_tasks_is_not_waited_for():

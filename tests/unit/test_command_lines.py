@@ -146,3 +146,16 @@ def test_push_refuses_the_variables_the_worker_sets(tmp_path, monkeypatch, capsy
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and name in err
     assert ctl_main(["push", "-c", "true", "--env", "MODE=fast"]) == 0
+
+
+@pytest.mark.parametrize("columns", [None, "57", "0", "wide"])
+def test_help_is_as_wide_as_argparse_makes_it(columns, monkeypatch: pytest.MonkeyPatch):
+    """The parsers' help formatter finds the width without shutil (start-up: shutil imports
+    bz2 and lzma), and finds the one argparse would."""
+    from supervisor.core.options import _HelpFormatter
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert _HelpFormatter("jobq-ctl")._width == argparse.HelpFormatter("jobq-ctl")._width

@@ -12,7 +12,7 @@ import pytest
 
 from supervisor.core.options import UsageError
 from supervisor.core.task import Task, TaskFormatError
-from supervisor.ctl.queue_commands import push_schedule
+from supervisor.ctl.push_command import push_schedule
 from supervisor.worker.launch import time_limit
 
 pytestmark = pytest.mark.timeout(60)
