@@ -36,15 +36,16 @@ def list_tasks(backend: Backend, store: Union[ControlStore, None], queue: str,
         return admin.list_tasks(query, now), None
     note = (f"this queue keeps no index of its tasks: pending ones are the first {PEEKED} "
             "messages a peek sees; running and finished ones come from the control store")
-    rows = _peeked(backend, now)
+    rows = {r.id: r for r in _peeked(backend, now)}
     if store is None:
         note += " (none is configured)"
     else:
         try:
-            rows += _from_records(store, queue, now)
+            # a record wins over a peek: Service Bus peeks the messages workers hold too
+            rows.update((r.id, r) for r in _from_records(store, queue, now))
         except ControlStoreError as exc:
             note += f" (unavailable: {exc})"
-    return _page(_filtered(rows, query), query), note
+    return _page(_filtered(list(rows.values()), query), query), note
 
 
 def _peeked(backend: Backend, now: float) -> list[TaskRow]:
