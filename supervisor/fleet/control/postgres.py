@@ -12,6 +12,8 @@ commit in ``rev`` order, and a later poll with ``rev > cursor`` misses none.
 
 A cancel, a queue flag and a command each send ``NOTIFY "S.control"`` (``control_channel``)
 with the queue's name, in the write's transaction: a listening worker learns of it at once.
+Result records send ``NOTIFY "S.output"`` (``output_channel``) with ``queue/task_id/attempt``
+instead: only jobq-ctl's followers LISTEN there (fleet/output/postgres_push.py), no worker.
 ``watch`` (the worker's control thread, base.Watchable) LISTENs: one connection and thread
 of its own (backends/postgres/listener.py's ``WakeListener``, with its reconnection,
 re-LISTEN and deadlines), never the store's call connection nor the backend's; a
@@ -46,7 +48,7 @@ from ...backends.postgres.connect import connect, describe, one_line, psycopg
 from ...backends.postgres.connect import statement_timeout_ms as timeout_ms
 from ...backends.postgres.deadlines import DEADLINES
 from ...backends.postgres.listener import WakeListener
-from ...backends.postgres.schema import Tables, check_schema, control_channel
+from ...backends.postgres.schema import Tables, check_schema, control_channel, output_channel
 from . import base, records
 from .base import (
     ControlConfigError,
@@ -100,6 +102,7 @@ class PostgresControlStore:
         self.url, self.schema, self.timeout = url, schema, timeout
         self._table, self._rev = tables.control_records, tables.control_rev
         self._channel = control_channel(schema)
+        self._outputs = output_channel(schema)  # result records: jobq-ctl's followers
         self._prepare = prepare
         self._notify = notify
         self._watches: list[_QueueWatch] = []
@@ -277,7 +280,9 @@ class PostgresControlStore:
 
     def put_results(self, batch: Sequence[records.ResultRecord]) -> None:
         """One transaction for the whole batch, its statements sent together (executemany
-        pipelines them): the control thread's flush of many short tasks is one round trip."""
+        pipelines them): the control thread's flush of many short tasks is one round trip.
+        Each attempt's record is NOTIFYed on ``"<S>.output"`` (unless ``notify=False``):
+        ``push --wait`` and ``logs -f`` learn of an end at once."""
         if not batch:
             return
         rows: list[tuple[str, str, str, float, None, str]] = []
@@ -300,6 +305,12 @@ class PostgresControlStore:
                     self._traced(f"DELETE x {len(gone)}")
                     cur.executemany(self._sql("DELETE FROM {t} WHERE part = %s AND row = %s"),
                                     gone)
+                if self._notify:  # jobq-ctl's followers (fleet/output/postgres_push.py)
+                    ends = list(dict.fromkeys(f"{r.queue}/{r.task_id}/{r.attempt}"
+                                              for r in batch))
+                    self._traced(f"NOTIFY x {len(ends)}")
+                    cur.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p",
+                                (self._outputs, ends))
 
     def results(self, queue: str, outcome: Union[str, None] = None) -> list[records.ResultRecord]:
         if outcome in base.INDEXED_STATES:
