@@ -17,7 +17,7 @@ from ..core.options import UsageError
 from ..core.settings import Settings
 from ..fleet.control.base import ControlStore, ControlStoreError
 from ..fleet.control.open import open_control_store
-from ..fleet.output.open import open_output_store
+from ..fleet.output.open import open_output_pushes, open_output_store
 from ..ops.follow import Sources
 
 # Sub-commands that only look: they open the backend with create=False, so a mistyped queue
@@ -118,7 +118,7 @@ def open_sources(ns: argparse.Namespace, settings: Settings, backend: Backend | 
                          "store (SQLite: files beside the database; PostgreSQL: tables in "
                          "its schema; Azure: blob container --task-log-container in the "
                          "account of --control-account-url or --control-connection-string)")
-    return Sources(settings.queue, output, control, jobs)
+    return Sources(settings.queue, output, control, jobs, pushes=open_output_pushes(settings))
 
 
 def open_clients(ns: argparse.Namespace, settings: Settings) -> Clients:

@@ -50,7 +50,7 @@ from .control.base import (
 from .control.records import CMD_CHARS, Cancel, Command, ResultRecord, TaskInfo, WorkerRecord
 from .control.signing import Gate
 from .control.unique import release_final
-from .outbox import Outbox
+from .outbox import LIVE_RESULT_DELAY, Outbox
 
 if TYPE_CHECKING:
     from ..core.settings import Settings
@@ -245,6 +245,8 @@ class ControlAgent:
         if isinstance(self.store, Watchable):
             try:
                 self.watch = self.store.watch(self.queue, lambda: self._wake.put(None))
+                if self.watch is not None:  # results are pushed to readers too: sooner
+                    self.outbox.delay = LIVE_RESULT_DELAY
             except ControlStoreError as exc:
                 log.warning("control store: cannot listen for its pushes (%s); polling every "
                             "%gs", exc, self.control_interval)
