@@ -20,10 +20,12 @@ import psycopg
 import pytest
 
 from supervisor.backends.postgres.connect import APP_CTL
+from supervisor.core.settings import Settings
 from supervisor.fleet.control.postgres import PostgresControlStore
 from supervisor.fleet.control.records import ResultRecord
 from supervisor.fleet.output.base import AttemptKey
 from supervisor.fleet.output.postgres import PostgresOutputStore
+from supervisor.fleet.shipper import FLUSH_EVERY, LIVE_FLUSH, OutputShipper
 from tests.conftest import wait_for
 from tests.integration.captured import Captured
 from tests.integration.follow import Follow
@@ -125,7 +127,7 @@ def test_push_wait_returns_promptly_after_the_end(pg: PgEnv, notify: str) -> Non
         cmds += ["-c", f"sleep {at:.3f}; date +%s.%N > {end}"]
     waiter = start(pg, "push", "--wait", *cmds)
     try:
-        assert waiter.wait(60) == 0, waiter.err
+        assert waiter.wait(60) == 0, "\n".join(waiter.err)
     finally:
         waiter.kill()
     returned = waiter.err_at[-1]
@@ -185,3 +187,15 @@ def test_appends_finishes_and_result_records_wake_a_watch_of_their_task(pg: PgEn
     finally:
         for store in (reader, writer, control):
             store.close()
+
+
+@pytest.mark.parametrize("notify", ["on", "off"])
+def test_workers_write_sooner_only_when_readers_are_pushed(pg: PgEnv, notify: str) -> None:
+    """The output-store thread writes every LIVE_FLUSH with NOTIFY on (every FLUSH_EVERY
+    off, and on the other backends: tests/unit/test_shipper.py)."""
+    pg.notify = notify
+    shipper = OutputShipper.for_worker(pg.settings())
+    assert shipper is not None
+    assert shipper.flush_every == (LIVE_FLUSH if notify == "on" else FLUSH_EVERY)
+    sqlite = OutputShipper.for_worker(Settings(sqlite_path=str(pg.tmp / "q.db")))
+    assert sqlite is not None and sqlite.flush_every == FLUSH_EVERY
