@@ -2,7 +2,8 @@
 (ctl/output_commands.py): its output from the output store (fleet/output/), how each attempt ended
 from
 the result records of the control store.  Main thread of jobq-ctl; nothing here starts a
-thread, and every wait is the injected ``Clock.sleep`` (tests run it on a fake clock).
+thread (a store's push, ``Sources.listen``, has one of its own), and every wait is the
+injected ``Clock.sleep`` (tests run it on a fake clock).
 
 A follower (``Follower``) polls: ``read`` of the attempt it follows every POLL_MIN seconds
 while output flows, backing off to POLL_MAX when nothing comes (workers flush at least every
