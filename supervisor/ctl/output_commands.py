@@ -88,7 +88,7 @@ def logs(ns: argparse.Namespace, src: Sources, out: IO[bytes], err: IO[str]) -> 
             return EXIT_CANCELLED
         say(f"waiting for task {task_id} to start...")
         f = Follower(src, task_id, Sink(out), say)
-        run([f], src.clock, _warner(say))
+        run([f], src.clock, _warner(say), src.listen([task_id]))
         return exit_status(f.final, f.job)
     ended = any(r.final for r in src.results(task_id))  # no attempt comes after
     if ns.attempt and ns.attempt not in found and (ended or not ns.follow):
@@ -116,7 +116,7 @@ def logs(ns: argparse.Namespace, src: Sources, out: IO[bytes], err: IO[str]) -> 
     if ns.follow:
         f = Follower(src, task_id, sink, say, attempt=chosen[-1], offset=offset,
                      chain=not ns.attempt)
-        run([f], src.clock, _warner(say))
+        run([f], src.clock, _warner(say), src.listen([task_id]))
         return exit_status(f.final, f.job)
     return 0
 
@@ -176,7 +176,8 @@ def wait_pushed(ids: Sequence[str], src: Sources, follow: bool, out: IO[bytes],
         return src.clock.sleep(seconds)
 
     try:
-        run(followers, Clock(src.clock.monotonic, sleep), _warner(sayer("")))
+        run(followers, Clock(src.clock.monotonic, sleep), _warner(sayer("")),
+            src.listen([f.task_id for f in followers]))
         report()
     except KeyboardInterrupt:
         return _stopped([f.task_id for f in followers if not f.done], err)

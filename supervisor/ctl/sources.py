@@ -11,7 +11,7 @@ import argparse
 from ..backends.base import Backend
 from ..core.options import UsageError
 from ..core.settings import Settings
-from ..fleet.output.open import open_output_store
+from ..fleet.output.open import open_output_pushes, open_output_store
 from ..ops.follow import Sources
 from .stores import open_store
 
@@ -46,4 +46,4 @@ def open_sources(ns: argparse.Namespace, settings: Settings, backend: Backend | 
                          "store (SQLite: files beside the database; PostgreSQL: tables in "
                          "its schema; Azure: blob container --task-log-container in the "
                          "account of --control-account-url or --control-connection-string)")
-    return Sources(settings.queue, output, control, jobs)
+    return Sources(settings.queue, output, control, jobs, pushes=open_output_pushes(settings))

@@ -40,7 +40,7 @@ from .control.base import (
 from .control.records import Cancel, Command, ResultRecord, WorkerRecord
 from .control.signing import Gate
 from .directives import Directives
-from .outbox import Outbox
+from .outbox import LIVE_RESULT_DELAY, Outbox
 from .worker_record import Registration, View
 
 if TYPE_CHECKING:
@@ -193,6 +193,8 @@ class ControlAgent:
         if isinstance(self.store, Watchable):
             try:
                 self.watch = self.store.watch(self.queue, lambda: self._wake.put(None))
+                if self.watch is not None:  # results are pushed to readers too: sooner
+                    self.outbox.delay = LIVE_RESULT_DELAY
             except ControlStoreError as exc:
                 log.warning("control store: cannot listen for its pushes (%s); polling every "
                             "%gs", exc, self.control_interval)

@@ -26,6 +26,9 @@ RESULTS_KEPT = 5000
 # A record waits this long for others to share its write: one transaction for a busy
 # worker's many records, and one upsert for a short task's two.
 RESULT_DELAY = 0.5
+# The same when the store pushes each write to its readers (PostgreSQL with NOTIFY:
+# ``push --wait`` returns within ~0.3 s of a task's end instead of ~0.7 s)
+LIVE_RESULT_DELAY = 0.1
 
 Key = tuple[str, int]
 

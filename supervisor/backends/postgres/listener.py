@@ -67,17 +67,21 @@ class WakeListener:
                  describe: Callable[[BaseException], str] = str, *,
                  ping_every: float = PING_EVERY, ping_timeout: float = PING_TIMEOUT,
                  name: str = "PostgreSQL wake-up listener", effect: str = OUTAGE_EFFECT,
-                 thread_name: str = "pg-wake-listener") -> None:
+                 thread_name: str = "pg-wake-listener",
+                 key: Callable[[str], str] = str) -> None:
         """``connect``: a new connection, or BackendError / psycopg.Error; ``describe``: an
         error as one line for the log, without secrets (connect.py: ``one_line``).
         ``name``/``effect``/``thread_name``: what its outage lines and its thread are called
-        (the control store's listener, fleet/control/postgres.py, is another one)."""
+        (the control store's listener, fleet/control/postgres.py, is another one).  ``key``:
+        the watched name a payload stands for (the output store's listener,
+        fleet/output/postgres.py, watches tasks, its payloads name attempts)."""
         self.connect = connect
         self.ping_every = ping_every
         self.ping_timeout = ping_timeout
         self.channel = channel
         self.clock = clock
         self.describe = describe
+        self.key = key
         self._queues: set[str] = set()  # whose notifications are kept
         self._changed: set[str] = set()  # notified since the main thread last asked
         self._lock = threading.Lock()
@@ -214,7 +218,7 @@ class WakeListener:
             quiet_since = self.clock()
             # Readable: the notifications that came, or the server's goodbye -- then the
             # next read raises (the connection is closed).
-            self._mark(n.payload for n in conn.notifies(timeout=0))
+            self._mark(self.key(n.payload) for n in conn.notifies(timeout=0))
 
     def _bounded(self, conn: psycopg.Connection, sql: str) -> None:
         """``sql`` on ``conn``, cut after ``ping_timeout`` seconds (deadlines.py: the socket

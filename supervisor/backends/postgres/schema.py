@@ -91,7 +91,8 @@ def control_channel(schema: str) -> str:
 def output_channel(schema: str) -> str:
     """The NOTIFY channel of the schema's task output, ``<schema>.output``: a notification
     with payload ``queue/task_id/attempt`` (task ids may hold ``/``: the attempt is after the
-    last one, the queue before the first) follows an append's commit."""
+    last one, the queue before the first) follows an append's or a finish's commit, and a
+    result record's write (jobq-ctl's followers LISTEN: ops/follow.py)."""
     return f"{schema}.output"
 
 

@@ -11,6 +11,8 @@ order, and a later poll with ``rev > cursor`` misses none.
 
 A cancel, a queue flag and a command each send ``NOTIFY "S.control"`` (``control_channel``)
 with the queue's name, in the write's transaction: a listening worker learns of it at once.
+Result records send ``NOTIFY "S.output"`` (``output_channel``) with ``queue/task_id/attempt``
+instead: only jobq-ctl's followers LISTEN there (fleet/output/postgres_push.py), no worker.
 ``watch`` (the worker's control thread, base.Watchable) LISTENs: one connection and thread
 of its own (backends/postgres/listener.py's ``WakeListener``, with its reconnection,
 re-LISTEN and deadlines), never the store's call connection nor the backend's; a
@@ -46,7 +48,7 @@ from ...backends.postgres.connect import Conn, connect, describe, one_line, psyc
 from ...backends.postgres.connect import statement_timeout_ms as timeout_ms
 from ...backends.postgres.deadlines import DEADLINES
 from ...backends.postgres.listener import WakeListener
-from ...backends.postgres.schema import Tables, check_schema, control_channel
+from ...backends.postgres.schema import Tables, check_schema, control_channel, output_channel
 from . import records
 from .base import ControlConfigError, ControlStoreError, ControlStoreRefused
 from .record_table import Dialect, RecordTableStore, Row
@@ -97,6 +99,7 @@ class PostgresControlStore(RecordTableStore[Conn]):
         super().__init__(dialect(tables))
         self.url, self.schema, self.timeout = url, schema, timeout
         self._channel = control_channel(schema)
+        self._outputs = output_channel(schema)  # result records: jobq-ctl's followers
         self._prepare = prepare
         self._notify = notify
         self._watches: list[_QueueWatch] = []
@@ -177,6 +180,15 @@ class PostgresControlStore(RecordTableStore[Conn]):
             self._exec(conn, "SELECT pg_advisory_xact_lock(%s)", (self._cancel_lock(part),))
         if notify is not None:
             self._exec(conn, "SELECT pg_notify(%s, %s)", (self._channel, notify))
+
+    def _on_results(self, conn: Conn, batch: Sequence[records.ResultRecord]) -> None:
+        """Each attempt's record NOTIFYed on ``"<S>.output"`` (unless ``notify=False``):
+        ``push --wait`` and ``logs -f`` learn of an end at once (fleet/output/postgres_push.py);
+        no worker LISTENs there."""
+        if self._notify:
+            ends = list(dict.fromkeys(f"{r.queue}/{r.task_id}/{r.attempt}" for r in batch))
+            self._exec(conn, "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p",
+                       (self._outputs, ends))
 
     def _cancel_lock(self, part: str) -> int:
         digest = hashlib.sha256(f"jobq-supervisor control {self.schema} {part}".encode()).digest()

@@ -82,6 +82,10 @@ class RecordTableStore(Generic[C]):
         """What the driver adds to a record's write transaction, before the upsert
         (PostgreSQL: cancels in rev order, NOTIFY of ``notify``, the queue); nothing here."""
 
+    def _on_results(self, conn: C, batch: Sequence[ResultRecord]) -> None:
+        """What the driver adds to a result batch's transaction (PostgreSQL: a NOTIFY per
+        attempt for jobq-ctl's followers); nothing here."""
+
     # ------------------------------------------------------------------------- plumbing
     def _sql(self, template: str) -> str:
         d = self.dialect
@@ -214,6 +218,7 @@ class RecordTableStore(Generic[C]):
             self._exec_many(conn, self.dialect.upsert, rows)
             if gone:
                 self._exec_many(conn, self._sql(_DELETE), gone)
+            self._on_results(conn, batch)
 
     def results(self, queue: str, outcome: Union[str, None] = None) -> list[ResultRecord]:
         if outcome in base.INDEXED_STATES:

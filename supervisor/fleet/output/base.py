@@ -21,8 +21,9 @@ empty, incomplete chunk and ``attempts`` an empty list.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Union, runtime_checkable
 
 READ_LIMIT = 4 << 20  # bytes one read returns at most
 DROPPED = "\n[... {n} bytes dropped: output store unreachable ...]\n"
@@ -101,6 +102,35 @@ class OutputStore(Protocol):
     def purge(self, before: float) -> int:
         """Delete the output of attempts last written before ``before`` (epoch seconds);
         returns how many attempts were deleted."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class TaskWatch(Protocol):
+    """A store's push of writes to some tasks' output and result records (jobq-ctl's main
+    thread; ops/follow.py)."""
+
+    def changed(self, task_id: str) -> bool:
+        """True (once) when the task's output or a result record of it was written since the
+        last call -- or pushes may have been lost (the listener reconnected): read now."""
+        ...
+
+    def close(self) -> None:
+        """Stop pushing; its thread and connection end (idempotent)."""
+        ...
+
+
+@runtime_checkable
+class Watchable(Protocol):
+    """A store whose readers can be pushed writes (fleet/output/postgres.py: LISTEN/NOTIFY);
+    the others are polled (ops/follow.py)."""
+
+    def watch(self, queue: str, task_ids: Sequence[str],
+              on_change: Callable[[], None]) -> Union[TaskWatch, None]:
+        """Start pushing writes to these tasks' output and results: ``on_change`` is called
+        (on the watch's own thread) when a ``changed`` turns true; None when this store does
+        not push as configured (``--postgres-notify off``)."""
         ...
 
     def close(self) -> None: ...

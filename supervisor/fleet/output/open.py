@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Union
 from urllib.parse import urlsplit
 
 from ..storage_account import conn_fields, fleet_account, service_connection_string, service_url
-from .base import OutputConfigError, OutputStore
+from .base import OutputConfigError, OutputStore, Watchable
 
 if TYPE_CHECKING:
     from ...core.settings import Settings
@@ -50,6 +50,23 @@ def open_output_store(settings: Settings, create: bool = True,
     return BlobOutputStore(account_url=url, connection_string=conn,
                            container=settings.task_log_container, create=create,
                            read_timeout=read_timeout)
+
+
+def open_output_pushes(settings: Settings) -> Union[Watchable, None]:
+    """What pushes writes of tasks' output and results to jobq-ctl's followers (base.Watchable:
+    PostgreSQL's output store, whose ``watch`` is None with ``--postgres-notify off``), or
+    None: they poll (main thread; nothing is connected, no SDK imported)."""
+    if settings.backend != "postgres":
+        return None
+    target = _target(settings, create=False)
+    return target if isinstance(target, Watchable) else None
+
+
+def pushes_output(settings: Settings) -> bool:
+    """Whether readers of this worker's output are pushed its writes (PostgreSQL with
+    NOTIFY): the output-store thread then writes more often (fleet/shipper.py)."""
+    return (settings.backend == "postgres" and settings.control != "off"
+            and settings.postgres_notify == "on")
 
 
 def describe_output_store(settings: Settings) -> Union[str, None]:

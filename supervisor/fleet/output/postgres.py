@@ -23,6 +23,11 @@ UPDATE SKIP LOCKED``: two workers purging split the rows), then its header row; 
 ``purge_max`` attempts or PURGE_BUDGET seconds per call, so the output-store thread is not
 held up and no lock is held for long.
 
+Push (``watch``, base.Watchable): jobq-ctl's followers (ops/follow.py) LISTEN on
+``"<S>.output"`` (postgres_push.py); the control store's result records notify the same
+channel (fleet/control/postgres.py), so an attempt's end is pushed too.  ``notify=False``: no
+LISTEN, followers poll.
+
 Threads: one instance per thread (the worker's output-store thread, a jobq-ctl command, a
 dashboard request), each with one connection of its own (connect.py: never a backend pool),
 made at the first call and again after it broke.  Every statement runs under a
@@ -37,7 +42,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -47,6 +52,7 @@ from ...backends.postgres.connect import psycopg as pg
 from ...backends.postgres.deadlines import DEADLINES
 from ...backends.postgres.schema import Tables, output_channel
 from .base import READ_LIMIT, AttemptKey, Chunk, OutputConfigError, OutputStoreError
+from .postgres_push import TaskListener, listen
 
 log = logging.getLogger("jobq.output")
 
@@ -89,6 +95,7 @@ class PostgresOutputStore:
         self.where = f"schema {schema} on {describe(url)}"
         self._conn: Union[pg.Connection[Any], None] = None
         self._tails: dict[AttemptKey, _Tail] = {}
+        self._watches: list[TaskListener] = []
 
     def __repr__(self) -> str:
         return f"PostgresOutputStore({self.where!r})"
@@ -330,7 +337,21 @@ class PostgresOutputStore:
                 break
         return deleted
 
+    # ------------------------------------------------------------------------- push
+    def watch(self, queue: str, task_ids: Sequence[str],
+              on_change: Callable[[], None]) -> Union[TaskListener, None]:
+        """LISTEN for writes to these tasks' output and results on a connection and thread
+        of their own (module doc); None with ``notify=False`` (jobq-ctl's main thread)."""
+        if not self.notify:
+            return None
+        watch = listen(self.url, self.channel, queue, task_ids, on_change)
+        self._watches.append(watch)
+        return watch
+
     def close(self) -> None:
+        for watch in self._watches:
+            watch.close()
+        self._watches.clear()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
