@@ -58,6 +58,13 @@ def command_of(body: str) -> str:
         return "(invalid body)"
 
 
+def text_clause(text: str, test: str) -> tuple[str, list[str]]:
+    """(the WHERE part that finds ``text`` in a body, its arguments): ``test`` is the
+    driver's one-pattern test (``body LIKE ? ESCAPE '\\'``), OR-ed over like_patterns."""
+    patterns = like_patterns(text)
+    return "(" + " OR ".join([test] * len(patterns)) + ")", patterns
+
+
 def like_patterns(text: str) -> list[str]:
     """LIKE patterns (ESCAPE '\\') that find ``text`` in a message body as JSON writes it:
     quotes and backslashes escaped, non-ASCII characters escaped (jobq-ctl, ai4s-jobq) or

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ..task_list import TaskQuery, TaskRow, command_of, like_patterns
+from ..task_list import TaskQuery, TaskRow, command_of, text_clause
 
 _STATE_SQL = {
     "pending": "state='pending' AND run_at <= now()",
@@ -40,8 +40,8 @@ def list_tasks(backend: Queue, query: TaskQuery) -> list[TaskRow]:
         where.append("worker=%s")  # set at receive: running it, or the one that ended it
         args.append(query.worker)
     if query.text:
-        patterns = like_patterns(query.text)
-        where.append("(" + " OR ".join(["body ILIKE %s"] * len(patterns)) + ")")
+        clause, patterns = text_clause(query.text, "body ILIKE %s")
+        where.append(clause)
         args += patterns
     if query.cursor:
         at, _, last = query.cursor.partition(_SEP)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ..task_list import TaskQuery, TaskRow, command_of, like_patterns
+from ..task_list import TaskQuery, TaskRow, command_of, text_clause
 
 # One state of TASK_STATES as a condition on a row (``?``: now, for pending vs delayed).
 _STATE_SQL = {
@@ -48,8 +48,8 @@ def list_tasks(backend: Queue, query: TaskQuery, now: float) -> list[TaskRow]:
         where.append("locked_by=?")
         args.append(query.worker)
     if query.text:
-        patterns = like_patterns(query.text)
-        where.append("(" + " OR ".join(["body LIKE ? ESCAPE '\\'"] * len(patterns)) + ")")
+        clause, patterns = text_clause(query.text, "body LIKE ? ESCAPE '\\'")
+        where.append(clause)
         args += patterns
     if query.cursor:
         where.append("seq < ?")
