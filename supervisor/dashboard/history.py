@@ -85,7 +85,9 @@ class History:
             b[1] += max(0, cur.failed - prev.failed)  # type: ignore[operator]
         with self._lock:
             kept = dict(self._kept)
-        for minute, (ok, bad) in kept.items():  # a minute sampled live counts as sampled
+        # a kept minute ended before this dashboard's first sample; were one also sampled
+        # live (another dashboard's clock ahead), the live count wins
+        for minute, (ok, bad) in kept.items():
             buckets.setdefault(minute, [ok, bad])
         return [(m, s, f) for m, (s, f) in sorted(buckets.items())]
 
