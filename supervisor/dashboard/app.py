@@ -32,7 +32,7 @@ from ..ops.times import duration_text
 from .auth import NAME, Auth
 from .charts import depth_chart, depth_series, finished_chart
 from .data import DataSource, Refused, Unavailable
-from .history import History, summed_per_minute
+from .history import History, restore, summed_per_minute
 from .prom import register as register_metrics
 from .queues import Queues
 from .sessions import DEFAULT_IDLE_TIMEOUT, Sessions
@@ -61,7 +61,8 @@ def create_app(data: DataSource | Sequence[DataSource],
     seconds between an open page's refreshes (each one costs backend and store calls).
     ``token``: the operators' token, ``token_file`` the file it was read from (read again
     per request); ``idle_timeout`` ends a session unused that long (``clock``: monotonic
-    seconds, injected by tests)."""
+    seconds, injected by tests).  Each History is filled with what the control store kept
+    of its queue's last window (history.restore)."""
     app = Flask(__name__)
     app.secret_key = secret or os.urandom(32)  # sessions end when the dashboard restarts
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Strict",
@@ -71,6 +72,10 @@ def create_app(data: DataSource | Sequence[DataSource],
     histories: Mapping[str, History] = (
         history if isinstance(history, Mapping)
         else {queues.names[0]: history or History()})
+    started = time.time()
+    for name, d in queues.sources.items():  # a fresh dashboard draws the last hour at once
+        if name in histories:
+            restore(d, histories[name], started)
     current = queues.current
 
     @app.url_defaults

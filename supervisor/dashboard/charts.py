@@ -1,9 +1,12 @@
 """Server-side SVG charts for the overview (request threads): no script, no vendored chart
 library, so the page works on an air-gapped VM and with scripts off.  The SVG stretches to
 the page's width (``preserveAspectRatio="none"``), so its labels are HTML around it and its
-strokes do not scale."""
+strokes do not scale.  Axes: the y scale's top, middle and 0 on the left; along x the
+times (-60 min, -30 min, now) with their clock times (UTC)."""
 
 from __future__ import annotations
+
+import time
 
 from markupsafe import Markup, escape
 
@@ -12,15 +15,27 @@ from .history import DEPTH_STATES, Sample
 W, H = 600, 150
 
 
-def _frame(body: str, label: str, window: float, top: int, empty: str | None) -> Markup:
+def _clock(when: float) -> str:
+    return time.strftime("%H:%M", time.gmtime(when))
+
+
+def _frame(body: str, label: str, now: float, window: float, top: int,
+           empty: str | None) -> Markup:
     mins = int(window // 60)
     blank = f'<p class="chart-empty">{escape(empty)}</p>' if empty else ""
+    ticks = "".join(
+        f'<span>{f"-{m} min" if m else "now"} <time>{_clock(now - 60 * m)}'
+        f'{"" if m else " UTC"}</time></span>' for m in (mins, mins // 2, 0))
+    mid = H - (H - 4) / 2  # where top / 2 is drawn
     return Markup(
-        f'<div class="chart"><div class="chart-top">{top}</div>'
+        f'<div class="chart"><div class="chart-plot"><div class="chart-y">'
+        f'<span class="chart-top">{top}</span><span class="chart-mid">{top / 2:g}</span>'
+        f'<span>0</span></div>'
         f'<svg viewBox="0 0 {W} {H}" preserveAspectRatio="none" role="img" '
         f'aria-label="{escape(label)}"><line x1="0" y1="{H}" x2="{W}" y2="{H}" '
-        f'class="axis"/>{body}</svg>{blank}'
-        f'<div class="chart-x"><span>-{mins} min</span><span>now</span></div></div>')
+        f'class="axis"/><line x1="0" y1="{mid:g}" x2="{W}" y2="{mid:g}" class="grid"/>'
+        f'{body}</svg>{blank}</div>'
+        f'<div class="chart-x">{ticks}</div></div>')
 
 
 def _x(when: float, now: float, window: float) -> float:
@@ -51,7 +66,7 @@ def depth_chart(samples: list[Sample], now: float, window: float) -> Markup:
 
     body = "".join(line([(s.when, s.depth[k]) for s in samples if k in s.depth], k)
                    for k in series)
-    return _frame(body, "queue depth over the last hour", window, top,
+    return _frame(body, "queue depth over the last hour", now, window, top,
                   None if samples else "no samples yet")
 
 
@@ -70,5 +85,5 @@ def finished_chart(buckets: list[tuple[float, int, int]], now: float, window: fl
                  f'<rect class="failed" x="{x:.1f}" y="{y_ok - bad * scale:.1f}" '
                  f'width="{bar:.1f}" height="{bad * scale:.1f}"><title>{bad} failed</title>'
                  f'</rect>')
-    return _frame(body, "tasks finished per minute", window, top,
+    return _frame(body, "tasks finished per minute", now, window, top,
                   None if buckets else "no data yet")

@@ -24,6 +24,7 @@ from ..fleet.control.base import (
     ControlStoreRefused,
     worker_states,
 )
+from ..fleet.control.records import HistoryPoint
 from ..fleet.output.base import OutputStore, OutputStoreError
 from ..ops import fleet
 from ..ops.audit import VIA_DASHBOARD, ActionJson, actions_json, record_action
@@ -198,6 +199,16 @@ class DataSource:
         """``jobq-ctl workers --json`` (``--all`` with ``show_all``)."""
         with self.using("control store"):
             return workers_json(self.store(), self.queue, show_all)
+
+    def put_history(self, point: HistoryPoint) -> None:
+        """Keep one minute of the charts in the control store (the sampler's thread)."""
+        with self.using("control store"):
+            self.store().put_history(point)
+
+    def history(self, since: float) -> list[HistoryPoint]:
+        """The charts' minutes kept in the control store from ``since`` on (any thread)."""
+        with self.using("control store"):
+            return self.store().history(self.queue, since)
 
     def fleet(self) -> tuple[dict[str, int], FlagJson | None]:
         """(worker count by state, the queue's pause flag) from one workers listing and one

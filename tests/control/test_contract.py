@@ -21,7 +21,7 @@ from supervisor.fleet.control import (
     worker_state,
 )
 from supervisor.fleet.control.base import DAY, WORKER_PURGE_AGE, queue_partition, worker_partition
-from supervisor.fleet.control.records import CMD_CHARS, AuditRecord
+from supervisor.fleet.control.records import CMD_CHARS, AuditRecord, HistoryPoint
 from supervisor.fleet.control.signing import Gate, sign, verify
 
 from .conftest import QUEUE, Kit, doc_text
@@ -388,6 +388,28 @@ def test_audit_records_newest_first_and_purged_after_90_days(kit: Kit) -> None:
     assert s.purge(NOW + 89 * DAY).audits == 0
     assert s.purge(NOW + 91 * DAY).audits == 4
     assert s.audits(QUEUE) == []
+
+
+def test_history_points_by_minute_last_write_wins_purged_after_7_days(kit: Kit) -> None:
+    s = kit.store
+    m0 = NOW - NOW % 60
+    for i in range(5):  # one every minute, the newest last
+        s.put_history(HistoryPoint(queue=QUEUE, minute=m0 + 60 * i,
+                                   depth={"pending": i, "running": 1}, succeeded=i, failed=0))
+    s.put_history(HistoryPoint(queue="other", minute=m0, depth={"queued": 9},
+                               succeeded=None, failed=None))
+    # a second dashboard writes minute 3 again: one row, the last write's
+    s.put_history(HistoryPoint(queue=QUEUE, minute=m0 + 180, depth={"pending": 30},
+                               succeeded=None, failed=None))
+    since = s.history(QUEUE, m0 + 125)  # from the minute that holds it on
+    assert [(p.minute, p.depth, p.succeeded) for p in since] == [
+        (m0 + 120, {"pending": 2, "running": 1}, 2), (m0 + 180, {"pending": 30}, None),
+        (m0 + 240, {"pending": 4, "running": 1}, 4)]
+    assert len(s.history(QUEUE, 0)) == 5
+    assert [p.depth for p in s.history("other", 0)] == [{"queued": 9}]
+    assert s.purge(m0 + 7 * DAY - 1).history == 0
+    assert s.purge(m0 + 7 * DAY + 61).history == 3  # minutes 0 and 1 of QUEUE, "other"'s
+    assert [p.minute for p in s.history(QUEUE, 0)] == [m0 + 120, m0 + 180, m0 + 240]
 
 
 # ----------------------------------------------------------------------------- unique keys

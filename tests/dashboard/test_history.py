@@ -1,13 +1,19 @@
 """The depth sampler and its charts, on an injected clock and a fake data source (no
-threads, no sleeps)."""
+threads, no sleeps); the history kept in a real control store and read back by a new
+dashboard app (Flask test client)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from supervisor.dashboard.app import create_app
 from supervisor.dashboard.charts import depth_chart, finished_chart
 from supervisor.dashboard.data import Unavailable
 from supervisor.dashboard.history import History, Sample, Sampler
+from supervisor.fleet.control.records import HistoryPoint
+from tests.dashboard.conftest import data_source
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -18,6 +24,13 @@ class FakeData:
         self.counts_seq: list[dict[str, int] | Exception] = []
         self.workers_seq: list[list[dict] | Exception] = []
         self.closed = 0
+        self.kept: list[HistoryPoint] = []
+        self.keep_errors: list[Exception] = []
+
+    def put_history(self, point: HistoryPoint) -> None:
+        if self.keep_errors:
+            raise self.keep_errors.pop(0)
+        self.kept.append(point)
 
     def workers(self, show_all: bool = False) -> list[dict]:
         item = self.workers_seq.pop(0) if self.workers_seq else Unavailable("store", "off")
@@ -111,3 +124,44 @@ def test_without_backend_counts_finished_comes_from_the_workers_counters():
     assert [(x.succeeded, x.failed) for x in h.samples()] == [
         (0, 0), (3, 0), (7, 1), (8, 2), (None, None)]
     assert h.finished_per_minute() == [(960.0, 8, 2)]
+
+
+def test_sampler_keeps_a_point_per_minute_when_the_minute_is_over():
+    data = FakeData()
+    data.counts_seq = [{"pending": 10 - i, "running": 2, "succeeded": 3 * i, "failed": i // 4}
+                       for i in range(9)]
+    _sampled(data, start=960.0, times=9)  # 960 .. 1080: minutes 960 and 1020 are over
+    assert data.kept == [
+        HistoryPoint(queue="default", minute=960.0, depth={"pending": 7, "running": 2},
+                     succeeded=9, failed=0),  # 3 deltas (the first sample counts none)
+        HistoryPoint(queue="default", minute=1020.0, depth={"pending": 3, "running": 2},
+                     succeeded=12, failed=1)]
+
+
+def test_a_store_that_fails_costs_a_point_and_one_log_line_never_a_sample(caplog):
+    data = FakeData()
+    data.counts_seq = [{"pending": i, "running": 0} for i in range(17)]
+    data.keep_errors = [Unavailable("control store", "down")] * 2
+    h = _sampled(data, start=960.0, times=17)  # minutes 960 .. 1200; four are over
+    assert len(h.samples()) == 17, "every sample kept in memory"
+    assert [p.minute for p in data.kept] == [1080.0, 1140.0]
+    assert [p.succeeded for p in data.kept] == [None, None], "no counts: unknown"
+    assert sum("not kept" in r.message for r in caplog.records) == 1
+
+
+def test_a_new_dashboard_draws_the_last_hour_the_store_kept_at_once(fenv):
+    data = data_source(fenv)
+    now = time.time()
+    minute = now - now % 60
+    for ago, depth, ok, bad in ((90, 99, 50, 50), (30, 12, 7, 2), (20, 34, 5, 0),
+                                (2, 56, 0, 1)):  # 90 min ago: outside the window
+        data.put_history(HistoryPoint(queue="default", minute=minute - 60 * ago,
+                                      depth={"pending": depth}, succeeded=ok, failed=bad))
+    data.close_thread()
+    page = create_app(data).test_client().get("/").get_data(as_text=True)
+    assert "no samples yet" not in page and "no data yet" not in page
+    assert '<span class="chart-top">56</span>' in page, "the depth scale: the kept points"
+    assert '<span class="chart-mid">28</span>' in page
+    assert "7 succeeded" in page and "2 failed" in page and "5 succeeded" in page
+    assert "50 succeeded" not in page, "older than the hour drawn"
+    assert ">-60 min <time>" in page and ">-30 min <time>" in page

@@ -48,6 +48,8 @@ from .base import (
     cancel_key,
     command_key,
     command_prefix,
+    history_key,
+    history_partition,
     index_key,
     index_partition,
     key_part,
@@ -64,6 +66,7 @@ from .records import (
     AuditRecord,
     Cancel,
     Command,
+    HistoryPoint,
     QueueFlag,
     Record,
     RecordError,
@@ -322,6 +325,15 @@ class AzureTableControlStore(AzureClaims):
                             {"pk": audit_partition(queue)}, page=limit) if limit > 0 else []
         return self._records(found, "audit")[:limit]
 
+    def put_history(self, point: HistoryPoint) -> None:
+        self._put(history_partition(point.queue), history_key(point.minute), point,
+                  point.minute)
+
+    def history(self, queue: str, since: float) -> list[HistoryPoint]:
+        found = self._query("read history", "PartitionKey eq @pk and RowKey ge @lo",
+                            {"pk": history_partition(queue), "lo": history_key(since)})
+        return sorted(self._records(found, "history"), key=lambda p: p.minute)
+
     def results_of(self, queue: str, task_id: str) -> list[ResultRecord]:
         prefix = key_part(task_id) + ":"
         found = self._query("read results", "PartitionKey eq @pk and RowKey ge @lo and "
@@ -352,7 +364,8 @@ class AzureTableControlStore(AzureClaims):
             counts[entity["kind"]] += 1
         return PurgeCounts(workers=counts["worker"], cancels=counts["cancel"],
                            commands=counts["cmd"], results=counts["result"],
-                           audits=counts["audit"], claims=counts["unique"])
+                           audits=counts["audit"], claims=counts["unique"],
+                           history=counts["history"])
 
     def close(self) -> None:
         self._client.close()

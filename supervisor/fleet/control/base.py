@@ -13,6 +13,8 @@ Layout (the same keys in both stores; see docs/architecture.rst, "The fleet laye
     partition "a:<queue>"   row "<newest first>"        AuditRecord (audit_key)
     partition "u:<queue>"   row "<unique key>"          UniqueClaim: the task that holds a
                                                         unique key (Storage Queue push)
+    partition "h:<queue>"   row "<minute>"              HistoryPoint (history_key): the
+                                                        dashboard's charts, a row a minute
 
 A worker's whole poll is one range query on its queue's "q:" partition; worker records and
 results live in partitions of their own so that a fleet of busy workers (1,000 tasks each)
@@ -41,6 +43,7 @@ from .records import (
     AuditRecord,
     Cancel,
     Command,
+    HistoryPoint,
     QueueFlag,
     ResultRecord,
     WorkerRecord,
@@ -58,6 +61,7 @@ AUDIT_TTL = 90 * 86_400.0  # s an operator action is kept
 # A unique-key claim older than this is over (the longest a Storage Queue message lives: its
 # default TTL), whatever it names: a push takes it over, and the purge deletes it.
 CLAIM_TTL = 7 * DAY
+HISTORY_TTL = 7 * DAY  # s a history point (one a queue a minute) is kept
 # Result states listed often and rare enough to be kept twice ("x:" partition, see above).
 INDEXED_STATES = ("failed", "cancelled")
 INDEX_KIND = "rindex"  # the stored kind of an "x:" row (its document is a result record)
@@ -132,6 +136,7 @@ class PurgeCounts:
     results: int = 0
     audits: int = 0
     claims: int = 0
+    history: int = 0
 
 
 class ControlStore(Protocol):
@@ -179,6 +184,12 @@ class ControlStore(Protocol):
     def put_audit(self, record: AuditRecord) -> None: ...
     def audits(self, queue: str, limit: int = 100) -> list[AuditRecord]:
         """The newest ``limit`` operator actions on ``queue``, newest first."""
+        ...
+    def put_history(self, point: HistoryPoint) -> None:
+        """Upsert the point of ``point.minute`` (the dashboard's sampler thread)."""
+        ...
+    def history(self, queue: str, since: float) -> list[HistoryPoint]:
+        """The points of ``queue`` from the minute of ``since`` on, by minute."""
         ...
     def results_of(self, queue: str, task_id: str) -> list[ResultRecord]:
         """The result records of one task's attempts, by attempt (one range query)."""
@@ -248,7 +259,8 @@ def purge_cutoffs(now: float) -> dict[str, float]:
     """Per kind, the ``at`` below which a record is purged."""
     return {"worker": now - WORKER_PURGE_AGE, "cancel": now - CANCEL_TTL,
             "cmd": now - COMMAND_TTL, "result": now - RESULT_TTL,
-            INDEX_KIND: now - RESULT_TTL, "audit": now - AUDIT_TTL, "unique": now - CLAIM_TTL}
+            INDEX_KIND: now - RESULT_TTL, "audit": now - AUDIT_TTL, "unique": now - CLAIM_TTL,
+            "history": now - HISTORY_TTL}
 
 
 # ----------------------------------------------------------------------------------- keys
@@ -310,6 +322,15 @@ def audit_key(record: AuditRecord) -> str:
     """Newest first in key order (a range query returns the newest page first): the
     milliseconds counted down from year 2286, then the seq."""
     return f"{10**13 - int(record.when * 1000):013d}:{key_part(record.seq)}"
+
+
+def history_partition(queue: str) -> str:
+    return "h:" + key_part(queue)
+
+
+def history_key(minute: float) -> str:
+    """The row of the minute holding ``minute`` (epoch s): minutes since 1970, in key order."""
+    return f"{int(minute // 60):010d}"
 
 
 def after_prefix(prefix: str) -> str:

@@ -67,7 +67,8 @@ _PURGE = ("DELETE FROM {t} WHERE (part, row) IN (SELECT part, row FROM {t} WHERE
           "(kind = 'worker' AND at < %s) OR (kind = 'cancel' AND (at < %s OR expires < %s)) OR "
           "(kind = 'cmd' AND at < %s) OR (kind = 'result' AND at < %s) OR "
           "(kind = %s AND at < %s) OR (kind = 'audit' AND at < %s) OR "
-          "(kind = 'unique' AND at < %s) LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING kind")
+          "(kind = 'unique' AND at < %s) OR (kind = 'history' AND at < %s) "
+          "LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING kind")
 
 
 def dialect(tables: Tables) -> Dialect:

@@ -18,7 +18,15 @@ from typing import Any, Generic, NamedTuple, TypeVar, Union
 
 from . import base, records
 from .base import ControlSnapshot, OnceLog, PurgeCounts
-from .records import AuditRecord, Cancel, Command, QueueFlag, ResultRecord, WorkerRecord
+from .records import (
+    AuditRecord,
+    Cancel,
+    Command,
+    HistoryPoint,
+    QueueFlag,
+    ResultRecord,
+    WorkerRecord,
+)
 
 Row = tuple[Any, ...]
 C = TypeVar("C")  # a driver's connection
@@ -239,6 +247,14 @@ class RecordTableStore(Generic[C]):
         return self._records("list actions", AuditRecord, "part = %s ORDER BY row LIMIT %s",
                              (base.audit_partition(queue), max(0, limit)))
 
+    def put_history(self, point: HistoryPoint) -> None:
+        self._put(base.history_partition(point.queue), base.history_key(point.minute), point,
+                  point.minute)
+
+    def history(self, queue: str, since: float) -> list[HistoryPoint]:
+        return self._records("read history", HistoryPoint, "part = %s AND row >= %s ORDER BY "
+                             "row", (base.history_partition(queue), base.history_key(since)))
+
     def results_of(self, queue: str, task_id: str) -> list[ResultRecord]:
         prefix = base.key_part(task_id) + ":"
         return self._records("read results", ResultRecord, "part = %s AND row >= %s AND "
@@ -293,7 +309,7 @@ class RecordTableStore(Generic[C]):
         cut, d = base.purge_cutoffs(now), self.dialect
         args = (cut["worker"], cut["cancel"], now, cut["cmd"], cut["result"], base.INDEX_KIND,
                 cut[base.INDEX_KIND], cut["audit"], cut["unique"],
-                *(() if d.purge_batch is None else (d.purge_batch,)))
+                cut["history"], *(() if d.purge_batch is None else (d.purge_batch,)))
         kinds: list[str] = []
         stop = time.monotonic() + PURGE_BUDGET
         while True:
@@ -305,7 +321,8 @@ class RecordTableStore(Generic[C]):
                 break
         return PurgeCounts(workers=kinds.count("worker"), cancels=kinds.count("cancel"),
                            commands=kinds.count("cmd"), results=kinds.count("result"),
-                           audits=kinds.count("audit"), claims=kinds.count("unique"))
+                           audits=kinds.count("audit"), claims=kinds.count("unique"),
+                           history=kinds.count("history"))
 
 
 def _claim_key(queue: str, key: str) -> tuple[str, str]:

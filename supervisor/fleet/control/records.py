@@ -171,9 +171,25 @@ class AuditRecord:
     kind = "audit"
 
 
-Record = Union[WorkerRecord, Cancel, QueueFlag, Command, ResultRecord, AuditRecord]
+@dataclass(frozen=True)
+class HistoryPoint:
+    """One minute of one queue, as the dashboard's sampler saw it (the overview's charts
+    after a restart): the depth counts the backend reports at the minute's last sample, and
+    the tasks that finished in the minute (None: unknown).  Several dashboards write the
+    same minute's row; the last write wins."""
+
+    queue: str
+    minute: float  # epoch seconds of the minute's start
+    depth: dict[str, int]  # by the backend's word: pending, queued, running
+    succeeded: Union[int, None]
+    failed: Union[int, None]
+    kind = "history"
+
+
+Record = Union[WorkerRecord, Cancel, QueueFlag, Command, ResultRecord, AuditRecord,
+               HistoryPoint]
 KINDS: dict[str, type[Record]] = {c.kind: c for c in (WorkerRecord, Cancel, QueueFlag, Command,
-                                                       ResultRecord, AuditRecord)}
+                                                       ResultRecord, AuditRecord, HistoryPoint)}
 
 
 # ----------------------------------------------------------------------------- encoding
@@ -278,7 +294,7 @@ def decode(text: object, kind: str | None = None) -> Record:
 _STR = ("id", "queue", "host", "version", "state", "task_id", "reason", "who", "worker",
         "seq", "action", "outcome", "tail", "cmd", "cancelled_by", "detail", "via")
 _INT = ("pid", "slots_used", "slots_total", "tasks_omitted", "attempt", "succeeded", "failed")
-_FLOAT = ("started", "heartbeat", "interval", "when", "grace")
+_FLOAT = ("started", "heartbeat", "interval", "when", "grace", "minute")
 _OPT_INT = ("exit_status", "signal", "max_attempts")
 _OPT_FLOAT = ("lease_expires", "ttl", "finished")
 _OPT_STR = ("unique_key",)
@@ -297,6 +313,11 @@ def _check(kind: str, name: str, v: Any) -> Any:
     if name == "started" and kind == "result":  # unknown (None) in a result record
         ok = v is None or _is_num(v)
         v = float(v) if ok and v is not None else v
+    elif name in ("succeeded", "failed") and kind == "history":  # unknown (None) there
+        ok = v is None or _is_int(v)
+    elif name == "depth":
+        ok = isinstance(v, dict) and all(isinstance(k, str) and _is_int(n) and n >= 0
+                                         for k, n in v.items())
     elif name in _STR:
         ok = isinstance(v, str)
     elif name in _INT:

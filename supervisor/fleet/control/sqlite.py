@@ -55,7 +55,7 @@ DIALECT = Dialect(
            "(kind='cancel' AND (at<? OR at + CASE WHEN json_valid(doc) THEN "
            "json_extract(doc, '$.ttl') END < ?)) OR (kind='cmd' AND at<?) OR "
            "(kind='result' AND at<?) OR (kind=? AND at<?) OR (kind='audit' AND at<?) OR "
-           "(kind='unique' AND at<?) RETURNING kind"),
+           "(kind='unique' AND at<?) OR (kind='history' AND at<?) RETURNING kind"),
     purge_batch=None,  # one short transaction: a week of one queue's records
     for_update="",  # BEGIN IMMEDIATE holds the write lock already
 )
