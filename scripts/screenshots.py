@@ -66,6 +66,7 @@ NOT_SHOWN = {
     "/search": "redirects to a task's page",
     "/failed/clear": "a confirmation page",
     "/static/<path:filename>": "not a page",
+    "/metrics": "Prometheus text for a scraper, not a page",
 }
 
 # The sample tasks: shell scripts in the tasks' working folder.  Each prints a few lines and
