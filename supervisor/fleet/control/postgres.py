@@ -44,7 +44,15 @@ from contextlib import contextmanager
 from typing import Callable, Union
 
 from ...backends.base import BackendConfigError, BackendError, QueueNotFound
-from ...backends.postgres.connect import Conn, connect, describe, one_line, psycopg
+from ...backends.postgres.connect import (
+    POOLER_HINT,
+    Conn,
+    connect,
+    describe,
+    lost_prepared_statement,
+    one_line,
+    psycopg,
+)
 from ...backends.postgres.connect import statement_timeout_ms as timeout_ms
 from ...backends.postgres.deadlines import DEADLINES
 from ...backends.postgres.listener import WakeListener
@@ -152,6 +160,8 @@ class PostgresControlStore(RecordTableStore[Conn]):
                     self._conn = None  # made again at the next call
                 if isinstance(exc, psycopg.errors.QueryCanceled):
                     detail = "timed out (statement_timeout)"
+                elif lost_prepared_statement(exc):  # as the backend says it (connect.failure)
+                    detail = f"{one_line(exc, self.url)}; {POOLER_HINT}"
                 else:
                     detail = one_line(exc, self.url)
                 error = (ControlStoreRefused if isinstance(
