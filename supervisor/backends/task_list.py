@@ -51,6 +51,18 @@ class TaskRow:
     cursor: str  # the next page after this row starts here
 
 
+class BadCursor(ValueError):
+    """A cursor no page of this listing printed (jobq-ctl: exit 2; the dashboard: 400)."""
+
+    def __init__(self, cursor: str) -> None:
+        super().__init__(f"{cursor[:60]!r} is not a cursor a page of this queue printed")
+
+
+def next_cursor(rows: list[TaskRow], query: TaskQuery) -> Union[str, None]:
+    """Where the page after ``rows`` starts; None when ``rows`` is the last page."""
+    return rows[-1].cursor if rows and len(rows) == query.limit else None
+
+
 def command_of(body: str) -> str:
     try:
         return Task.parse(body).cmd

@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..backends.base import Backend
-from ..backends.task_list import MAX_PAGE, PAGE, TASK_STATES, TaskQuery
+from ..backends.task_list import MAX_PAGE, PAGE, TASK_STATES, BadCursor, TaskQuery, next_cursor
 from ..core.options import UsageError
 from ..ops.times import iso
 
@@ -47,8 +47,11 @@ def cmd_tasks(ns: argparse.Namespace, backend: Backend, store: ControlStore | No
         raise UsageError(f"tasks: --limit: from 1 to {MAX_PAGE}")
     query = TaskQuery(states=states, worker=ns.worker, text=ns.grep or None,
                       cursor=ns.after, limit=ns.limit)
-    rows, note = list_tasks(backend, store, ns.queue, query)
-    after = rows[-1].cursor if len(rows) == ns.limit else None
+    try:
+        rows, note = list_tasks(backend, store, ns.queue, query)
+    except BadCursor as exc:
+        raise UsageError(f"tasks: --after: {exc}") from None
+    after = next_cursor(rows, query)
     if ns.json:
         print(json.dumps({"tasks": [row_json(r) for r in rows], "next": after, "note": note},
                          indent=2))

@@ -11,7 +11,7 @@ from typing import Any
 from flask import Flask, abort, jsonify, render_template, request
 from flask.typing import ResponseReturnValue
 
-from ..backends.task_list import MAX_PAGE, PAGE, TASK_STATES, TaskQuery
+from ..backends.task_list import MAX_PAGE, PAGE, TASK_STATES, BadCursor, TaskQuery
 from ..ops.audit import count_text, tasks_text
 from . import tasks
 from .auth import Auth
@@ -100,16 +100,22 @@ def register(app: Flask, current: Callable[[], DataSource], auth: Auth,
             found_or_404(current(), "task", task_id)
         return jsonify(tasks.output_json(current(), task_id, attempt, offset))
 
+    def page(query: TaskQuery) -> tuple[list[dict[str, Any]], str | None, str | None]:
+        try:
+            return tasks.task_page(current(), query)
+        except BadCursor as exc:
+            abort(400, f"?after=: {exc}")
+
     @app.get("/tasks")
     def task_list() -> str:
         query = _task_query()
-        rows, after, note = tasks.task_page(current(), query)
+        rows, after, note = page(query)
         return render_template("tasks.html", rows=rows, after=after, note=note, query=query,
                                states=TASK_STATES)
 
     @app.get("/api/tasks")
     def api_task_list() -> ResponseReturnValue:
-        rows, after, note = tasks.task_page(current(), _task_query())
+        rows, after, note = page(_task_query())
         return jsonify({"tasks": rows, "next": after, "note": note})
 
     @app.get("/failed")

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any, Union
 
 from ..backends.base import Backend
-from ..backends.task_list import TASK_STATES, TaskQuery, TaskRow
+from ..backends.task_list import TASK_STATES, BadCursor, TaskQuery, TaskRow
 from ..core.task import Task
 from ..fleet.control.base import ControlStore, ControlStoreError, worker_state
 from ..fleet.control.records import ResultRecord
@@ -100,8 +100,13 @@ def _filtered(rows: list[TaskRow], q: TaskQuery) -> list[TaskRow]:
 def _page(rows: list[TaskRow], q: TaskQuery) -> list[TaskRow]:
     rows.sort(key=lambda r: (r.created, r.id), reverse=True)
     if q.cursor:
-        at, _, last = q.cursor.partition(_SEP)
-        after = (float(at), last)
+        at, sep, last = q.cursor.partition(_SEP)
+        try:
+            after = (float(at), last)
+        except ValueError:
+            raise BadCursor(q.cursor) from None
+        if not sep:
+            raise BadCursor(q.cursor)
         rows = [r for r in rows if (r.created, r.id) < after]
     return rows[:q.limit]
 

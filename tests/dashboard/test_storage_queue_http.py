@@ -138,4 +138,5 @@ def test_the_tasks_page_lists_what_a_peek_and_the_records_show(sq, azurite_table
         [pending[1]]
     page = client.get("/tasks").get_data(as_text=True)
     assert 'id="tasks-note"' in page and "f" * 32 in page
+    assert client.get("/tasks?after=nope").status_code == 400
     data.close_thread()

@@ -36,7 +36,7 @@ def test_tasks_page_filters_and_pages(fenv):
     api = client.get("/api/tasks?state=pending&limit=2").get_json()
     assert [t["id"] for t in api["tasks"]] == ids[:1:-1] and api["next"] is not None
     assert api["tasks"][0]["cmd"] == "echo gamma" and api["note"] is None
-    for bad in ("state=done", "limit=0", "worker=%20bad%20id", "limit=x"):
+    for bad in ("state=done", "limit=0", "worker=%20bad%20id", "limit=x", "after=nope"):
         assert client.get(f"/tasks?{bad}").status_code == 400, bad
 
 

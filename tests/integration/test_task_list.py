@@ -10,7 +10,7 @@ import time
 import pytest
 
 from supervisor.backends import open_backend
-from supervisor.backends.task_list import TaskQuery
+from supervisor.backends.task_list import BadCursor, TaskQuery
 from supervisor.core.task import Task
 from supervisor.ops.task_list import list_tasks
 
@@ -94,6 +94,10 @@ def test_pages_follow_one_another_by_keyset(tasks):
     rest, _ = list_tasks(b, None, "default", TaskQuery(states=("pending",),
                                                         cursor=first[0].cursor))
     assert _ids(first + rest) == [ids["quote"], ids["waiting"]]
+    # a cursor no page printed: one clear error, not a driver's (jobq-ctl: exit 2, below)
+    for bad in ("x", "12|", "2026-11-27|x", "|abc", "3.5"):
+        with pytest.raises(BadCursor):
+            list_tasks(b, None, "default", TaskQuery(cursor=bad))
 
 
 def test_jobq_ctl_tasks(env):
@@ -108,3 +112,7 @@ def test_jobq_ctl_tasks(env):
     bad = env.ctl("tasks", "--state", "done", check=False)
     assert bad.returncode == 2 and "unknown state 'done'" in bad.stderr
     assert "Traceback" not in bad.stderr
+    bad = env.ctl("tasks", "--after", "page-2", check=False)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip() == ("jobq-ctl: error: tasks: --after: 'page-2' is not a cursor a "
+                                  "page of this queue printed")

@@ -6,10 +6,11 @@ caller's thread, on the main pool.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ..task_list import TaskQuery, TaskRow, command_of, text_clause
+from ..task_list import BadCursor, TaskQuery, TaskRow, command_of, text_clause
 
 _STATE_SQL = {
     "pending": "state='pending' AND run_at <= now()",
@@ -22,6 +23,8 @@ _STATE_SQL = {
 _SHOWN = ("CASE WHEN state='pending' AND run_at > now() THEN 'delayed' "
           "WHEN state='failed' AND reason LIKE 'cancelled%%' THEN 'cancelled' ELSE state END")
 _SEP = "|"  # between the cursor's time and id: a timestamp's text has none
+# ``created_at::text`` as the server writes it (DateStyle ISO): a cursor's first part
+_CREATED = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{1,6})?[+-]\d\d(:\d\d){0,2}")
 
 
 class Queue(Protocol):
@@ -44,7 +47,9 @@ def list_tasks(backend: Queue, query: TaskQuery) -> list[TaskRow]:
         where.append(clause)
         args += patterns
     if query.cursor:
-        at, _, last = query.cursor.partition(_SEP)
+        at, sep, last = query.cursor.partition(_SEP)
+        if not (sep and last and _CREATED.fullmatch(at)):
+            raise BadCursor(query.cursor)
         where.append("(created_at, id) < (%s::timestamptz, %s)")
         args += [at, last]
     rows = backend._query(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ..task_list import TaskQuery, TaskRow, command_of, text_clause
+from ..task_list import BadCursor, TaskQuery, TaskRow, command_of, text_clause
 
 # One state of TASK_STATES as a condition on a row (``?``: now, for pending vs delayed).
 _STATE_SQL = {
@@ -53,6 +53,8 @@ def list_tasks(backend: Queue, query: TaskQuery, now: float) -> list[TaskRow]:
         args += patterns
     if query.cursor:
         where.append("seq < ?")
+        if not query.cursor.isdigit():
+            raise BadCursor(query.cursor)
         args.append(int(query.cursor))
     rows = backend._query(
         f"SELECT seq, id, {_SHOWN}, attempt, max_attempts, body, min(created_at, updated_at), "
