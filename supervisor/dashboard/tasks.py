@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..backends.task_list import TaskQuery
+from ..backends.task_list import TaskQuery, next_cursor
 from ..fleet.control.base import CANCEL_TTL
 from ..fleet.output.base import AttemptKey
 from ..ops.fleet import cancel_tasks
@@ -81,18 +81,9 @@ def failed_json(data: DataSource) -> tuple[list[dict[str, Any]], int]:
 # ---------------------------------------------------------------------------- actions
 def cancel(data: DataSource, task_id: str, by: str) -> str | None:
     """``jobq-ctl cancel ID`` with the default grace: what happened, or None when the task
-    is known to have ended already (SQLite tells; elsewhere the cancel is recorded)."""
-    backend = data.backend()
-    states = None
-    admin = backend.admin()
-    if admin is not None:
-        with data.using("queue"):
-            states = admin.task_states([task_id])
-        if task_id not in states:
-            return None
-    with data.using("control store"):
-        live, taken = cancel_tasks(backend, data.store(), data.queue, [task_id], states,
-                                   "", GRACE, CANCEL_TTL, data.key, by)
+    is known to have ended already (SQLite and PostgreSQL tell; elsewhere the cancel is
+    recorded)."""
+    live, taken = _cancel(data, [task_id], by)
     if not live:
         return None
     if task_id in taken:
@@ -130,21 +121,28 @@ def task_page(data: DataSource, query: TaskQuery) -> tuple[list[dict[str, Any]],
     the next page or None, a note on what the listing cannot see)."""
     with data.using("queue"):
         rows, note = list_tasks(data.backend(), data.optional_store(), data.queue, query)
-    after = rows[-1].cursor if len(rows) == query.limit else None
-    return [row_json(r) for r in rows], after, note
+    return [row_json(r) for r in rows], next_cursor(rows, query), note
 
 
 def cancel_many(data: DataSource, ids: list[str], by: str) -> int:
     """``jobq-ctl cancel IDS`` with the default grace: how many were still live (a pending
     one never runs; a running one's worker stops it)."""
+    live, _ = _cancel(data, ids, by)
+    return len(live)
+
+
+def _cancel(data: DataSource, ids: list[str], by: str) -> tuple[list[str], set[str]]:
+    """ops.fleet.cancel_tasks with the default grace on the ids the queue still holds where it
+    tells (``Backend.admin``): (those still live, so cancelled; those taken off the queue)."""
     backend = data.backend()
     states = None
     admin = backend.admin()
     if admin is not None:
         with data.using("queue"):
             states = admin.task_states(ids)
-        ids = [i for i in ids if i in states]  # gone meanwhile (cleared, purged)
+        ids = [i for i in ids if i in states]  # unknown, or gone meanwhile (cleared, purged)
+        if not ids:
+            return [], set()
     with data.using("control store"):
-        live, _ = cancel_tasks(backend, data.store(), data.queue, ids, states, "", GRACE,
-                               CANCEL_TTL, data.key, by)
-    return len(live)
+        return cancel_tasks(backend, data.store(), data.queue, ids, states, "", GRACE,
+                            CANCEL_TTL, data.key, by)
