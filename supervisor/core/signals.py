@@ -54,6 +54,18 @@ def name(signum: int) -> str:
         return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
 
 
+def describe_exit(returncode: int) -> str:
+    """How a shell ended as its Popen returncode says it: ``exit status 3``, ``killed by
+    SIGTERM`` (-15) -- the worker's log line and the dashboard's words (any thread)."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"exit status {returncode}"
+
+
 def on_other_signal(signum: int, inherited_ignored: bool, log: logging.Logger) -> None:
     """A caught signal that is neither a stop nor a drain, from the signal queue (main
     thread): SIGQUIT dumps the threads, anything else is logged and ignored."""

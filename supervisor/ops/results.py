@@ -16,10 +16,10 @@ cannot still be running.  A task cancelled before an attempt ran shows that atte
 
 from __future__ import annotations
 
-import signal as signals
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypedDict
 
+from ..core.signals import describe_exit
 from ..fleet.control.base import HEARTBEAT_INTERVAL, LOST_AFTER, ControlStore
 from ..fleet.control.records import ResultRecord
 from . import fleet
@@ -88,15 +88,10 @@ def result_json(r: ResultRecord, now: float, workers: Mapping[str, str] | None =
 
 def ended_text(exit_status: int | None, signal: int | None) -> str | None:
     """``killed by SIGTERM`` or ``exit status 3`` as the worker's log line words it
-    (worker/process.py), not a shell's ``-15``; None when neither is known."""
+    (core/signals.describe_exit), not a shell's ``-15``; None when neither is known."""
     if signal is not None:
-        try:
-            return f"killed by {signals.Signals(signal).name}"
-        except ValueError:
-            return f"killed by signal {signal}"
-    if exit_status is not None and exit_status < 0:  # a record written as Popen reports it
-        return ended_text(None, -exit_status)
-    return None if exit_status is None else f"exit status {exit_status}"
+        return describe_exit(-signal)
+    return None if exit_status is None else describe_exit(exit_status)
 
 
 def results_json(records: Sequence[ResultRecord], now: float,

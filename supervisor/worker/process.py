@@ -146,16 +146,6 @@ def group_running(pgid: int) -> bool:
     return False
 
 
-def describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"killed by {name}"
-    return f"exit status {returncode}"
-
-
 def exited_child() -> int | None:
     """The pid of a child of ours that has exited and is not reaped yet, or None; reaps
     nothing (main thread).

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Callable
 from ..backends.base import Backend, Lease
 from ..core.outcome_counts import OutcomeCounts
 from ..core.settings import Settings
+from ..core.signals import describe_exit
 from ..core.task import Task
 from .completer import Completer
 from .keeper import LeaseKeeper
 from .logs import log_fast
 from .metrics import Metrics
 from .outcomes import Ended, SettleResult
-from .process import describe_exit
 from .result_log import ResultLog
 from .settle_steps import Complete, DeadLetter, Release, SettleStep
 from .task_guard import TaskGuard
