@@ -14,7 +14,9 @@ and ``off`` (the default control interval, 5 s, and poll interval, 1 s):
   renewal call's round trip, as the lease keeper times it for its metrics
   (``Metrics.renewal``, wrapped by RENEWAL_RECORDER: nothing in the supervisor is changed),
   in a quiet window and while the flood runs (from its start until its output is stored
-  and complete); lost leases; the flood's output stored up to
+  and complete), and the same beside the same flood with ``--task-output local`` (no
+  store: what the fleet layer adds is the difference); lost leases; the flood's output
+  stored up to
   ``--task-output-max`` with its marker; the supervisor's peak RSS (psutil) in each.
 
 Everything runs on the bench's main thread, except the RSS sampler's thread and a timer
@@ -195,16 +197,20 @@ def renewals(path: Path, t0: float, t1: float) -> tuple[list[float], int]:
     return ok, failed
 
 
-def flood_run(fig: PgFigure, mode: str, run: int, quiet_s: float) -> dict[str, Any]:
+def flood_run(fig: PgFigure, mode: str, run: int, quiet_s: float,
+              output: str = "store") -> dict[str, Any]:
     """SLEEPERS renewing leases on one worker, ``quiet_s`` seconds alone, then beside the
-    flood until it ends: the renewals and the peak RSS of each window, the leases lost, the
-    flood's stored size and ending."""
+    flood until it ends (stored: until its output is complete): the renewals and the peak RSS
+    of each window, the leases lost, the flood's stored size and ending.  ``output``:
+    ``store`` (the output store on PostgreSQL) or ``local`` (``--task-output local``: the
+    same pump and log lines, no store -- the reference that leaves the fleet layer out)."""
     tmp = fig.b.tmp
-    db = fig.fresh_db(f"flood_{mode}", run)
-    timings, script = tmp / f"pg-flood-{mode}-{run}.renewals", tmp / "pg-renewals.py"
+    db = fig.fresh_db(f"flood_{mode}_{output}", run)
+    timings = tmp / f"pg-flood-{mode}-{output}-{run}.renewals"
+    script = tmp / "pg-renewals.py"
     script.write_text(RENEWAL_RECORDER)
     sleepers = push(fig, db, mode, *["sleep 600"] * SLEEPERS)
-    log = tmp / f"pg-flood-{mode}-{run}.log"
+    log = tmp / f"pg-flood-{mode}-{output}-{run}.log"
 
     def job(tid: str) -> tuple[Any, ...]:
         return fig.srv.admin("SELECT state, extract(epoch from started_at), "
@@ -212,7 +218,8 @@ def flood_run(fig: PgFigure, mode: str, run: int, quiet_s: float) -> dict[str, A
                              dbname=db, params=(tid,))[0]
 
     with supervisor(["--backend", "postgres", "-n", str(SLEEPERS + 1), *LEASE,
-                     "--task-output-max", str(OUTPUT_MAX), *notify_args(mode)], tmp,
+                     "--task-output-max", str(OUTPUT_MAX), "--task-output", output,
+                     *notify_args(mode)], tmp,
                     fig.jobq_env(db), log=log.name,
                     prog=[str(BIN / "python"), str(script), str(timings)]) as proc:
         wait_until(lambda: all(job(t)[0] == "running" for t in sleepers), 60, 0.05,
@@ -225,9 +232,10 @@ def flood_run(fig: PgFigure, mode: str, run: int, quiet_s: float) -> dict[str, A
             time.sleep(quiet_s)
             q1 = time.time()
             [flood] = push(fig, db, mode, FLOOD)
-            wait_until(lambda: job(flood)[0] in ("succeeded", "failed") and fig.srv.admin(
-                "SELECT count(*) FROM jobq.outputs WHERE task_id = %s AND complete",
-                dbname=db, params=(flood,))[0][0], 900, 0.05,
+            wait_until(lambda: job(flood)[0] in ("succeeded", "failed") and (
+                output != "store" or fig.srv.admin(
+                    "SELECT count(*) FROM jobq.outputs WHERE task_id = %s AND complete",
+                    dbname=db, params=(flood,))[0][0]), 900, 0.05,
                        what=f"the flood's end, its output complete:\n{log_tail(log)}")
             f1 = time.time()
         finally:
@@ -238,7 +246,7 @@ def flood_run(fig: PgFigure, mode: str, run: int, quiet_s: float) -> dict[str, A
         "SELECT o.size, (SELECT data FROM jobq.output_chunks c WHERE (c.queue, c.task_id, "
         "c.attempt) = (o.queue, o.task_id, o.attempt) ORDER BY pos DESC LIMIT 1) "
         "FROM jobq.outputs o WHERE o.task_id = %s AND o.complete", dbname=db,
-        params=(flood,))[0]
+        params=(flood,))[0] if output == "store" else (0, b"")
     quiet, quiet_failed = renewals(timings, q0, q1)
     busy, busy_failed = renewals(timings, float(f0), f1)
     if not quiet or not busy:
@@ -266,12 +274,20 @@ def fig_pg_fleet(b: Bench) -> None:
         fig = PgFigure(b, srv)
         cancel = {m: cancel_latency(fig, m, samples) for m in MODES}
         follow = {m: follow_latency(fig, m, lines) for m in MODES}
-        floods = [flood_run(fig, "on", i, quiet_s) for i in range(b.runs)]
-    b.results.update(pg_fleet_cancel_s=cancel, pg_fleet_follow_s=follow, pg_fleet_flood=[
-        {k: v for k, v in f.items() if k not in ("quiet", "flood")}
-        | {"quiet_p50": pct(f["quiet"], 50), "quiet_p99": pct(f["quiet"], 99),
-           "flood_p50": pct(f["flood"], 50), "flood_p99": pct(f["flood"], 99),
-           "quiet_n": len(f["quiet"]), "flood_n": len(f["flood"])} for f in floods])
+        floods, local = [], []
+        for i in range(b.runs):  # interleaved: a drift of the machine hits both alike
+            floods.append(flood_run(fig, "on", i, quiet_s))
+            local.append(flood_run(fig, "on", i, quiet_s, output="local"))
+
+    def summary(f: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in f.items() if k not in ("quiet", "flood")} | {
+            "quiet_p50": pct(f["quiet"], 50), "quiet_p99": pct(f["quiet"], 99),
+            "flood_p50": pct(f["flood"], 50), "flood_p99": pct(f["flood"], 99),
+            "quiet_n": len(f["quiet"]), "flood_n": len(f["flood"])}
+
+    b.results.update(pg_fleet_cancel_s=cancel, pg_fleet_follow_s=follow,
+                     pg_fleet_flood=[summary(f) for f in floods],
+                     pg_fleet_flood_local=[summary(f) for f in local])
 
     def p50_p90(lat: list[float]) -> str:
         return f"p50 {ms(lat, 50)} ms, p90 {ms(lat, 90)} ms"
@@ -287,14 +303,30 @@ def fig_pg_fleet(b: Bench) -> None:
     b.row(f"PostgreSQL logs -f line latency, {lines - 5} lines",
           f"notify on: {p50_p90(follow['on'])}", f"{off}: {p50_p90(follow['off'])}",
           "target median <= 0.5 s: " + ("met" if on_ok else "MISSED"))
-    quiet = [d for f in floods for d in f["quiet"]]
+    quiet = [d for f in floods + local for d in f["quiet"]]
     busy = [d for f in floods for d in f["flood"]]
-    lost = sum(f["lost"] + f["failed"] for f in floods)
+    beside_local = [d for f in local for d in f["flood"]]
+    lost = sum(f["lost"] + f["failed"] for f in floods + local)
+    # The noise: how far one run's p99 lands from another's in the same configuration.  The
+    # store changes nothing within it when its runs' median p99 is inside the span of the
+    # local runs' p99s (the same flood, the same pump and log lines, no store).
+    run_p99 = [pct(f["flood"], 99) for f in floods]
+    local_p99 = [pct(f["flood"], 99) for f in local]
+    within = statistics.median(run_p99) <= max(local_p99)
+
+    def each(values: list[float]) -> str:
+        return "/".join(f"{v * 1000:.0f}" for v in values)
+
     b.row(f"PostgreSQL renewals beside a {FLOOD_MB} MB flood",
-          f"p50 {ms(busy, 50)} ms, p99 {ms(busy, 99)} ms ({len(busy)} renewals)",
-          f"without: p50 {ms(quiet, 50)} ms, p99 {ms(quiet, 99)} ms ({len(quiet)}); "
-          f"{SLEEPERS} leases, {' '.join(LEASE)}",
-          f"{lost} lost or failed" if lost else "no lease lost or failed")
+          f"stored: p50 {ms(busy, 50)} ms, p99 {ms(busy, 99)} ms ({len(busy)} renewals; "
+          f"p99 per run {each(run_p99)} ms)",
+          f"the same flood, --task-output local: p50 {ms(beside_local, 50)} ms, p99 "
+          f"{ms(beside_local, 99)} ms (per run {each(local_p99)}); no flood: p50 "
+          f"{ms(quiet, 50)} ms, p99 {ms(quiet, 99)} ms ({len(quiet)}); {SLEEPERS} leases, "
+          f"{' '.join(LEASE)}",
+          ("the store adds nothing beyond the runs' spread" if within else
+           "the store raises the p99 beyond the runs' spread") + "; "
+          + (f"{lost} lost or failed" if lost else "no lease lost or failed"))
     capped = all(f["marker"] and f["flood_state"] == "succeeded" for f in floods)
     b.row(f"PostgreSQL {FLOOD_MB} MB flood: stored, supervisor RSS",
           f"{min(f['stored'] for f in floods) / 2**20:.0f} MiB + marker, stored "

@@ -248,7 +248,7 @@ class OutputShipper:
 
     # -- main thread ---------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = start_thread(self._run, "output-store")
+        self._thread = start_thread(self._run, "output-store", bulk=True)
 
     def stop(self, budget: float = STOP_BUDGET) -> None:
         """Store what is left within ``budget`` seconds, then give up and say how much was

@@ -181,7 +181,7 @@ class LogWriter:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = start_thread(self._run, "log-writer")
+        self._thread = start_thread(self._run, "log-writer", bulk=True)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Any thread (atexit): write what is queued, then end the thread.  The task output

@@ -173,7 +173,7 @@ class OutputPump:
     def start(self) -> None:
         if self.shipper is not None:
             self.shipper.start()  # opens the store on its own thread: no task waits for it
-        self._thread = start_thread(self._run, "output-pump")
+        self._thread = start_thread(self._run, "output-pump", bulk=True)
 
     def add(self, output: TaskOutput) -> None:
         """Start pumping a task's pipe (a spawner thread, or the main thread).
