@@ -170,7 +170,10 @@ def _collect(sock: socket.socket, out: int, err: int,
                     sock.send(b"kill")  # the handler kills the command, then says so
             for key, _ in sel.select(left if left is None else max(left, 0)):
                 if key.fd == sock.fileno():
-                    msg = sock.recv(64)  # the status, then EOF: the handler is gone
+                    try:
+                        msg = sock.recv(64)  # the status, then EOF: the handler is gone
+                    except ConnectionResetError:  # gone as our "kill" came
+                        msg = b""
                     status = int(msg) if msg else status
                 else:
                     msg = os.read(key.fd, 65536)
@@ -232,6 +235,7 @@ def serve() -> dict[str, Any]:
             elif key.fd == life:  # pytest's stop, or its death
                 listener.close()
                 os.unlink(path)
+                os.rmdir(os.path.dirname(path))
                 for pid in handlers.values():  # each ends once its caller is gone
                     os.waitpid(pid, 0)
                 os._exit(0)
@@ -256,6 +260,7 @@ def _handle(conn: socket.socket) -> dict[str, Any]:
             sel.register(pidfd, selectors.EVENT_READ)
             sel.register(conn, selectors.EVENT_READ)
             if any(key.fileobj is conn for key, _ in sel.select()):  # timeout, or caller gone
+                conn.recv(64)  # read, or our exit would reset the connection
                 os.kill(pid, signal.SIGKILL)
         status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         conn.send(str(status).encode())
