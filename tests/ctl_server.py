@@ -1,23 +1,20 @@
 """A fork server ("zygote") for the tests' run-to-completion ``jobq-ctl`` calls.
 
 Why: the parallel test phase is CPU-bound, and each of its >1000 ``jobq-ctl`` processes spent
-~0.11-0.16 CPU-s starting Python and importing the ctl and its stores (issue 27: the suite in
-under 10 minutes on 2 cores).  ``run`` gives what ``subprocess.run(cmd, capture_output=True,
-text=True, ...)`` gives, but forks the command from a server of this pytest process that
-imported all that once; the command then runs ``ctl_entry`` as the console script does, on
-the caller's pipes, in its cwd, with exactly its environment, and exits the interpreter's
-normal way (atexit, flushes, SystemExit, KeyboardInterrupt).
+~0.11-0.16 CPU-s starting Python and importing the ctl, its stores and their SDKs (issue 27:
+the suite in under 10 minutes on 2 cores).  ``run`` gives what ``subprocess.run(cmd,
+capture_output=True, text=True, ...)`` gives, from a command forked off a server of this
+pytest process that imported all that once: on the caller's pipes, in its cwd, with exactly
+its environment, ``sys.exit(ctl_entry())`` as the console script, the interpreter's exit path.
 
-The server (``python -c``, started on first use in its own session) serves on a Unix socket
-in a private temp dir.  Per request it forks a handler, which forks the command, waits for it
-and sends back its exit status (negative: the signal that killed it, as subprocess says);
-the caller's timeout, or its connection closing, kills the command.  The server exits when
+The server (``python -c``, its own session, started on first use) serves on a Unix socket in
+a private temp dir; per request a handler forks the command and sends back its status
+(negative: the signal that killed it); a timeout kills the command.  The server ends when
 ``stop`` (session end) or the death of the pytest process closes the pipe it reads.
-
-``run`` falls back to the real ``subprocess.run`` when the server cannot start, when
-``cmd[0]`` is not the venv's console script, when the request's start-up variables (PYTHON*,
-LC_*, LANG) differ from the server's, or when JOBQ_TEST_CTL_FORK=0.  Tests whose point is the
-real process (start-up, imports, cmdlines) or that signal a running ``jobq-ctl`` use Popen.
+``run`` falls back to the real ``subprocess.run`` when the server cannot start, ``cmd[0]`` is
+not the venv's console script, the start-up variables (PYTHON*, LC_*, LANG) differ from the
+server's, or JOBQ_TEST_CTL_FORK=0.  Tests of the real process (start-up, imports, signals to
+a running ``jobq-ctl``) use the console script.
 """
 
 from __future__ import annotations
@@ -135,9 +132,11 @@ def run(cmd: list[str], *, input: str | None = None, env: dict[str, str] | None 
         try:
             sock.connect(server.path)
             socket.send_fds(sock, [request.encode()], [stdin, pipes[0][1], pipes[1][1]])
-        except OSError:
+        except OSError:  # the server is gone: the real thing
             sock.close()
             sock = None
+            os.close(pipes[0][0])
+            os.close(pipes[1][0])
         for fd in (stdin, pipes[0][1], pipes[1][1]) if stdin else (pipes[0][1], pipes[1][1]):
             os.close(fd)
     if sock is None:
