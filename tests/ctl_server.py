@@ -200,6 +200,9 @@ def _preload() -> None:
     for mod in pkgutil.walk_packages(supervisor.__path__, "supervisor."):
         if not mod.name.startswith("supervisor.dashboard"):
             importlib.import_module(mod.name)
+    for name in ("azure.identity", "azure.core.rest._requests_basic"):  # imported on use
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
 
 
 def serve() -> dict[str, Any]:
