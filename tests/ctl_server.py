@@ -40,9 +40,7 @@ from typing import Any, NoReturn
 
 BIN = Path(sys.executable).parent
 SCRIPT = str(BIN / "jobq-ctl")
-MARK = "JOBQ_TEST_CTL_SERVER"  # in the server's environment only: never in a command's
 _BOOT = "from tests.ctl_server import serve, execute; execute(serve())"
-_MAX = 1 << 20  # the largest request (argv + env) in bytes
 
 
 def _startup_vars(env: dict[str, str]) -> dict[str, str]:
@@ -57,7 +55,7 @@ class _Server:
         self.owner = os.getpid()
         self.dir = tempfile.mkdtemp(prefix="jobq-ctl-server-")
         self.path = os.path.join(self.dir, "socket")
-        self.env = {**os.environ, MARK: "1"}
+        self.env = dict(os.environ)
         life_r, self.life_w = os.pipe()  # only we hold the write end: its EOF ends the server
         ready_r, ready_w = os.pipe()
         self.proc = subprocess.Popen(
@@ -250,7 +248,7 @@ def serve() -> dict[str, Any]:
 def _handle(conn: socket.socket) -> dict[str, Any]:
     """A handler: fork the command, send its status back (returns only in the command)."""
     try:
-        msg, fds, _, _ = socket.recv_fds(conn, _MAX, 3)
+        msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
         pid = os.fork()
         if pid == 0:
             conn.close()
@@ -306,7 +304,11 @@ def execute(request: dict[str, Any]) -> NoReturn:
         try:
             sys.exit(ctl_entry())
         except SystemExit as exc:
-            status = _exit_status(exc.code)
+            if exc.code is None or isinstance(exc.code, int):
+                status = (exc.code or 0) & 0xFF
+            else:
+                print(exc.code, file=sys.stderr)
+                status = 1
     except BaseException as exc:  # noqa: BLE001 -- what the interpreter does with it
         sys.excepthook(type(exc), exc, exc.__traceback__)
         interrupted, status = isinstance(exc, KeyboardInterrupt), 1
@@ -326,11 +328,3 @@ def execute(request: dict[str, Any]) -> NoReturn:
             os.kill(os.getpid(), signal.SIGINT)
         os._exit(status)
 
-
-def _exit_status(code: object) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1

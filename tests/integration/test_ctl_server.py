@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -68,12 +69,18 @@ def test_status_streams_input_environment_and_cwd_are_the_callers(server, tmp_pa
             ctl_server.run([SCRIPT, "bogus"], env=_env(), cwd=tmp_path).returncode] == [0, 2]
 
 
+def _commands(server: psutil.Process) -> list[psutil.Process]:
+    """The running commands: the server's grandchildren, under their handlers."""
+    found = []
+    for handler in server.children():
+        with contextlib.suppress(psutil.NoSuchProcess):  # a handler that just ended
+            found += handler.children()
+    return found
+
+
 def _command(server: psutil.Process) -> psutil.Process:
-    """The one running command (the server's grandchild, under its handler)."""
-    found: list[psutil.Process] = []
-    wait_for(lambda: found.extend(p for h in server.children() for p in h.children()) or found,
-             30, what="a running command")
-    [command] = found
+    """The one running command."""
+    [command] = wait_for(lambda: _commands(server), 30, what="a running command")
     return command
 
 
@@ -83,7 +90,7 @@ def test_timeout_kills_the_command_and_raises_timeout_expired(server, tmp_path: 
                        timeout=2)
     assert caught.value.timeout == 2 and len(caught.value.output.split()) == 1
     # killed and reaped by its handler before run raised (the handler may still be exiting)
-    assert not [command for handler in server.children() for command in handler.children()]
+    assert not _commands(server)
 
 
 def test_calls_run_side_by_side_and_a_signal_death_is_negative(server, tmp_path: Path):
