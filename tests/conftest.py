@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from supervisor.core.settings import Settings
+from tests import ctl_server
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
@@ -178,9 +179,8 @@ class Env:
         full_env = dict(os.environ)
         full_env.update(self.secret_env())
         full_env.update(env or {})
-        res = subprocess.run(command("jobq-ctl") + self.base_args() + list(args),
-                             capture_output=True, text=True, timeout=60, input=input,
-                             env=full_env, cwd=self.tmp)
+        res = ctl_server.run(command("jobq-ctl") + self.base_args() + list(args), timeout=60,
+                             input=input, env=full_env, cwd=self.tmp)
         if check and res.returncode != 0:
             raise AssertionError(f"jobq-ctl {args} failed: {res.stderr}")
         return res
@@ -417,3 +417,8 @@ def _is_ours(proc: psutil.Process) -> bool:
 
 
 _SESSION_START = time.time()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The jobq-ctl fork server of this pytest process ends with its session."""
+    ctl_server.stop()

@@ -13,6 +13,7 @@ import pytest
 from azure.storage.queue import QueueClient, QueueServiceClient
 
 from supervisor.backends.storage_queue.errors import make_record
+from tests import ctl_server
 from tests.azurite import queue_connection_string
 from tests.conftest import command, wait_for
 
@@ -21,9 +22,8 @@ pytestmark = [pytest.mark.azure, pytest.mark.timeout(120)]
 
 def _ctl(tmp_path, port: int, queue: str, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, JOBQ_CONNECTION_STRING=queue_connection_string(port))
-    return subprocess.run(command("jobq-ctl") + ["--backend", "storage-queue", "--queue", queue,
-                                                 *args],
-                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    return ctl_server.run(command("jobq-ctl") + ["--backend", "storage-queue", "--queue", queue,
+                                                 *args], timeout=60, env=env, cwd=tmp_path)
 
 
 def _queues(port: int) -> set[str]:

@@ -24,6 +24,7 @@ import pytest
 from supervisor.backends.sqlite.backend import SqliteBackend
 from supervisor.fleet.control.base import ControlStore
 from supervisor.fleet.control.sqlite import SqliteControlStore
+from tests import ctl_server
 from tests.azurite import (  # noqa: F401 (re-exported)
     ACCOUNT,
     ACCOUNT_KEY,
@@ -165,6 +166,6 @@ def azure_ctl(conn: str | None, queue: str, *args: str,
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBQ_")}
     if conn is not None:
         env["JOBQ_CONTROL_CONNECTION_STRING"] = conn
-    return subprocess.run([*command("jobq-ctl"), "--backend", "servicebus", "--namespace",
+    return ctl_server.run([*command("jobq-ctl"), "--backend", "servicebus", "--namespace",
                            "nowhere.servicebus.windows.net", "--queue", queue, *args],
-                          env=env, text=True, capture_output=True, timeout=timeout)
+                          env=env, timeout=timeout)

@@ -23,6 +23,7 @@ from supervisor.fleet.control.base import worker_partition
 from supervisor.fleet.control.records import TaskInfo, WorkerRecord
 from supervisor.fleet.control.signing import verify
 from supervisor.fleet.control.sqlite import SqliteControlStore
+from tests import ctl_server
 from tests.conftest import command
 from tests.integration.helpers import one_error_line
 
@@ -32,8 +33,8 @@ WHO = f"{getpass.getuser()}@{socket.gethostname()}"
 
 def ctl(db: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBQ_")}
-    return subprocess.run([*command("jobq-ctl"), "--sqlite-path", str(db), "--queue", QUEUE,
-                           *args], env=env, text=True, capture_output=True, timeout=timeout)
+    return ctl_server.run([*command("jobq-ctl"), "--sqlite-path", str(db), "--queue", QUEUE,
+                           *args], env=env, timeout=timeout)
 
 
 @pytest.fixture

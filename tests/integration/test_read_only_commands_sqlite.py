@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests import ctl_server
 from tests.conftest import command, wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -21,8 +22,7 @@ READ_ONLY = (["size"], ["peek"], ["status"], ["status", "--json"], ["failed"],
 
 
 def _ctl(cwd, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(command("jobq-ctl") + list(args), capture_output=True, text=True,
-                          timeout=60, cwd=cwd)
+    return ctl_server.run(command("jobq-ctl") + list(args), timeout=60, cwd=cwd)
 
 
 @pytest.mark.parametrize("args", READ_ONLY, ids=" ".join)

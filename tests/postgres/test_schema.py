@@ -15,6 +15,7 @@ import pytest
 
 from supervisor.backends.base import BackendConfigError, QueueNotFound
 from supervisor.backends.postgres import schema as sc
+from tests import ctl_server
 from tests.conftest import command, wait_for
 from tests.postgres.server import PASSWORD, free_port
 
@@ -27,9 +28,8 @@ def ctl(url: str, *args: str, schema: str = "jobq") -> subprocess.CompletedProce
     docs recommend (no PG* or JOBQ_* variable of the machine leaks in)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "JOBQ_"))}
     env["JOBQ_POSTGRES_URL"] = url
-    return subprocess.run([*command("jobq-ctl"), "--backend", "postgres", "--postgres-schema",
-                           schema, *args], capture_output=True, text=True, timeout=60,
-                          env=env)
+    return ctl_server.run([*command("jobq-ctl"), "--backend", "postgres", "--postgres-schema",
+                           schema, *args], timeout=60, env=env)
 
 
 def popen_ctl(url: str, *args: str) -> subprocess.Popen:

@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests import ctl_server
 from tests.conftest import Env, Supervisor, command, marked_processes, wait_gone
 
 from .broker import ServiceBusTestBroker
@@ -115,10 +116,9 @@ class SbEnv(Env):
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         full_env = dict(os.environ)
         full_env.update(self._env(env))
-        res = subprocess.run(command("jobq-ctl") + ["--backend", "servicebus", "--queue",
+        res = ctl_server.run(command("jobq-ctl") + ["--backend", "servicebus", "--queue",
                                                     self.queue, *args],
-                             capture_output=True, text=True, timeout=60, input=input,
-                             env=full_env, cwd=self.tmp)
+                             timeout=60, input=input, env=full_env, cwd=self.tmp)
         assert SECRET_KEY not in res.stdout + res.stderr
         if check and res.returncode != 0:
             raise AssertionError(f"jobq-ctl {args} failed: {res.stderr}")
