@@ -57,10 +57,8 @@ SERVER_FREEZE = 1.5  # s
 DEAD_WITHIN = 1.0  # s from a supervisor's SIGKILL to the last of its tasks' processes gone
 
 
-# PostgreSQL's first: it is the longest (~55 s: work for all its faults), and the stress phase
-# lasts as long as it does from its start (scripts/test; the others run beside it).
-@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres), "sqlite",
-                        pytest.param("azurite", marks=pytest.mark.azure)])
+@pytest.fixture(params=["sqlite", pytest.param("azurite", marks=pytest.mark.azure),
+                        pytest.param("postgres", marks=pytest.mark.postgres)])
 def queue(request) -> tuple[str, Env]:
     fixture = {"sqlite": "env", "azurite": "sq", "postgres": "pg"}[request.param]
     return request.param, request.getfixturevalue(fixture)
