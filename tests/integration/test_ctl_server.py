@@ -99,8 +99,10 @@ def test_calls_run_side_by_side_and_a_signal_death_is_negative(server, tmp_path:
         [SCRIPT, "push", "-c", "true", "--wait"], env=_env(), cwd=tmp_path, timeout=60)))
     waiting.start()
     command = _command(server)
-    # another call completes while the first one still waits
-    assert ctl_server.run([SCRIPT, "size"], env=_env(), cwd=tmp_path, timeout=60).stdout == "1\n"
+    # another call completes while the first one still waits (once its push is in: the
+    # command may be found before it created the queue, and size then says there is none)
+    wait_for(lambda: ctl_server.run([SCRIPT, "size"], env=_env(), cwd=tmp_path,
+                                    timeout=60).stdout == "1\n", 30, what="the pushed task")
     assert waiting.is_alive()
     command.send_signal(signal.SIGTERM)  # the default disposition: not the server's
     waiting.join(60)
