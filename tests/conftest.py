@@ -21,7 +21,7 @@ from tests import ctl_server
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
+BIN = ctl_server.BIN  # the venv's scripts: ctl_server forks what command("jobq-ctl") names
 # Every supervisor a test starts carries this tag, and its tasks inherit it: leak checks look
 # only at our own processes, not at those of another suite running on the same machine.
 SESSION_TAG = uuid.uuid4().hex

@@ -25,8 +25,9 @@ HANDLED_SIGNALS = CAUGHT_SIGNALS  # every signal the worker catches (core/signal
 # Nice increment of a bulk thread (``start_thread(bulk=True)``): the threads that move task
 # output (the pump, the log writer, the output-store thread) yield a core to the lease
 # keepers, the watchdog and the main loop.  Beside a 150 MB flood on 2 cores the renewals'
-# p50 went from ~4 to ~2 ms (docs/benchmarks.rst); a task printing faster than a niced pump
-# reads waits on its pipe, which is all the backpressure a flood needs.
+# p50 went from 6 to 3 ms and their p99 from 76 to 16 ms (docs/benchmarks.rst); a task
+# printing faster than a niced pump reads waits on its pipe, which is all the backpressure a
+# flood needs.
 BULK_NICE = 10
 
 

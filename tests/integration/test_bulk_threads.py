@@ -7,6 +7,7 @@ thread's nice value is field 19 of /proc/PID/task/TID/stat."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -38,12 +39,15 @@ def test_output_threads_are_niced_and_tasks_are_not(env: Env) -> None:
     wait_for(lambda: (env.tmp / "nice.txt").exists() and (env.tmp / "nice.txt").read_text(),
              30, what="the task's nice value")
     # The pump, the log writer and the output-store thread (output is stored beside a SQLite
-    # queue by default); the main loop, the keeper, the watchdog... stay as the process is.
-    wait_for(lambda: nice_values(sup.pid).count(BULK_NICE) == 3, 30,
-             what=f"three niced threads: {nice_values(sup.pid)}")
+    # queue by default); the main loop, the keeper, the watchdog... stay as the process is
+    # (as this test's own: the suite may run under nice).
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    bulk = min(19, base + BULK_NICE)
+    wait_for(lambda: nice_values(sup.pid).count(bulk) == 3, 30, what="three niced threads")
     values = nice_values(sup.pid)
-    assert values.count(0) >= 4, values
-    assert set(values) == {0, BULK_NICE}, values
-    assert (env.tmp / "nice.txt").read_text().strip() == "0"  # spawned by a spawner thread
+    assert values.count(base) >= 4, values
+    assert set(values) == {base, bulk}, values
+    # spawned by a spawner thread
+    assert int((env.tmp / "nice.txt").read_text()) == base
     sup.signal(signal.SIGTERM)
     assert sup.wait(30) == 0
