@@ -115,14 +115,21 @@ def test_sigterm_gives_every_held_message_back_at_once_uncounted(
 
 def test_a_held_message_is_never_started_after_its_lease_deadline(
         sq: SqEnv) -> None:
-    """A task freezes its supervisor (SIGSTOP) while messages are held; their 3 s locks
+    """A task freezes its supervisor (SIGSTOP) while messages are held; their 16 s locks
     lapse.  Resumed, the supervisor neither starts nor settles them: each runs once, on a
-    fresh receive (attempt 2), never on the lease it held past its deadline (attempt 1)."""
+    fresh receive (attempt 2), never on the lease it held past its deadline (attempt 1).
+
+    The stopper is the third task.  A slot's next receive is sent before the task that freed
+    it is settled, so the first two receives take one message each (no run time known yet);
+    the third takes the stopper and the ones held behind it.  A 16 s lock holds them for up
+    to 2 s (receive_ahead.hold_bound) and holds at least two while tasks take up to 0.5 s,
+    as they may on a saturated CPU.  (With a 3 s lock, a 0.375 s bound, and the stopper
+    fourth, a slow machine held none behind it and the test waited in vain.)"""
     ran, pidfile, stopped = sq.tmp / "runs", sq.tmp / "sup.pid", sq.tmp / "stopped"
     stopper = (f"{record(ran)}; while [ ! -s {pidfile} ]; do sleep 0.01; done; "
                f"if mkdir {stopped} 2>/dev/null; then kill -STOP $(cat {pidfile}); fi")
-    ids = push(sq, [record(ran)] * 3 + [stopper] + [record(ran)] * 20)
-    sup = sq.supervisor("-n", "1", "--visibility-timeout", "3", "--exit-when-empty",
+    ids = push(sq, [record(ran)] * 2 + [stopper] + [record(ran)] * 20)
+    sup = sq.supervisor("-n", "1", "--visibility-timeout", "16", "--exit-when-empty",
                         "--poll-interval", "0.2", "--log-level", "DEBUG")
     pidfile.write_text(str(sup.pid))
     try:

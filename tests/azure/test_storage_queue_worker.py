@@ -32,13 +32,17 @@ def test_push_50_run_each_once_and_delete(sq):
 
 
 def test_heartbeat_keeps_message_hidden_with_newest_pop_receipt(sq):
-    [tid] = sq.ctl("push", "-c", "sleep 10").stdout.split()
-    sup = sq.supervisor("--visibility-timeout", "3", "--renew-interval", "0.5",
+    # A 6 s lock renewed every 0.5 s leaves each renewal 3.5 s (lock - margin - interval)
+    # before the kill deadline; with a 3 s lock it had 1.5 s, and a renewal that Azurite
+    # answered later than that on a saturated CPU was applied unseen: the next one's pop
+    # receipt was stale and the lease was (rightly) lost.  Polled for longer than the lock.
+    [tid] = sq.ctl("push", "-c", "sleep 12").stdout.split()
+    sup = sq.supervisor("--visibility-timeout", "6", "--renew-interval", "0.5",
                         "--log-level", "DEBUG", "--exit-when-empty")
     sup.wait_log("started pid=")
     other = sq.client()
     seen = []
-    t_end = time.monotonic() + 8
+    t_end = time.monotonic() + 9
     while time.monotonic() < t_end:  # a second worker polling the same queue
         seen += list(other.receive_messages(max_messages=32, visibility_timeout=1))
         time.sleep(0.2)
