@@ -190,11 +190,15 @@ def _stopped(left: Sequence[str], err: IO[str]) -> int:
     return EXIT_INTERRUPTED
 
 
-def after_push(ids: Sequence[str], ns: argparse.Namespace, src: Sources) -> int:
-    """ctl.cmd_push hands over here once the ids are printed (and flushed: scripts read
-    them while the wait goes on)."""
+def after_push(ids: Sequence[str], ns: argparse.Namespace, src: Sources,
+               announce: Callable[[], None]) -> int:
+    """push_command hands over here once the tasks are pushed; ``announce`` prints their ids
+    (flushed: scripts read them while the wait goes on).  Called inside the Ctrl-C answer: an
+    id may be out the moment it is printed (PYTHONUNBUFFERED), and from then on a Ctrl-C must
+    say that the tasks go on -- printed after it, that line was lost now and then."""
     try:
-        flush_or_drop()  # inside: once a script sees the ids, Ctrl-C is answered here
+        announce()
+        flush_or_drop()
         return wait_pushed(ids, src, ns.follow, sys.stdout.buffer, sys.stderr)
     except KeyboardInterrupt:
         return _stopped(ids, sys.stderr)

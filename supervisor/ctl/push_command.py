@@ -201,18 +201,22 @@ def cmd_push(ns: argparse.Namespace, backend: Backend, sources: Sources | None =
         ids = push_unique(store, backend.push, ns.queue, tasks, now)
     else:
         ids = backend.push(tasks)
-    for task, task_id in zip(tasks, ids):
-        if task_id != task.id:  # skipped: stdout keeps one id per task, the live one's
-            print(f"jobq-ctl: skipped: unique key {task.unique_key!r} is held by pending or "
-                  f"running task {task_id}", file=sys.stderr)
-        print_or_drop(task_id)  # every task is pushed: a reader gone changes nothing
-    warn_unserved(ns, backend)
-    if sources is not None:
-        # --wait/--follow only: the follower and the output store's modules
-        from .output_commands import after_push
 
-        return after_push(ids, ns, sources)
-    return 0
+    def announce() -> None:
+        for task, task_id in zip(tasks, ids):
+            if task_id != task.id:  # skipped: stdout keeps one id per task, the live one's
+                print(f"jobq-ctl: skipped: unique key {task.unique_key!r} is held by pending "
+                      f"or running task {task_id}", file=sys.stderr)
+            print_or_drop(task_id)  # every task is pushed: a reader gone changes nothing
+        warn_unserved(ns, backend)
+
+    if sources is None:
+        announce()
+        return 0
+    # --wait/--follow only: the follower and the output store's modules
+    from .output_commands import after_push
+
+    return after_push(ids, ns, sources, announce)
 
 
 def warn_unserved(ns: argparse.Namespace, backend: Backend) -> None:
