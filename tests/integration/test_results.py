@@ -123,6 +123,7 @@ def test_a_preempted_task_is_requeued_not_final(env):
     assert env.job(task_id)["status"] == "pending"
 
 
+@pytest.mark.timing  # a black-holed store fails within 10 s (10.9 s once in the busy bulk phase)
 def test_unknown_id_no_store_and_unreachable_store_are_one_line(env, tmp_path):
     env.push("true")
     res = env.ctl("result", "no-such-task", check=False)
