@@ -49,7 +49,8 @@ def test_logs_follow_is_live_on_storage_queue(sq, stores):
 
     try:
         check_live_follow(start, lambda cmd: _push(sq, control, cmd, "--max-attempts", "1"),
-                          lambda: sq.supervisor("--poll-interval", "0.2", env=control))
+                          lambda: sq.supervisor("--poll-interval", "0.2", env=control),
+                          lines=100)  # 10 s: the late follower starts meanwhile (5 s: too few)
     finally:
         for f in started:
             f.kill()

@@ -31,7 +31,8 @@ def test_logs_follow_is_live_on_servicebus(sb_env, stores):
         return task_id
 
     try:
-        check_live_follow(start, push, lambda: sb_env.supervisor(env=control))
+        check_live_follow(start, push, lambda: sb_env.supervisor(env=control),
+                          lines=100)  # 10 s: the late follower starts meanwhile (5 s: too few)
     finally:
         for f in started:
             f.kill()
