@@ -18,7 +18,7 @@ import argparse
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from supervisor.core.config_file import ini_options
+from supervisor.core.config_file import CONFIG_ATTR, ini_options
 from supervisor.core.options import _duration, _size
 from supervisor.core.settings import format_duration
 from supervisor.core.sizes import format_size
@@ -78,7 +78,7 @@ def missing_help(parser: argparse.ArgumentParser) -> list[str]:
 def env_var(parser: argparse.ArgumentParser, action: argparse.Action) -> str | None:
     """The variable configargparse reads for ``action`` (parse_known_args sets it the same
     way, only at parse time), or None."""
-    if getattr(action, "is_config_file_arg", False):
+    if getattr(action, CONFIG_ATTR, False):
         return CONFIG_ENV
     prefix = getattr(parser, "_auto_env_var_prefix", None)
     given = getattr(action, "env_var", None)  # set by hand, or by an earlier parse

@@ -30,6 +30,8 @@ import configargparse
 SECTION = "jobq-supervisor"
 # The attribute usage._Parser.add_argument(..., path=True) sets on an option's action.
 PATH_ATTR = "jobq_path"
+# The attribute of the --config option's action (config_flag.py finds the file by it).
+CONFIG_ATTR = "jobq_config"
 _HEADER = re.compile(r"\[([^\[\]]*)\]\s*(?:[#;].*)?")
 # A value as configargparse reads it: text, or a list for ``key = [a, b]``
 IniValue = Union[str, list[str]]
@@ -45,9 +47,11 @@ class IniFile(configargparse.DefaultConfigFileParser):
         self.options = options
         # key -> (file, line) of each value read, for errors found later (Settings)
         self.origins: dict[str, tuple[str, int]] = {}
+        # the file whose text is parsed (configargparse hands it over as a nameless stream)
+        self.path: str | None = None
 
     def parse(self, stream: Iterable[str]) -> OrderedDict[str, IniValue]:
-        name = str(getattr(stream, "name", "the config file"))
+        name = self.path or str(getattr(stream, "name", "the config file"))
         base = os.path.dirname(os.path.abspath(name))
         options = self.options()
         items: OrderedDict[str, IniValue] = OrderedDict()
@@ -135,7 +139,7 @@ def ini_options(actions: list[argparse.Action]) -> dict[str, argparse.Action]:
     out: dict[str, argparse.Action] = {}
     for action in actions:
         if isinstance(action, (argparse._HelpAction, argparse._VersionAction)) or getattr(
-                action, "is_config_file_arg", False):
+                action, CONFIG_ATTR, False):
             continue
         for option in action.option_strings:
             if option.startswith("--"):

@@ -16,7 +16,8 @@ from typing import Any, NoReturn
 
 import configargparse
 
-from .config_file import PATH_ATTR, IniFile, ini_options
+from .config_file import CONFIG_ATTR, PATH_ATTR, IniFile, ini_options
+from .config_flag import config_before_command, config_path
 from .settings import (
     BACKENDS,
     CONTROL_MODES,
@@ -83,13 +84,22 @@ class _Parser(configargparse.ArgParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # configargparse's own epilog points at a URL shortener; ours is EPILOG
         kwargs.setdefault("epilog", EPILOG)
+        self.ini_owner: Callable[[], argparse.ArgumentParser] | None = None
+        made: list[IniFile] = []
+        options = self._ini_options
+
+        class _OwnIni(IniFile):
+            # configargparse makes its INI parser from a class, with no arguments (its
+            # documented way); this one reads the keys of this parser's options
+            def __init__(ini) -> None:
+                super().__init__(options)
+                made.append(ini)
+
         # the width once per parser, not once per option (argparse makes a formatter for each)
         super().__init__(*args, add_config_file_help=False, add_env_var_help=False,
                          formatter_class=partial(_HelpFormatter, width=_columns() - 2),
-                         **kwargs)
-        self.ini_owner: Callable[[], argparse.ArgumentParser] | None = None
-        self.ini_file = IniFile(self._ini_options)
-        self._config_file_parser = self.ini_file  # configargparse's slot for it
+                         config_file_parser_class=_OwnIni, **kwargs)
+        self.ini_file = made[0]
 
     def _ini_options(self) -> dict[str, argparse.Action]:
         own = ini_options(self._actions)
@@ -185,23 +195,34 @@ def _with_env_config(prog: str, argv: list[str]) -> list[str]:
 
 
 def _parse(parser: _Parser, argv: list[str]) -> argparse.Namespace:
-    argv = _with_env_config(parser.prog, argv)
-    try:
-        return parser.parse_args(argv)
-    except UnicodeDecodeError:
-        raise UsageError("--config: the config file is not UTF-8 text") from None
-    except OSError as exc:
-        raise UsageError(f"--config: cannot read {exc.filename}: {exc.strerror}") from None
+    argv = config_before_command(parser, _with_env_config(parser.prog, argv))
+    path = config_path(parser, argv)
+    text = None
+    if path:
+        path = os.path.expanduser(path)
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError:
+            raise UsageError(f"--config: {path} is not UTF-8 text") from None
+        except OSError as exc:
+            raise UsageError(f"--config: cannot read {path}: {exc.strerror}") from None
+        parser.ini_file.path = path
+    return parser.parse_args(argv, config_file_contents=text)
 
 
 def jobq_parser(prog: str, description: str, config_flags: list[str], config_help: str,
                 **extra: object) -> _Parser:
     """A parser whose options are also ``JOBQ_<NAME>`` variables and INI keys (both
     commands; main thread)."""
-    return _Parser(prog=prog, description=description, auto_env_var_prefix="JOBQ_",
-                   config_file_parser_class=configargparse.DefaultConfigFileParser,
-                   args_for_setting_config_path=config_flags,
-                   config_arg_help_message=config_help, **extra)
+    parser = _Parser(prog=prog, description=description, auto_env_var_prefix="JOBQ_",
+                     **extra)
+    # an option of ours, not configargparse's config file flag: _parse reads the file
+    # (config_flag.py says why)
+    action = parser.add_argument(*config_flags, dest="config_file", metavar="CONFIG_FILE",
+                                 help=config_help)
+    setattr(action, CONFIG_ATTR, True)
+    return parser
 
 
 def add_backend_options(p: argparse.ArgumentParser, suppress: bool = False) -> None:

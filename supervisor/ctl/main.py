@@ -45,8 +45,8 @@ from .watch import add_watch_option
 
 def ctl_parser() -> _Parser:
     p = jobq_parser("jobq-ctl", "Push tasks, inspect or repair a queue, and control its workers.",
-                    ["--config"], "the worker's INI config file, backend and queue are read "
-                    "(env: JOBQ_CONFIG)", ignore_unknown_config_file_keys=True)
+                    ["--config"], "the worker's INI config file, backend and queue are read",
+                    ignore_unknown_config_file_keys=True)
     # the INI file is the worker's: its keys, checked as the worker checks them; jobq-ctl
     # passes over those it has no use for
     p.ini_owner = worker_parser

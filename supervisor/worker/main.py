@@ -61,7 +61,7 @@ def _durations(p: argparse.ArgumentParser, *options: tuple[str, str]) -> None:
 def worker_parser() -> _Parser:
     p = jobq_parser("jobq-supervisor", "Run shell tasks from a queue under renewed leases.",
                     ["-c", "--config"],
-                    "INI config file (env: JOBQ_CONFIG); keys are the long option names")
+                    "INI config file; keys are the long option names")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     add_backend_options(p)
     p.add_argument("-n", "--num-workers", type=int, help="tasks run at once")

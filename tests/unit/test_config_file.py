@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.core.config_file import PATH_ATTR
+from supervisor.core.config_file import CONFIG_ATTR, PATH_ATTR
 from supervisor.ctl.main import ctl_parser
 from supervisor.worker.main import parse_worker_settings, worker_parser
 
@@ -23,7 +23,7 @@ def test_every_path_option_is_resolved_against_the_config_file(parser):
     ``path=True``; nothing else is.  Sub-command options (push --file, dashboard
     --token-file) are flags only: never read from the file."""
     for action in parser._actions:
-        if getattr(action, "is_config_file_arg", False) or not action.option_strings:
+        if getattr(action, CONFIG_ATTR, False) or not action.option_strings:
             continue
         names_a_path = action.metavar in ("PATH", "DIR") or action.dest.endswith(
             ("_path", "_file", "_dir"))

@@ -71,3 +71,31 @@ def test_jobq_ctl_c_ini_status_is_exit_2_with_one_line(env, ini) -> None:
                           "CMD); give the config file as --config FILE, before or after the "
                           "command\n")
     assert res.stdout == ""
+
+
+def test_config_after_the_command_in_every_spelling(ini, tmp_path) -> None:
+    """``--config=FILE`` and an unambiguous abbreviation (argparse's allow_abbrev) after the
+    command read the file as before it; several: the last wins, also across the command."""
+    other = tmp_path / "o.ini"
+    other.write_text("[jobq-supervisor]\nqueue = from-other\n")
+    assert _settings(["status", f"--config={ini}"]).queue == "from-ini"
+    assert _settings(["status", "--conf", ini]).queue == "from-ini"
+    assert _settings(["status", "--config", ini, "--config", str(other)]).queue == "from-other"
+    assert _settings(["--config", str(other), "status", "--config", ini]).queue == "from-ini"
+    assert _settings(["--config", ini, "status", "--config", str(other)]).queue == "from-other"
+
+
+def test_config_flag_leaves_values_and_positionals_alone(ini) -> None:
+    """What argparse reads as a value or a positional stays one: a push command that says
+    --config, anything after ``--``; a line argparse refuses is refused as before."""
+    from supervisor.core.config_flag import config_before_command
+
+    parser = ctl_parser()
+    argv = ["--queue", "q", "push", "-c", f"x --config {ini}", "--", "--config", ini]
+    assert config_before_command(parser, argv) == argv
+    moved = config_before_command(parser, ["--queue", "q", "push", "-c", "x", "--config", ini])
+    assert moved == ["--queue", "q", "--config", ini, "push", "-c", "x"]
+    assert config_before_command(parser, ["--bogus", "status", "--config", ini]) == [
+        "--bogus", "status", "--config", ini]
+    with pytest.raises(UsageError):
+        _parse(parser, ["--bogus", "status", "--config", ini])
