@@ -254,6 +254,14 @@ def _os_encodable(text: str) -> bool:
     return True
 
 
+def storable(text: str) -> str:
+    """``text`` as every store can hold it: a lone UTF-16 surrogate (a byte of an OS string
+    that is not UTF-8, e.g. the task's cwd in a spawn error) as its ``\\uXXXX`` escape.
+    Raw, it fails the store's UTF-8 encoding, and a settlement that holds it fails on every
+    retry."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def parse_or_body(body: str) -> Task | str:
     """The task, or the body itself when it is not one (for peek listings)."""
     try:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from ..backends.base import Lease
+from ..core.task import storable
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,8 @@ class DeadLetter:
     exit_status: int | None = None
 
     def apply(self, lease: Lease) -> None:
-        lease.dead_letter(self.reason, self.tail, self.exit_status)
+        # the reason may name an OS string (a path) and the tail is the task's own output
+        lease.dead_letter(storable(self.reason), storable(self.tail), self.exit_status)
 
 
 SettleStep = Union[Complete, Release, DeadLetter]

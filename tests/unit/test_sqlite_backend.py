@@ -13,6 +13,7 @@ import pytest
 from supervisor.backends.base import BackendConfigError, BackendError, LeaseLost
 from supervisor.backends.sqlite.backend import SqliteBackend
 from supervisor.core.task import Task
+from supervisor.worker.settle_steps import DeadLetter
 from tests.fakes.clock import FakeClock
 
 pytestmark = pytest.mark.timeout(30)
@@ -603,3 +604,16 @@ def test_leases_the_reaper_handed_back_after_the_last_receive_are_coming_back(
     assert b.leases_coming_back()
     assert len(b.receive(1, LOCK)) == 1
     assert not b.leases_coming_back()
+
+
+def test_a_dead_letter_naming_bytes_that_are_not_utf8_is_stored(a) -> None:
+    """A spawn error names the task's cwd, whose bytes that are not UTF-8 reach the reason as
+    lone surrogates; the settle step stores them as their escapes (raw, the write failed on
+    every retry and the task stayed running: found by the SQLite fuzz test)."""
+    push(a, "true")
+    (lease,) = a.receive(1, LOCK)
+    DeadLetter("spawn failed: No such file or directory (cwd /x/a\udce9z)", "out\udcff",
+               1).apply(lease)
+    (rec,) = a.failed()
+    assert rec.reason == "spawn failed: No such file or directory (cwd /x/a\\udce9z)"
+    assert rec.output_tail == "out\\udcff"
