@@ -422,3 +422,33 @@ _SESSION_START = time.time()
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The jobq-ctl fork server of this pytest process ends with its session."""
     ctl_server.stop()
+
+
+SHUFFLE_VAR = "JOBQ_TEST_SHUFFLE"
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    seed = os.environ.get(SHUFFLE_VAR)
+    return f"tests shuffled: {SHUFFLE_VAR}={seed}" if seed else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before the phases' own orderings (tests/reliability)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """With JOBQ_TEST_SHUFFLE=SEED: the modules in an order of that seed, and each module's
+    tests too, so that every test gets other neighbours (a test that passes only after
+    another is found); a module's fixtures are still made once.  The same seed in every
+    pytest-xdist worker (they inherit it) gives each the same order, as xdist requires."""
+    seed = os.environ.get(SHUFFLE_VAR)
+    if not seed:
+        return
+    import random
+
+    rng = random.Random(seed)
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    groups = list(modules.values())
+    rng.shuffle(groups)
+    for group in groups:
+        rng.shuffle(group)
+    items[:] = [item for group in groups for item in group]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -55,7 +57,25 @@ def test_strings_the_os_cannot_take_raise_value_error(env):
 
 
 def test_missing_program_raises_os_error_and_leaks_no_descriptor():
-    before = set(os.listdir("/proc/self/fd"))
-    with pytest.raises(FileNotFoundError):
-        shell.posix_spawn_shell(["/nonexistent/bash", "-c", "true"], {})
-    assert set(os.listdir("/proc/self/fd")) <= before
+    """The first spawn of a process opens the /dev/null every task's stdin is kept on: the
+    test used to pass only after a neighbour had spawned (alone, the file's earlier tests
+    did; under xdist it could be its worker's first).  So it counts after one spawn, in a
+    process of its own, where no other test's thread opens anything meanwhile."""
+    code = (
+        "import os\n"
+        "from supervisor.worker import shell\n"
+        "def spawn():\n"
+        "    try:\n"
+        "        shell.posix_spawn_shell(['/nonexistent/bash', '-c', 'true'], {})\n"
+        "    except FileNotFoundError:\n"
+        "        return\n"
+        "    raise SystemExit('no FileNotFoundError')\n"
+        "spawn()  # opens the /dev/null it keeps for every task's stdin\n"
+        "before = set(os.listdir('/proc/self/fd'))\n"
+        "for _ in range(3):\n"
+        "    spawn()\n"
+        "after = set(os.listdir('/proc/self/fd'))\n"
+        "raise SystemExit(f'leaked {sorted(after - before)}' if after - before else 0)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=20)
+    assert (res.returncode, res.stderr) == (0, "")
