@@ -452,3 +452,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for group in groups:
         rng.shuffle(group)
     items[:] = [item for group in groups for item in group]
+
+
+PHASE_FILES_VAR = "JOBQ_TEST_PHASE_FILES"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """With JOBQ_TEST_PHASE_FILES=DIR (scripts/test's collection pass): DIR/PHASE lists the
+    test files holding tests of each of scripts/test's phases, in collection order, so that
+    a phase's workers collect those files only (each worker collects all it is given: ~3
+    CPU-s for the whole suite)."""
+    out = os.environ.get(PHASE_FILES_VAR)
+    if not out:
+        return
+    phases: dict[str, dict[str, None]] = {p: {} for p in ("parallel", "timing", "stress",
+                                                             "serial")}
+    for item in session.items:
+        marks = {m.name for m in item.iter_markers()}
+        phase = next((p for p in ("serial", "stress", "timing") if p in marks), "parallel")
+        phases[phase][item.nodeid.split("::")[0]] = None
+    for phase, files in phases.items():
+        Path(out, phase).write_text("".join(f"{f}\n" for f in files))
