@@ -198,7 +198,7 @@ def _parse(parser: _Parser, argv: list[str]) -> argparse.Namespace:
     argv = config_before_command(parser, _with_env_config(parser.prog, argv))
     path = config_path(parser, argv)
     text = None
-    if path:
+    if path and not {"-h", "--help"} & set(argv):  # help reads no file, as before
         path = os.path.expanduser(path)
         try:
             with open(path, encoding="utf-8") as f:

@@ -99,3 +99,12 @@ def test_config_flag_leaves_values_and_positionals_alone(ini) -> None:
         "--bogus", "status", "--config", ini]
     with pytest.raises(UsageError):
         _parse(parser, ["--bogus", "status", "--config", ini])
+
+
+def test_help_reads_no_config_file(capsys) -> None:
+    for argv in (["--config", "/nonexistent.ini", "--help"],
+                 ["status", "--config", "/nonexistent.ini", "--help"]):
+        with pytest.raises(SystemExit) as exit_:
+            ctl_main(argv)
+        assert exit_.value.code == 0
+        assert "usage: jobq-ctl" in capsys.readouterr().out
