@@ -141,15 +141,19 @@ def problems(root: Path = ROOT) -> list[str]:
     return found
 
 
-def write(root: Path, uv: str) -> None:
-    """Resolve everything once (universal, hashed), then each lock file within that
-    resolution (uv's ``-c``), each headed by the digest of what it was made from."""
+def write(root: Path, uv: str, upgrade: bool) -> None:
+    """Resolve everything once (universal), then each lock file within that resolution (uv's
+    ``-c``), hashed, each headed by the digest of what it was made from.  Unless ``upgrade``,
+    the pins of the files there now are kept where the ranges still allow them (uv prefers
+    what its output file holds), so a changed requirement moves only what it must."""
     want = declared(root)
     every = sorted({r for reqs in want.values() for r in reqs})
     floor = python_floor(root)
     (root / LOCK_DIR).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         union = Path(tmp) / "all.txt"
+        if not upgrade:
+            union.write_text(_pinned_now(root))
         _compile(uv, every, union, floor, constraints=None, hashes=False)
         for name, requirements in sorted(want.items()):
             out = Path(tmp) / f"{name}.txt"
@@ -165,6 +169,14 @@ def write(root: Path, uv: str) -> None:
         stale = {p.stem for p in (root / LOCK_DIR).glob("*.txt")} - set(want)
         for name in stale:
             (root / LOCK_DIR / f"{name}.txt").unlink()
+
+
+def _pinned_now(root: Path) -> str:
+    """Every pin of the lock files there now, once each, with its marker."""
+    lines = {f"{n}=={v}" + (f" ; {m}" if m else ""): None
+             for path in sorted((root / LOCK_DIR).glob("*.txt"))
+             for n, v, m, _ in pins(path.read_text())}
+    return "".join(f"{line}\n" for line in lines)
 
 
 def _compile(uv: str, requirements: list[str], out: Path, floor: str,
@@ -196,13 +208,13 @@ def main(argv: list[str]) -> int:
             print("scripts/lock: the lock files disagree with setup.cfg: run scripts/lock",
                   file=sys.stderr)
         return 1 if found else 0
-    if argv[:1] == ["write"] and len(argv) == 2:
-        write(ROOT, argv[1])
+    if argv[:1] == ["write"] and len(argv) in (2, 3) and argv[2:] in ([], ["--upgrade"]):
+        write(ROOT, argv[1], upgrade=argv[2:] == ["--upgrade"])
         found = problems(ROOT)
         for line in found:
             print(f"scripts/lock: {line}", file=sys.stderr)
         return 1 if found else 0
-    print("usage: lock_files.py check | write UV", file=sys.stderr)
+    print("usage: lock_files.py check | write UV [--upgrade]", file=sys.stderr)
     return 2
 
 

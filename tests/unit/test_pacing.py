@@ -29,10 +29,15 @@ def test_a_dry_receive_holds_the_next_while_work_is_in_flight_for_a_poll_at_most
 
 
 class Counting(SqliteBackend):
-    calls = 0
+    """Counts its own receives (a count on the class ran on from the test before it, which
+    a shuffled order showed)."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.calls = 0
 
     def receive(self, max_messages, lock_duration):  # type: ignore[no-untyped-def]
-        Counting.calls += 1
+        self.calls += 1
         return super().receive(max_messages, lock_duration)
 
 
@@ -47,15 +52,15 @@ def test_the_worker_does_not_receive_after_a_dry_receive_while_a_task_is_startin
                                  num_workers=2), backend, clock=clock)
         worker.next_receive = clock.now
         worker._receive(clock.now)  # asks for 2, gets 1: dry; t0 is starting
-        assert Counting.calls == 1 and len(worker.launcher.starting) == 1
+        assert backend.calls == 1 and len(worker.launcher.starting) == 1
         backend.push([Task(cmd="true", id="t1")])
         worker.next_receive = clock.now  # as a reaped task would
         clock.now += 0.5
         worker._receive(clock.now)
-        assert Counting.calls == 1  # held: t0 is still starting
+        assert backend.calls == 1  # held: t0 is still starting
         clock.now += 0.6  # a poll after the dry receive: the hold is over
         worker._receive(clock.now)
-        assert Counting.calls == 2 and len(worker.launcher.starting) == 2
+        assert backend.calls == 2 and len(worker.launcher.starting) == 2
         worker.launcher.cancel_starting()
     finally:
         backend.close()
@@ -110,30 +115,29 @@ def test_the_worker_gathers_slots_of_short_tasks_before_it_receives(
     clock = FakeClock(1000.0)
     db = str(tmp_path / "q.db")
     backend = backend_cls(db, "default", "w")
-    Counting.calls = 0
     try:
         backend.push([Task(cmd="true", id="t0")])
         worker = Worker(Settings(sqlite_path=db, worker_id="w", poll_interval=1.0,
                                  num_workers=2), backend, clock=clock)
         worker.next_receive = clock.now
         worker._receive(clock.now)  # t0 starting: one slot busy
-        assert Counting.calls == 1 and len(worker.launcher.starting) == 1
+        assert backend.calls == 1 and len(worker.launcher.starting) == 1
         worker.pacing.filled(0.02)  # as a full receive of 20 ms would: no dry hold
         worker.launcher.note_duration(task_seconds)
         backend.push([Task(cmd="true", id="t1")])
         worker.next_receive = clock.now
         worker._receive(clock.now)
         if not gathers:
-            assert Counting.calls == 2
+            assert backend.calls == 2
             return
-        assert Counting.calls == 1  # t0 should end within 10 ms: its slot is waited for
+        assert backend.calls == 1  # t0 should end within 10 ms: its slot is waited for
         assert 0.005 < worker._next_wakeup() <= 0.01  # no busy loop while it waits
         clock.now += 0.005
         worker._receive(clock.now)
-        assert Counting.calls == 1
+        assert backend.calls == 1
         clock.now += 0.006  # t0 has not ended after all: receive for the one free slot
         worker._receive(clock.now)
-        assert Counting.calls == 2 and len(worker.launcher.starting) == 2
+        assert backend.calls == 2 and len(worker.launcher.starting) == 2
     finally:
         worker.launcher.cancel_starting()
         backend.close()
