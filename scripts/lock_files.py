@@ -30,18 +30,22 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK_DIR = Path("conf") / "lock"
+# The installer and resolver of the project's scripts (scripts/venv installs the locks with
+# it: ~2 s against pip's ~30 s; scripts/lock resolves with it): conf/lock/tools.txt.
+UV = "uv==0.13.10"
 DIGEST = "# requirements-sha256: "
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)\s*(?:;\s*(.+?))?\s*$")
 
 
 def declared(root: Path = ROOT) -> dict[str, list[str]]:
     """Lock file name -> the requirements it is made from, as setup.cfg and pyproject.toml
-    say them: ``base`` and one per extra, each with the build requirements."""
+    say them: ``base`` and one per extra, each with the build requirements; and ``tools``,
+    the scripts' own installer (UV)."""
     cfg = configparser.ConfigParser()
     cfg.read(root / "setup.cfg")
     base = _lines(cfg.get("options", "install_requires", fallback=""))
     build = build_requirements(root)
-    out = {"base": base + build}
+    out = {"base": base + build, "tools": [UV]}
     if cfg.has_section("options.extras_require"):
         for extra, text in cfg.items("options.extras_require"):
             out[extra] = base + _lines(text) + build
@@ -118,8 +122,9 @@ def problems(root: Path = ROOT) -> list[str]:
         path = lock_dir / f"{name}.txt"
         label = f"{LOCK_DIR}/{name}.txt"
         if not path.is_file():
-            what = "install_requires" if name == "base" else f"the extra {name}"
-            found.append(f"{label}: missing (setup.cfg has {what})")
+            what = {"base": "setup.cfg has install_requires", "tools": f"the scripts use {UV}"
+                    }.get(name, f"setup.cfg has the extra {name}")
+            found.append(f"{label}: missing ({what})")
             continue
         text = path.read_text()
         if f"{DIGEST}{digest(requirements)}" not in text:
@@ -159,12 +164,16 @@ def write(root: Path, uv: str, upgrade: bool) -> None:
             out = Path(tmp) / f"{name}.txt"
             _compile(uv, requirements, out, floor, constraints=union, hashes=True)
             body = out.read_text()
-            head = (f"# conf/lock/{name}.txt: written by scripts/lock from setup.cfg "
-                    f"({'install_requires' if name == 'base' else 'install_requires + ' + name})"
-                    f" and pyproject.toml's build requirements; do not edit.\n"
-                    f"# Install: pip install --require-hashes -r conf/lock/{name}.txt, then "
-                    f"pip install --no-deps --no-build-isolation .\n"
-                    f"{DIGEST}{digest(requirements)}\n")
+            if name == "tools":
+                head = ("# conf/lock/tools.txt: written by scripts/lock from lock_files.UV, the "
+                        "installer scripts/venv uses; do not edit.\n")
+            else:
+                what = "install_requires" if name == "base" else f"install_requires + {name}"
+                head = (f"# conf/lock/{name}.txt: written by scripts/lock from setup.cfg "
+                        f"({what}) and pyproject.toml's build requirements; do not edit.\n"
+                        f"# Install: pip install --require-hashes -r conf/lock/{name}.txt, "
+                        f"then pip install --no-deps --no-build-isolation .\n")
+            head += f"{DIGEST}{digest(requirements)}\n"
             (root / LOCK_DIR / f"{name}.txt").write_text(head + body)
         stale = {p.stem for p in (root / LOCK_DIR).glob("*.txt")} - set(want)
         for name in stale:

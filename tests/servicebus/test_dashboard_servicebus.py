@@ -32,12 +32,20 @@ def test_tasks_page_on_servicebus(sb_env, azurite_table, dashboard, browser):  #
         d = dashboard(base=["--backend", "servicebus", "--queue", sb_env.queue],
                       environ={"JOBQ_CONNECTION_STRING": sb_env.connection_string, **control})
 
+        seen: list[dict[str, str]] = [{}]
+
         def rows(b) -> dict[str, str]:
-            return {r.get_attribute("data-id"): r.find_element("css selector", ".pill").text
-                    for r in b.find_elements("css selector", "#tasks tbody tr")}
+            seen[0] = {r.get_attribute("data-id"): r.find_element("css selector", ".pill").text
+                       for r in b.find_elements("css selector", "#tasks tbody tr")}
+            return seen[0]
         browser.get(d.url + "/tasks")
-        reload_until(browser, lambda b: rows(b) == {running: "running", waiting: "pending"},
-                     30, what="the running task once, from its record; the waiting one peeked")
+        try:
+            reload_until(browser, lambda b: rows(b) == {running: "running", waiting: "pending"},
+                         30, what="the running task once, from its record; the waiting one "
+                                  "peeked")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the page showed {seen[0]} (running {running}, "
+                                 f"waiting {waiting})\n{sup.log()[-3000:]}") from None
         assert "first 32 messages" in text_of(browser, "tasks-note")
     finally:
         release.touch()
