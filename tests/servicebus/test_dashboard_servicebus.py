@@ -18,6 +18,14 @@ pytestmark = [pytest.mark.servicebus, pytest.mark.timeout(150)]
 FAST = ("--control-interval", "1", "--heartbeat-interval", "1", "-n", "1")
 
 
+@pytest.fixture(autouse=True)
+def own_queue(sb_env) -> None:
+    """A queue name of the test's own: the control store (azurite_table) is the session's,
+    and the records another test left for the same name (its results, its workers) showed
+    here (a succeeded task of another test on the tasks page, found in a CI run)."""
+    sb_env.queue = f"q-{sb_env.token[:12]}"
+
+
 def test_tasks_page_on_servicebus(sb_env, azurite_table, dashboard, browser):  # noqa: F811
     control = {"JOBQ_CONTROL_CONNECTION_STRING": table_connection_string(azurite_table)}
     release = sb_env.tmp / "release"

@@ -22,6 +22,14 @@ pytestmark = [pytest.mark.servicebus, pytest.mark.timeout(120)]
 FAST = ("--control-interval", "1", "--heartbeat-interval", "1")
 
 
+@pytest.fixture(autouse=True)
+def own_queue(sb_env) -> None:
+    """A queue name of the test's own: the control store (azurite_table) is the session's,
+    and the records another test left for the same name (its results, its workers) showed
+    here (a succeeded task of another test on the tasks page, found in a CI run)."""
+    sb_env.queue = f"q-{sb_env.token[:12]}"
+
+
 @pytest.mark.timing  # times the cancel
 def test_cancel_on_servicebus_running_and_before_receive(sb_env, azurite_table):
     conn = table_connection_string(azurite_table)
