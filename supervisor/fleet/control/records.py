@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import secrets
 from dataclasses import MISSING, dataclass, fields, replace
 from datetime import datetime, timezone
 from typing import Any, Union
+
+from ...core.task import storable
 
 VERSION = 1
 WORKER_STATES = ("running", "paused", "draining", "stopping")
@@ -210,16 +211,13 @@ def _task_doc(task: TaskInfo) -> dict[str, object]:
             for f in fields(task)}
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def dumps(doc: dict[str, object]) -> str:
     """The document as JSON text every store can hold: a lone UTF-16 surrogate (a task's
     bytes that are not UTF-8 reach a record as one) is written as its ``\\uXXXX`` escape,
     which decodes back to the same string -- raw, it fails the store's UTF-8 encoding, and a
     batch holding it would fail on every retry."""
     text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return storable(text)
 
 
 def encode(record: Record) -> str:
