@@ -1,8 +1,18 @@
-"""A real, private systemd system manager for tests of the systemd scope path.
+"""A real, private systemd system manager for tests of the systemd scope path and the unit.
 
-Boots ``/usr/bin/systemd --system`` as PID 1 of new PID, mount, UTS and cgroup namespaces,
-with a private tmpfs on /run holding one empty target (``--unit=jobq-test.target``), so it
-starts nothing of the host's.  Its cgroups live in a fresh sub-cgroup of ours in every
+Boots ``/usr/bin/systemd --system`` as PID 1 of new PID, mount, UTS and cgroup namespaces.  It
+sees only what a test gives it, because a manager that could load the host's units once ran the
+host's ``sysinit.target`` (tmpfiles, udev, sysusers) for a unit with default dependencies and
+emptied the host's /tmp:
+
+* units: only ``units`` (``SYSTEMD_UNIT_PATH`` without the trailing colon that would add the
+  default paths), holding its own empty default target and empty stand-ins for the targets a
+  service's default dependencies name (``STUB_UNITS``); no generators;
+* a private tmpfs on /run, and one on /tmp showing only ``shared`` host directories (the test's
+  base temp, this checkout, the interpreter);
+* /var and /etc as overlays: the host's files, but every write or removal stays private.
+
+Its cgroups live in a fresh sub-cgroup of ours in every
 mounted hierarchy, remounted inside the namespace so that systemd sees them as its root; the
 host's /run, /sys and cgroup roots are never written.  /proc/sys is read-only in there and
 /dev/console is /dev/null, so PID 1's set-up cannot touch host settings or the console.
@@ -22,6 +32,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -31,13 +42,36 @@ import psutil
 
 SYSTEMD = "/usr/bin/systemd"
 START_TIMEOUT = 20.0
+_TARGET = "[Unit]\nDescription=jobq test stub\n"
+# What the manager can load: its default target and empty stand-ins for the units a service's
+# default dependencies name, so that a unit with DefaultDependencies=yes (the shipped one)
+# starts without pulling in the host's sysinit.target (tmpfiles, udev, sysusers).
+STUB_UNITS = {name: _TARGET for name in (
+    "jobq-test.target", "sysinit.target", "basic.target", "shutdown.target",
+    "network-online.target", "multi-user.target")}
 
 _INNER = r"""
 set -e
+units=$2
 mount --make-rprivate /
 mount -t tmpfs -o mode=755 jobq-test-run /run
-mkdir -p /run/systemd/system
-printf '[Unit]\nDescription=jobq test manager\n' > /run/systemd/system/jobq-test.target
+mkdir -p /run/systemd/system /run/jobq-test/empty /run/jobq-test/host-tmp
+# A private /tmp that shows only the host paths named in $3 (the tests' own directories).
+mapfile -t shared < "$3"
+mount --bind /tmp /run/jobq-test/host-tmp
+mount -t tmpfs -o mode=1777 jobq-test-tmp /tmp
+for path in "${shared[@]}"; do
+    mkdir -p "$path"
+    mount --bind "/run/jobq-test/host-tmp/${path#/tmp/}" "$path"
+done
+umount -l /run/jobq-test/host-tmp
+# /var and /etc as the host has them, but every write or removal stays in here.
+for dir in var etc; do
+    mkdir -p "/run/jobq-test/$dir/upper" "/run/jobq-test/$dir/work"
+    mount -t overlay "jobq-test-$dir" \
+        -o "lowerdir=/$dir,upperdir=/run/jobq-test/$dir/upper,workdir=/run/jobq-test/$dir/work" \
+        "/$dir"
+done
 mount --bind /proc/sys /proc/sys
 mount -o remount,bind,ro /proc/sys
 mount --bind /dev/null /dev/console 2>/dev/null || true
@@ -46,7 +80,10 @@ while read -r dir fstype opts; do
     mkdir -p "/sys/fs/cgroup/$dir"
     mount -t "$fstype" -o "$opts" "$fstype" "/sys/fs/cgroup/$dir"
 done < "$1"
+# Only the units in $units (no trailing colon: none of the host's), no generators.
 exec env -i container=jobq-test PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+    SYSTEMD_UNIT_PATH="$units" SYSTEMD_GENERATOR_PATH=/run/jobq-test/empty \
+    SYSTEMD_ENVIRONMENT_GENERATOR_PATH=/run/jobq-test/empty \
     /usr/bin/systemd --system --unit=jobq-test.target --log-target=null --show-status=no
 """
 
@@ -70,14 +107,26 @@ class SystemdManager:
     launcher: subprocess.Popen | None = None
     pid: int = 0  # the manager's pid in the host's PID namespace
     cgroups: list[Path] = field(default_factory=list)
+    # Host directories under /tmp the manager's processes must see (the manager's /tmp is
+    # private); the workdir, this checkout and the interpreter's are always added.
+    shared: tuple[Path, ...] = ()
+
+    @property
+    def units(self) -> Path:
+        """The manager's only unit directory (a host path): add a unit, then daemon-reload."""
+        return self.workdir / f"{self.name}.units"
 
     def enter(self) -> list[str]:
         """argv prefix that runs a command in the manager's namespaces."""
         return ["nsenter", f"--target={self.pid}", "--mount", "--pid", "--cgroup", "--"]
 
+    def run(self, *argv: str) -> subprocess.CompletedProcess:
+        """Run a command in the manager's namespaces (its /run, /tmp, /var and /etc)."""
+        return subprocess.run([*self.enter(), *argv], capture_output=True, text=True,
+                              timeout=20)
+
     def systemctl(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*self.enter(), "systemctl", *args], capture_output=True,
-                              text=True, timeout=20)
+        return self.run("systemctl", *args)
 
     # -- life cycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -104,12 +153,19 @@ class SystemdManager:
             self.stop()
             raise Unavailable(f"cannot create a cgroup for the manager: {exc}") from None
         spec.write_text("\n".join(lines) + "\n")
+        self.units.mkdir()
+        for name, text in STUB_UNITS.items():
+            (self.units / name).write_text(text)
+        shared = self.workdir / f"{self.name}.shared"
+        shared.write_text("".join(f"{p}\n" for p in _under_tmp(
+            [self.workdir, *self.shared, Path(__file__).resolve().parents[1],
+             Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()])))
         inner = self.workdir / f"{self.name}.sh"
         inner.write_text(_INNER)
         # The launcher joins the new cgroups itself, then becomes unshare; PID 1 inherits them.
         joins = " ".join(f"echo $$ > {p / 'cgroup.procs'};" for p in self.cgroups)
         outer = (f"{joins} exec unshare --pid --fork --mount --uts --cgroup --mount-proc "
-                 f"--propagation private /bin/bash {inner} {spec}")
+                 f"--propagation private /bin/bash {inner} {spec} {self.units} {shared}")
         log = open(self.workdir / f"{self.name}.log", "wb")
         self.launcher = subprocess.Popen(["/bin/bash", "-c", outer], stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT,
@@ -166,6 +222,15 @@ class SystemdManager:
                         raise
                     time.sleep(0.05)
         self.cgroups.clear()
+
+
+def _under_tmp(paths: list[Path]) -> list[str]:
+    """The paths below /tmp, outermost first, none inside another."""
+    out: list[str] = []
+    for path in sorted({str(p.resolve()) for p in paths}, key=len):
+        if path.startswith("/tmp/") and not any(path.startswith(o + "/") for o in out):
+            out.append(path)
+    return out
 
 
 def _systemd_below(pid: int) -> int:

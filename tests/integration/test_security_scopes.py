@@ -30,7 +30,8 @@ HOG = f"{sys.executable} -c 'b = bytearray(300 * 1024 * 1024); b[::4096] = b\"x\
 
 @pytest.fixture(scope="module")
 def manager(tmp_path_factory):
-    m = SystemdManager(tmp_path_factory.mktemp("systemd"))
+    m = SystemdManager(tmp_path_factory.mktemp("systemd"),
+                       shared=(tmp_path_factory.getbasetemp(),))
     try:
         m.start()
     except Unavailable as exc:
