@@ -104,7 +104,8 @@ class TaskProcess:
         # signals (core/threads.py): the task must start with none blocked.
         blocked = signal.pthread_sigmask(signal.SIG_SETMASK, ())
         try:
-            popen = popen_shell(argv_prefix, cmd, env, cwd, user, group, extra_groups)
+            popen = popen_shell(argv_prefix, cmd, env, cwd, user, group, extra_groups,
+                                keep=(MARKER_VAR,))
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         # With start_new_session the shell is its group's (and session's) leader.

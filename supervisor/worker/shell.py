@@ -9,7 +9,9 @@ stderr on one pipe.  Called on the spawner threads (worker/spawner.py) through
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
+import re
 import subprocess
 from collections.abc import Sequence
 from typing import IO
@@ -184,9 +186,33 @@ def _libc_spawn() -> _LibcSpawn | None:
 
 def popen_shell(argv_prefix: Sequence[str], cmd: str, env: dict[str, str], cwd: str | None,
            user: int | None, group: int | None,
-           extra_groups: Sequence[int] | None) -> subprocess.Popen:
+           extra_groups: Sequence[int] | None, keep: Sequence[str] = ()) -> subprocess.Popen:
+    """Start ``[*argv_prefix] bash -c cmd`` (a spawner thread).
+
+    Launchers (``systemd-run``, ``prlimit``, ``setpriv``) run before the switch to the task
+    user, as the supervisor's user: they must never see the task's environment, whose
+    ``LD_PRELOAD`` or ``GCONV_PATH`` would run a message's code in them (as root).  They get
+    ``launcher_environment`` (plus the ``keep`` names of ``env``: the task's marker, for the
+    watchdog and lifeline), and the task's environment travels in a sealed memfd to
+    ``ENV_PRELUDE``, a bash that runs as the task user after the switch and execs the task's
+    shell with exactly that environment."""
+    if not argv_prefix:
+        return _popen(["/bin/bash", "-c", cmd], env, cwd, user, group, extra_groups, ())
+    fd = environment_fd(env)
+    try:
+        outer = launcher_environment()
+        outer.update((k, env[k]) for k in keep if k in env)
+        return _popen([*argv_prefix, "/bin/bash", "--noprofile", "--norc", "-c", ENV_PRELUDE,
+                       "jobq-env", str(fd), cmd], outer, cwd, user, group, extra_groups, (fd,))
+    finally:
+        os.close(fd)
+
+
+def _popen(argv: list[str], env: dict[str, str], cwd: str | None, user: int | None,
+           group: int | None, extra_groups: Sequence[int] | None,
+           pass_fds: Sequence[int]) -> subprocess.Popen:
     return subprocess.Popen(
-        [*argv_prefix, "/bin/bash", "-c", cmd],
+        argv,
         user=user,
         group=group,
         extra_groups=extra_groups,
@@ -197,7 +223,62 @@ def popen_shell(argv_prefix: Sequence[str], cmd: str, env: dict[str, str], cwd: 
         cwd=cwd,
         start_new_session=True,
         close_fds=True,
+        pass_fds=pass_fds,
     )
+
+
+# Runs as ``bash --noprofile --norc -c ENV_PRELUDE jobq-env FD CMD``, with only builtins: drops
+# the launchers' variables, exports each NUL-separated NAME=VALUE read from FD, closes FD and
+# execs ``bash -c CMD``.  Exported functions (``BASH_FUNC_name%%``) are defined and exported
+# again, as bash would import them; other names a shell cannot export are skipped (the
+# supervisor drops them before, see environment_fd).  ``exec`` lowers SHLVL by one, so a numeric
+# one is raised first: the task's shell sees the same SHLVL as without launchers.  Values are
+# never evaluated, except an exported function's body, which is the task's code anyway.
+ENV_PRELUDE = (
+    'for v in $(compgen -e); do unset -v "$v"; done; '
+    'while IFS= read -r -d "" e; do '
+    'case $e in '
+    'BASH_FUNC_*%%=*) n=${e%%=*}; n=${n#BASH_FUNC_}; n=${n%"%%"}; '
+    'eval "$n ${e#*=}" && export -f "$n";; '
+    '*) export -- "$e";; '
+    'esac; done <&"$1"; '
+    'fd=$1; exec {fd}<&-; '
+    'case ${SHLVL-} in ""|*[!0-9]*) ;; *) SHLVL=$((10#$SHLVL + 1));; esac; '
+    'unset -v e n v fd; exec /bin/bash -c "$2"'
+)
+# A shell can export a variable with such a name; an exported function's name is checked apart.
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_FUNCTION_NAME = re.compile(r"BASH_FUNC_[A-Za-z0-9_.:@+-]+%%")
+LAUNCHER_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+# The supervisor's own variables a launcher may need: systemd-run --user finds the user's
+# manager through these.  Nothing of a message.
+_LAUNCHER_KEEPS = ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS")
+
+
+def launcher_environment() -> dict[str, str]:
+    """The fixed environment of every launcher (any thread)."""
+    env = {"PATH": LAUNCHER_PATH, "LANG": "C"}
+    env.update((k, os.environ[k]) for k in _LAUNCHER_KEEPS if k in os.environ)
+    return env
+
+
+def environment_fd(env: dict[str, str]) -> int:
+    """A sealed memfd holding ``env`` as NUL-separated NAME=VALUE entries, at offset 0 (a
+    spawner thread; the caller closes it).  Names a shell cannot export are left out."""
+    block = b"".join(_env_entry(k, v) + b"\0" for k, v in env.items()
+                     if _SHELL_NAME.fullmatch(k) or _FUNCTION_NAME.fullmatch(k))
+    fd = os.memfd_create("jobq-task-env", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(block)
+        while view:
+            view = view[os.write(fd, view):]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK
+                    | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 _DEVNULL: list[int] = []
