@@ -173,6 +173,16 @@ def _exit_codes(text: str) -> tuple[int, ...]:
             f"expected exit statuses separated by commas (e.g. 126,127), got {text!r}") from None
 
 
+def _paths(text: str) -> tuple[str, ...]:
+    """``/a,/b`` -> ("/a", "/b"): absolute paths or shell patterns (--allowed-cwd)."""
+    paths = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    bad = [p for p in paths if not p.startswith("/") or "\x00" in p]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"expected absolute directories separated by commas, got {bad[0]!r}")
+    return paths
+
+
 def _env_names(text: str) -> tuple[str, ...]:
     """``A,B`` -> ("A", "B"); empty -> () (--pass-env)."""
     names = tuple(dict.fromkeys(part for part in text.replace(" ", "").split(",") if part))

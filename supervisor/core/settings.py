@@ -151,6 +151,10 @@ class Settings:
     signing_key_file: list[str] | None = None  # paths, each maybe a comma-separated list
     max_task_age: float | None = None
     allowed_commands: str | None = None
+    # with an allow-list or signing keys: what a message's env and cwd may set (env_policy.py)
+    allowed_env: tuple[str, ...] = ()
+    refused_env: tuple[str, ...] = ()
+    allowed_cwd: tuple[str, ...] = ()
     task_user: str | None = None
     task_group: str | None = None
     task_memory_limit: int | None = None  # bytes

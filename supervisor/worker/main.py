@@ -23,6 +23,7 @@ from ..core.options import (
     _exit_codes,
     _parse,
     _Parser,
+    _paths,
     _positive_int,
     _size,
     add_backend_options,
@@ -161,6 +162,16 @@ def _add_security_options(p: _Parser) -> None:
                    help="refuse signed tasks issued longer ago than this")
     p.add_argument("--allowed-commands", metavar="REGEX",
                    help="refuse tasks whose command does not fully match REGEX")
+    p.add_argument("--allowed-env", type=_env_names, metavar="NAME,NAME",
+                   help="with an allow-list or signing keys: variables a message may set "
+                        "although they change what runs (PATH, LD_*, PYTHON*...; shell "
+                        "patterns allowed)")
+    p.add_argument("--refused-env", type=_env_names, metavar="NAME,NAME",
+                   help="more variable names (or patterns) a message may not set, with an "
+                        "allow-list or signing keys")
+    p.add_argument("--allowed-cwd", type=_paths, metavar="DIR,DIR",
+                   help="with an allow-list or signing keys: working directories a message "
+                        "may ask for (shell patterns allowed; default: the worker's own)")
     p.add_argument("--pass-env", type=_env_names, metavar="NAME,NAME",
                    help="inherited variables a task sees although their names look like "
                         "secrets (docs/security.rst lists the words), e.g. HF_TOKEN")

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from ..core.settings import Settings
 from ..core.signing import SecurityConfigError, SigningKey, load_keys, verify
 from ..core.task import Task
+from .env_policy import EnvPolicy
 from .limits import TaskLimits, TaskUserIds
 
 if TYPE_CHECKING:  # a name only: the dashboard reads this module without worker/process.py
@@ -78,6 +79,7 @@ class TaskGuard:
     allowed: re.Pattern[str] | None = None
     user: TaskUser | None = None
     limits: TaskLimits = field(default_factory=TaskLimits)
+    env_policy: EnvPolicy = field(default_factory=EnvPolicy)
     warnings: tuple[str, ...] = ()
 
     @classmethod
@@ -143,8 +145,11 @@ class TaskGuard:
                             "(RLIMIT_NPROC does not apply to root); use --task-user")
         warnings += secret_file_warnings(s.config_file,
                                          [k.path for k in keys])
+        # The command is the whole story only when env and cwd cannot change what it runs.
+        env_policy = EnvPolicy.from_settings(
+            allowed is not None or bool(keys), s.allowed_env, s.refused_env, s.allowed_cwd)
         return cls(keys=tuple(keys), max_task_age=max_age, allowed=allowed, user=user,
-                   limits=limits, warnings=tuple(warnings))
+                   limits=limits, env_policy=env_policy, warnings=tuple(warnings))
 
     def log_warnings(self) -> None:
         """One WARNING line each (main thread, once: when the first receive succeeded)."""
@@ -160,7 +165,7 @@ class TaskGuard:
                 return reason
         if self.allowed is not None and not self.allowed.fullmatch(task.cmd):
             return "command not allowed (--allowed-commands)"
-        return None
+        return self.env_policy.refusal(task.env, task.cwd)
 
     # -- spawning --------------------------------------------------------------------------
     def spawn_options(self, marker: str) -> SpawnOptions:
