@@ -150,6 +150,7 @@ class Settings:
     # security (see worker/task_guard.py; checked there, at start, by TaskGuard.from_settings)
     signing_key_file: list[str] | None = None  # paths, each maybe a comma-separated list
     max_task_age: float | None = None
+    accept_queue_unbound_signatures: bool = False  # an upgrade's window (core/signing.py)
     allowed_commands: str | None = None
     task_user: str | None = None
     task_group: str | None = None

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..core.settings import Settings
-from ..core.signing import SecurityConfigError, SigningKey, load_keys, verify
+from ..core.signing import SecurityConfigError, SigningKey, load_keys, unbound_warning, verify
 from ..core.task import Task
 from .limits import TaskLimits, TaskUserIds
 
@@ -75,6 +75,7 @@ class TaskGuard:
 
     keys: tuple[SigningKey, ...] = ()
     max_task_age: float | None = None
+    accept_unbound: bool = False  # --accept-queue-unbound-signatures (an upgrade's window)
     allowed: re.Pattern[str] | None = None
     user: TaskUser | None = None
     limits: TaskLimits = field(default_factory=TaskLimits)
@@ -94,6 +95,9 @@ class TaskGuard:
             if len(k.secret) < MIN_KEY_BYTES:
                 warnings.append(f"--signing-key-file: {k.path} holds only {len(k.secret)} "
                                 f"bytes; use at least 32 random bytes")
+        accept_unbound = s.accept_queue_unbound_signatures
+        if (text := unbound_warning(accept_unbound, keys)) is not None:
+            warnings.append(text)
         max_age = s.max_task_age
         if max_age is not None:
             if max_age <= 0:
@@ -144,7 +148,8 @@ class TaskGuard:
         warnings += secret_file_warnings(s.config_file,
                                          [k.path for k in keys])
         return cls(keys=tuple(keys), max_task_age=max_age, allowed=allowed, user=user,
-                   limits=limits, warnings=tuple(warnings))
+                   limits=limits, warnings=tuple(warnings),
+                   accept_unbound=accept_unbound)
 
     def log_warnings(self) -> None:
         """One WARNING line each (main thread, once: when the first receive succeeded)."""
@@ -152,10 +157,12 @@ class TaskGuard:
             log.warning("%s", text)
 
     # -- before a run --------------------------------------------------------------------
-    def refusal(self, task: Task, now: float) -> str | None:
-        """Why this task must not run (it is dead-lettered), or None (main thread)."""
+    def refusal(self, task: Task, now: float, *, queue: str) -> str | None:
+        """Why this task, received from ``queue``, must not run (it is dead-lettered), or None
+        (main thread)."""
         if self.keys:
-            reason = verify(task, self.keys, self.max_task_age, now)
+            reason = verify(task, self.keys, self.max_task_age, now, queue=queue,
+                            accept_unbound=self.accept_unbound)
             if reason:
                 return reason
         if self.allowed is not None and not self.allowed.fullmatch(task.cmd):
