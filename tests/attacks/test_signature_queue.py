@@ -19,6 +19,11 @@ import pytest
 from supervisor.core.settings import EXIT_TASKS_FAILED
 from supervisor.core.signing import canonical, load_key, mac
 from supervisor.core.task import Task
+from supervisor.fleet.control import Cancel, Command, QueueFlag, new_seq
+from supervisor.fleet.control.base import queue_partition
+from supervisor.fleet.control.signing import Gate, sign
+from supervisor.fleet.control.sqlite import SqliteControlStore
+from supervisor.fleet.directives import Directives
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -110,3 +115,42 @@ def test_old_format_signatures_run_only_inside_the_upgrade_window(env):
     assert (env.tmp / "ran-accepted").exists()
     assert env.job(accepted)["status"] == "succeeded"
 
+
+def test_signed_control_records_moved_to_another_queue_are_not_acted_on(tmp_path):
+    """The same replay for control records: a cancel, a pause flag and a drain command signed
+    for ``qb``, moved into ``qa``'s records, are ignored by a worker on ``qa`` -- their
+    signature covers the queue they name (fleet/control/signing.py), and a worker acts only
+    on records naming its own queue."""
+    key = load_key(str(make_key(tmp_path / "k")))
+    store = SqliteControlStore(str(tmp_path / "q.db"))
+    handed: list[object] = []
+    woken: list[int] = []
+    when = 1e9
+    directives = Directives(queue_name="qa", worker_id="w1", started_wall=when - 10,
+                            gate=Gate([key]), on_paused=handed.append,
+                            on_command=handed.append, wake_watchdog=lambda: woken.append(1),
+                            tasks=lambda: (), clock=lambda: 0.0, wall=lambda: when)
+    try:
+        for queue in ("qb", "qa"):
+            store.put_cancel(sign(Cancel(queue=queue, task_id="t1", reason="r", who="ops",
+                                         when=when), key))
+            store.put_flag(sign(QueueFlag(queue=queue, paused=True, who="ops", when=when),
+                                key))
+            store.put_command(sign(Command(queue=queue, worker="w1", seq=new_seq(when),
+                                           action="drain", who="ops", when=when), key))
+            if queue == "qb":  # the attacker's move: the records' partition, not their text
+                conn = sqlite3.connect(tmp_path / "q.db", timeout=30)
+                with conn:
+                    assert conn.execute("UPDATE control_records SET part=? WHERE part=?",
+                                        (queue_partition("qa"), queue_partition("qb"))
+                                        ).rowcount == 3
+                conn.close()
+                directives.poll(store)
+                assert (directives.cancels, directives.paused, handed) == ({}, False, [])
+        # the same records signed for qa are acted on: the worker does read this place
+        directives.cursor = None
+        directives.poll(store)
+        assert set(directives.cancels) == {"t1"} and directives.paused
+        assert [type(h).__name__ for h in handed] == ["bool", "Command"]
+    finally:
+        store.close()
