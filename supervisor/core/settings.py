@@ -150,6 +150,7 @@ class Settings:
     # security (see worker/task_guard.py; checked there, at start, by TaskGuard.from_settings)
     signing_key_file: list[str] | None = None  # paths, each maybe a comma-separated list
     max_task_age: float | None = None
+    accept_queue_unbound_signatures: bool = False  # an upgrade's window (core/signing.py)
     allowed_commands: str | None = None
     # with an allow-list or signing keys: what a message's env and cwd may set (env_policy.py)
     allowed_env: tuple[str, ...] = ()

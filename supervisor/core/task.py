@@ -5,7 +5,8 @@ Wire format is the ai4s-jobq v1 envelope (plain JSON text)::
     {"version": 1, "reply_requested": false, "num_retries": 0, "id": "<hex>",
      "kwargs": "<JSON string of {cmd, env?, cwd?}>",
      "jobq_max_attempts": 5, "jobq_preemptions": 0,
-     "jobq_sig": {"kid": "...", "iat": 1700000000, "mac": "<hex>"},   # only when signed
+     "jobq_sig": {"v": 2, "kid": "...", "iat": 1700000000, "queue": "...",
+                  "mac": "<hex>"},   # only when signed (core/signing.py)
      "jobq_priority": 7, "jobq_not_before": 1700000000.0, "jobq_timeout": 2.0,
      "jobq_unique_key": "..."}   # scheduling (docs/backends.rst): each only when set
 

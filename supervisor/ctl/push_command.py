@@ -191,7 +191,8 @@ def cmd_push(ns: argparse.Namespace, backend: Backend, sources: Sources | None =
     now = time.time()
     tasks = push_schedule(ns, backend, tasks, now, store)  # names its option itself
     if key is not None:
-        tasks = [_checked("", partial(sign_task, t, key, now)) for t in tasks]
+        # bound to the queue pushed to: moved into another, the task is refused there
+        tasks = [_checked("", partial(sign_task, t, key, now, queue=ns.queue)) for t in tasks]
     for (where, _), task in zip(commands, tasks):
         _checked(where if named else "", task.to_json)
     if store is not None and not backend.unique_tasks and any(t.unique_key for t in tasks):

@@ -113,7 +113,10 @@ class Directives:
         return changed
 
     def _command(self, command: Command) -> None:
-        if command.worker != self.worker_id or command.seq in self._seen_commands:
+        # The queue too, as for cancels and the flag: a command signed for another queue and
+        # moved into this one's records is not this queue's to act on (issue 39).
+        if (command.worker != self.worker_id or command.queue != self.queue
+                or command.seq in self._seen_commands):
             return
         self._seen_commands.add(command.seq)
         if command.when < self.started_wall:

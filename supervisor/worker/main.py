@@ -160,6 +160,9 @@ def _add_security_options(p: _Parser) -> None:
                         "rotation; env/INI: comma-separated list)")
     p.add_argument("--max-task-age", type=_duration,
                    help="refuse signed tasks issued longer ago than this")
+    p.add_argument("--accept-queue-unbound-signatures", action="store_true",
+                   help="while upgrading: also run tasks signed by an older jobq-ctl, whose "
+                        "signature does not name the queue (docs/security.rst)")
     p.add_argument("--allowed-commands", metavar="REGEX",
                    help="refuse tasks whose command does not fully match REGEX")
     p.add_argument("--allowed-env", type=_env_names, metavar="NAME,NAME",

@@ -317,7 +317,7 @@ class Settlement:
             reason = f"bad message: {lease.format_error}"
             log.error("%s; dead-lettering it", reason, extra={"task_id": task_id})
             return self.dead_letter(keeper, reason, lease.raw_body[-2000:])
-        refusal = self.guard.refusal(task, time.time())
+        refusal = self.guard.refusal(task, time.time(), queue=lease.queue)
         if refusal is not None:  # never run: the message may come from anyone who can write
             log.error("%s; dead-lettering it without a run", refusal, extra={"task_id": task_id})
             return self.dead_letter(keeper, refusal, "")

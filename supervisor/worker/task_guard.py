@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..core.settings import Settings
-from ..core.signing import SecurityConfigError, SigningKey, load_keys, verify
+from ..core.signing import SecurityConfigError, SigningKey, load_keys, unbound_warning, verify
 from ..core.task import Task
 from .env_policy import EnvPolicy
 from .limits import TaskLimits, TaskUserIds
@@ -76,6 +76,7 @@ class TaskGuard:
 
     keys: tuple[SigningKey, ...] = ()
     max_task_age: float | None = None
+    accept_unbound: bool = False  # --accept-queue-unbound-signatures (an upgrade's window)
     allowed: re.Pattern[str] | None = None
     user: TaskUser | None = None
     limits: TaskLimits = field(default_factory=TaskLimits)
@@ -96,6 +97,9 @@ class TaskGuard:
             if len(k.secret) < MIN_KEY_BYTES:
                 warnings.append(f"--signing-key-file: {k.path} holds only {len(k.secret)} "
                                 f"bytes; use at least 32 random bytes")
+        accept_unbound = s.accept_queue_unbound_signatures
+        if (text := unbound_warning(accept_unbound, keys)) is not None:
+            warnings.append(text)
         max_age = s.max_task_age
         if max_age is not None:
             if max_age <= 0:
@@ -149,7 +153,8 @@ class TaskGuard:
         env_policy = EnvPolicy.from_settings(
             allowed is not None or bool(keys), s.allowed_env, s.refused_env, s.allowed_cwd)
         return cls(keys=tuple(keys), max_task_age=max_age, allowed=allowed, user=user,
-                   limits=limits, env_policy=env_policy, warnings=tuple(warnings))
+                   limits=limits, env_policy=env_policy, warnings=tuple(warnings),
+                   accept_unbound=accept_unbound)
 
     def log_warnings(self) -> None:
         """One WARNING line each (main thread, once: when the first receive succeeded)."""
@@ -157,10 +162,12 @@ class TaskGuard:
             log.warning("%s", text)
 
     # -- before a run --------------------------------------------------------------------
-    def refusal(self, task: Task, now: float) -> str | None:
-        """Why this task must not run (it is dead-lettered), or None (main thread)."""
+    def refusal(self, task: Task, now: float, *, queue: str) -> str | None:
+        """Why this task, received from ``queue``, must not run (it is dead-lettered), or None
+        (main thread)."""
         if self.keys:
-            reason = verify(task, self.keys, self.max_task_age, now)
+            reason = verify(task, self.keys, self.max_task_age, now, queue=queue,
+                            accept_unbound=self.accept_unbound)
             if reason:
                 return reason
         if self.allowed is not None and not self.allowed.fullmatch(task.cmd):

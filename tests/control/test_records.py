@@ -167,13 +167,13 @@ def test_records_and_tasks_share_one_mac() -> None:
     cancel = sign(Cancel(queue="q", task_id="t", reason="r", who="w", when=NOW), KEY)
     assert cancel.sig is not None
     assert cancel.sig["mac"] == signing.mac(KEY, record_text(cancel))
-    task = signing.sign_task(Task(cmd="echo hi", id="t"), KEY, NOW)
-    assert task.signature["mac"] == signing.mac(KEY, signing.canonical(task, int(NOW)))
+    task = signing.sign_task(Task(cmd="echo hi", id="t"), KEY, NOW, queue="q")
+    assert task.signature["mac"] == signing.mac(KEY, signing.canonical(task, int(NOW), "q"))
     upper = Cancel(**{**cancel.__dict__, "sig": {**cancel.sig, "mac": cancel.sig["mac"].upper()}})
     assert verify(upper, [KEY]) is None
     task_upper = Task(**{**task.__dict__, "signature": {
         **task.signature, "mac": task.signature["mac"].upper()}})
-    assert signing.verify(task_upper, [KEY], None, NOW) is None
+    assert signing.verify(task_upper, [KEY], None, NOW, queue="q") is None
 
 
 def test_once_log_is_bounded(caplog: pytest.LogCaptureFixture) -> None:

@@ -72,7 +72,7 @@ def test_unsigned_tampered_unknown_and_expired_tasks_are_refused_unrun(env):
     set_body(env, tampered, Task(cmd=f"touch {env.tmp}/ran-tampered; echo evil", id=tampered,
                                  signature=body.signature))
     old = sign_task(Task(cmd=f"touch {env.tmp}/ran-expired", id=expired), load_key(str(key)),
-                    time.time() - 3600)
+                    time.time() - 3600, queue="default")
     set_body(env, expired, old)
     sup = env.supervisor("--exit-when-empty", *sign, "--max-task-age", "10m")
     assert sup.wait(30) == 4, sup.log()

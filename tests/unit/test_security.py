@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from supervisor.core import signing
 from supervisor.core.settings import Settings
 from supervisor.core.signing import (
     SecurityConfigError,
@@ -19,7 +20,6 @@ from supervisor.core.signing import (
     load_key,
     sign_task,
     split_paths,
-    verify,
 )
 from supervisor.core.sizes import format_size, parse_size
 from supervisor.core.task import Task
@@ -31,6 +31,12 @@ pytestmark = pytest.mark.timeout(30)
 NOW = 1_700_000_000.0
 KEY = SigningKey(kid=key_id(b"k" * 32), secret=b"k" * 32)
 OLD = SigningKey(kid=key_id(b"o" * 32), secret=b"o" * 32)
+Q = "qa"  # the queue every task here is signed for and received from
+
+
+def verify(task: Task, keys: list[SigningKey], max_age: float | None, now: float) -> str | None:
+    """core/signing.verify for a task received from queue Q."""
+    return signing.verify(task, keys, max_age, now, queue=Q)
 
 
 def settings(**kw) -> Settings:
@@ -39,16 +45,17 @@ def settings(**kw) -> Settings:
 
 
 # --------------------------------------------------------------------------- signatures
-def test_canonical_form_is_sorted_compact_json_of_five_fields():
+def test_canonical_form_is_sorted_compact_json_of_six_fields():
     task = Task(cmd="echo hi", id="t1", env={"B": "2", "A": "1"}, cwd="/tmp")
-    assert canonical(task, 5) == (b'{"cmd":"echo hi","cwd":"/tmp","env":{"A":"1","B":"2"},'
-                                  b'"iat":5,"id":"t1"}')
+    assert canonical(task, 5, "qa") == (b'{"cmd":"echo hi","cwd":"/tmp","env":{"A":"1","B":"2"},'
+                                        b'"iat":5,"id":"t1","queue":"qa"}')
 
 
 def test_signature_survives_the_envelope_and_stays_out_of_kwargs():
-    task = sign_task(Task(cmd="echo hi", env={"A": "1"}, cwd="/tmp", max_attempts=2), KEY, NOW)
+    task = sign_task(Task(cmd="echo hi", env={"A": "1"}, cwd="/tmp", max_attempts=2), KEY, NOW,
+                     queue=Q)
     body = json.loads(task.to_json())
-    assert set(body["jobq_sig"]) == {"kid", "iat", "mac"}
+    assert set(body["jobq_sig"]) == {"v", "kid", "iat", "queue", "mac"}
     assert body["jobq_sig"]["kid"] == KEY.kid and body["jobq_sig"]["iat"] == int(NOW)
     assert set(json.loads(body["kwargs"])) == {"cmd", "env", "cwd"}  # ai4s-jobq stays happy
     again = Task.parse(task.to_json())
@@ -59,10 +66,10 @@ def test_signature_survives_the_envelope_and_stays_out_of_kwargs():
 
 def test_scheduling_fields_are_signed_when_set_and_older_signatures_still_verify():
     plain = Task(cmd="echo hi", id="t1")
-    assert canonical(plain, 5) == (b'{"cmd":"echo hi","cwd":null,"env":{},"iat":5,'
-                                   b'"id":"t1"}'), "unchanged for a task without them"
+    assert canonical(plain, 5, None) == (b'{"cmd":"echo hi","cwd":null,"env":{},"iat":5,'
+                                         b'"id":"t1"}'), "unchanged for a task without them"
     signed = sign_task(Task(cmd="echo hi", id="t1", priority=8, timeout=30.0,
-                            not_before=NOW + 60, unique_key="k"), KEY, NOW)
+                            not_before=NOW + 60, unique_key="k"), KEY, NOW, queue=Q)
     assert verify(Task.parse(signed.to_json()), [KEY], None, NOW) is None
     for change in ({"priority": 9}, {"priority": 5}, {"timeout": 3000.0}, {"timeout": None},
                    {"not_before": NOW + 600}, {"unique_key": "other"}):
@@ -71,7 +78,7 @@ def test_scheduling_fields_are_signed_when_set_and_older_signatures_still_verify
 
 
 def test_every_refusal_reason():
-    signed = sign_task(Task(cmd="echo hi", id="t1"), KEY, NOW)
+    signed = sign_task(Task(cmd="echo hi", id="t1"), KEY, NOW, queue=Q)
     assert verify(Task(cmd="echo hi"), [KEY], None, NOW) == "signature invalid: no signature"
     for bad in ("x", {"kid": KEY.kid}, {"kid": KEY.kid, "iat": True, "mac": "00"}):
         forged = Task(cmd="echo hi", signature=bad)
@@ -92,8 +99,8 @@ def test_every_refusal_reason():
 
 
 def test_rotation_accepts_any_configured_key():
-    by_old = sign_task(Task(cmd="true"), OLD, NOW)
-    by_new = sign_task(Task(cmd="true"), KEY, NOW)
+    by_old = sign_task(Task(cmd="true"), OLD, NOW, queue=Q)
+    by_new = sign_task(Task(cmd="true"), KEY, NOW, queue=Q)
     assert verify(by_old, [KEY, OLD], None, NOW) is None
     assert verify(by_new, [KEY, OLD], None, NOW) is None
     assert verify(by_old, [KEY], None, NOW).startswith("signature invalid: unknown key id")
@@ -124,10 +131,10 @@ def test_paths_may_be_comma_separated():
 # ------------------------------------------------------------------------------- guard
 def test_allowed_commands_is_a_full_match():
     guard = TaskGuard.from_settings(settings(allowed_commands=r"echo [a-z]+"), euid=1000)
-    assert guard.refusal(Task(cmd="echo hello"), NOW) is None
-    assert guard.refusal(Task(cmd="echo hello; rm -rf /"), NOW) == \
+    assert guard.refusal(Task(cmd="echo hello"), NOW, queue=Q) is None
+    assert guard.refusal(Task(cmd="echo hello; rm -rf /"), NOW, queue=Q) == \
         "command not allowed (--allowed-commands)"
-    assert guard.refusal(Task(cmd="xecho hello"), NOW) is not None
+    assert guard.refusal(Task(cmd="xecho hello"), NOW, queue=Q) is not None
     with pytest.raises(SecurityConfigError, match="^--allowed-commands: invalid regular"):
         TaskGuard.from_settings(settings(allowed_commands="echo ("), euid=1000)
 
@@ -136,8 +143,8 @@ def test_signature_is_checked_before_the_allow_list(tmp_path):
     (tmp_path / "k").write_bytes(KEY.secret)
     guard = TaskGuard.from_settings(
         settings(signing_key_file=[str(tmp_path / "k")], allowed_commands="true"), euid=1000)
-    assert guard.refusal(Task(cmd="false"), NOW) == "signature invalid: no signature"
-    assert guard.refusal(sign_task(Task(cmd="true"), KEY, NOW), NOW) is None
+    assert guard.refusal(Task(cmd="false"), NOW, queue=Q) == "signature invalid: no signature"
+    assert guard.refusal(sign_task(Task(cmd="true"), KEY, NOW, queue=Q), NOW, queue=Q) is None
 
 
 def test_option_errors(tmp_path, monkeypatch):

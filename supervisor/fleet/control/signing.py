@@ -4,8 +4,10 @@
 have it (HMAC-SHA256 with a ``SigningKey``, named by its ``kid``), over the canonical text of
 the record -- its document (records.to_doc) without ``sig``, keys sorted, no whitespace, UTF-8.  The
 document holds the kind, the queue, the task id or the worker and the time, so a signature
-cannot be moved to another task, queue, worker or kind.  An audit record is signed too,
-so that a reader of the log can tell an action by a key holder (nothing acts on it).
+cannot be moved to another task, queue, worker or kind; a worker acts only on the records
+that name its own queue (fleet/directives.py), wherever in the store it found them.  An
+audit record is signed too, so that a reader of the log can tell an action by a key holder
+(nothing acts on it).
 Worker and result records are not signed: workers write them, and nothing acts on them.
 
 With keys configured, a worker acts only on records that ``verify`` accepts; ``Gate`` does
