@@ -183,6 +183,18 @@ def _paths(text: str) -> tuple[str, ...]:
     return paths
 
 
+def _umask(text: str) -> int:
+    """``0022`` -> 0o022 (--task-umask): octal, as umask(1) takes it."""
+    try:
+        value = int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an octal umask such as 0022, got {text!r}") \
+            from None
+    if not 0 <= value <= 0o777:
+        raise argparse.ArgumentTypeError(f"expected an octal umask from 0 to 0777, got {text!r}")
+    return value
+
+
 def _env_names(text: str) -> tuple[str, ...]:
     """``A,B`` -> ("A", "B"); empty -> () (--pass-env)."""
     names = tuple(dict.fromkeys(part for part in text.replace(" ", "").split(",") if part))
@@ -275,6 +287,10 @@ def add_backend_options(p: argparse.ArgumentParser, suppress: bool = False) -> N
     p.add_argument("--control-connection-string",
                    help="Storage connection string for the control store (secret: prefer env "
                         "JOBQ_CONTROL_CONNECTION_STRING)", **kw)
+    p.add_argument("--group-readable", action="store_true",
+                   help="the files and directories created (SQLite queue, output store, task "
+                        "logs) are readable by the group (0640/0750), not only by the user "
+                        "(0600/0700)", **kw)
     p.add_argument("--task-log-container",
                    help="Azure: blob container of the output store, in the control store's "
                         "account", **kw)

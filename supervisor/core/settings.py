@@ -163,6 +163,9 @@ class Settings:
     task_max_procs: int | None = None
     task_limits: str = "auto"  # one of TASK_LIMITS
     config_file: str | None = None  # the --config file, for the world-readable warning
+    # the modes of what we create (core/file_modes.py): 0600/0700, or 0640/0750 with this
+    group_readable: bool = False
+    task_umask: int | None = None  # None: the umask the command was started with
     # fleet control (fleet/control/open.py; the control thread)
     control: str = "auto"  # one of CONTROL_MODES
     control_account_url: str | None = None

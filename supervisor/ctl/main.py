@@ -222,7 +222,13 @@ def _error(text: str) -> int:
 
 def ctl_entry(argv: list[str] | None = None) -> int:
     """The ``jobq-ctl`` command (main thread): ``ctl_main``; a reader of its stdout that went
-    away (``| head``) ends it quietly (stdout.py)."""
+    away (``| head``) ends it quietly (stdout.py).  First: the credentials go from ``ps``'s
+    view of the command line and what it creates is private (as ``worker_entry``)."""
+    from ..core import file_modes
+    from ..core.argv_secrets import wipe_argv_secrets
+
+    wipe_argv_secrets()
+    file_modes.restrict()
     return run_quietly(ctl_main, argv)
 
 
@@ -238,6 +244,9 @@ def ctl_main(argv: list[str] | None = None) -> int:
         settings = parser.settings(ns)
     except UsageError as exc:
         return usage_failed("jobq-ctl", str(exc))
+    from ..core import file_modes
+
+    file_modes.configure(settings.group_readable)
     logging.basicConfig(level=logging.WARNING, format="jobq-ctl: %(message)s")
     if len(settings.queues) > 1 and ns.command != "dashboard":  # it serves each queue
         if ns.command != "status":

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypedDict, TypeVar
 
 from ..backends.base import Backend, BackendConfigError, BackendError, BackendRefused
-from ..core.secret_names import is_secret_name
+from ..core.secret_names import is_secret
 from ..core.signing import SigningKey
 from ..core.task import Task, TaskFormatError
 from ..fleet.control.base import (
@@ -63,9 +63,10 @@ PEEKED = 32
 
 
 def masked(env: dict[str, str]) -> dict[str, str]:
-    """A task's environment as a page shows it: a value hidden only when its name looks
-    like a secret's (the rule the worker strips its own secrets by, core/secret_names.py)."""
-    return {k: MASK if is_secret_name(k) else v for k, v in env.items()}
+    """A task's environment as a page shows it: a value hidden when its name looks like a
+    secret's or it holds a credential (the rule the worker strips its own secrets by,
+    core/secret_names.py; a waitress thread, per page view)."""
+    return {k: MASK if is_secret(k, v) else v for k, v in env.items()}
 
 
 def task_facts(task: Task) -> dict[str, Any]:
@@ -230,7 +231,7 @@ class DataSource:
 
     def task(self, task_id: str) -> dict[str, Any] | None:
         """What the queue and the control store know of one task, or None when neither
-        knows it.  Environment values whose names look secret are masked."""
+        knows it.  Environment values that look secret (name or value) are masked."""
         found: dict[str, Any] = {"id": task_id, "state": None, "attempt": None,
                                  "cmd": None, "env": {}, "reason": None, "worker": None,
                                  "lease_expires": None, "attempts": [], "cwd": None,

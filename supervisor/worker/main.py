@@ -26,6 +26,7 @@ from ..core.options import (
     _paths,
     _positive_int,
     _size,
+    _umask,
     add_backend_options,
     jobq_parser,
     usage_failed,
@@ -178,6 +179,9 @@ def _add_security_options(p: _Parser) -> None:
     p.add_argument("--pass-env", type=_env_names, metavar="NAME,NAME",
                    help="inherited variables a task sees although their names look like "
                         "secrets (docs/security.rst lists the words), e.g. HF_TOKEN")
+    p.add_argument("--task-umask", type=_umask, metavar="OCTAL",
+                   help="the umask a task's shell starts with (default: the one the worker "
+                        "was started with; the worker's own files are 0600/0700)")
     p.add_argument("--task-user", metavar="NAME",
                    help="run tasks as this user (the supervisor must run as root)")
     p.add_argument("--task-group", metavar="NAME",
@@ -220,9 +224,16 @@ def worker_entry() -> NoReturn:
     at once.  By then every thread of ours that matters was joined or stopped (the rest are
     daemons, which a normal exit does not wait for either) and the log is written; what a
     normal exit adds is the interpreter's teardown of the SDKs' module graph -- 50-90 ms of
-    every batch run (exit on an empty Azurite queue 0.53 -> 0.45 s)."""
+    every batch run (exit on an empty Azurite queue 0.53 -> 0.45 s).
+
+    First of all, before any thread or file: the credentials go from ``ps``'s view of our
+    command line, and what we create from here on is private (core/file_modes.py)."""
+    from ..core import file_modes
+    from ..core.argv_secrets import wipe_argv_secrets
     from .logs import stop_logging
 
+    wipe_argv_secrets()
+    file_modes.restrict()
     code = worker_main()
     stop_logging()
     for stream in (sys.stdout, sys.stderr):
@@ -241,6 +252,9 @@ def worker_main(argv: list[str] | None = None) -> int:
         settings = parse_worker_settings(argv)
     except UsageError as exc:
         return _fail_usage("jobq-supervisor", str(exc))  # the log format is not known yet
+    from ..core import file_modes
+
+    file_modes.configure(settings.group_readable, settings.task_umask)
     setup_logging(settings.log_level, settings.log_format)
     from ..core.signing import SecurityConfigError
     from .task_guard import TaskGuard

@@ -12,6 +12,7 @@ exposition text.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
 from functools import partialmethod
@@ -204,6 +205,9 @@ class Metrics:
             return False
         try:
             self._pc.write_to_textfile(self.path, self.registry)
+            # For node_exporter, another user: counts and names only, readable as before the
+            # umask 077 (core/file_modes.py) made everything else private.
+            os.chmod(self.path, 0o644)
         except OSError as exc:
             now = self.clock()
             if self._warned_at is None or now - self._warned_at >= WARN_EVERY:

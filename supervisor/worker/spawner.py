@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Generic, TypeVar
 
+from ..core.file_modes import SpawnUmask
 from ..core.threads import Flag, start_thread
 from .process import SpawnOptions, TaskProcess
 
@@ -80,7 +81,9 @@ class Spawner(Generic[C]):
 
     def _run(self) -> None:
         """Spawner thread (started by ``start_thread``: our signals blocked): fork each job's
-        shell, hand the result back."""
+        shell, hand the result back.  The shell starts with the task's umask, not ours
+        (core/file_modes.py): switched on this thread only."""
+        umask = SpawnUmask()
         while True:
             job = self._jobs.get()
             if job is None:
@@ -90,7 +93,9 @@ class Spawner(Generic[C]):
                 self._on_done(job)
                 continue
             try:
-                job.proc = TaskProcess.spawn(job.cmd, job.env, job.cwd, job.marker, **job.options)
+                with umask:
+                    job.proc = TaskProcess.spawn(job.cmd, job.env, job.cwd, job.marker,
+                                                 **job.options)
             except (OSError, ValueError) as exc:  # ValueError: a string the OS cannot take
                 job.error = exc
             except Exception as exc:  # a bug here must not lose the job or kill the thread

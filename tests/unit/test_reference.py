@@ -23,7 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER_INI = REPO / "conf" / "worker.ini"
 # Keys conf/worker.ini sets to a value other than the default, on purpose (a line saying why
 # is above each in the file).
-SET_ON_PURPOSE = {"sqlite-path"}  # the service's StateDirectory, /var/lib/jobq
+# sqlite-path: the service's StateDirectory, /var/lib/jobq; task-umask: the tasks keep 0022
+# under the service's UMask=0077
+SET_ON_PURPOSE = {"sqlite-path", "task-umask"}
 
 
 def _generator() -> ModuleType:

@@ -29,6 +29,15 @@ def test_unit_file_verifies(tmp_path):
     assert res.returncode == 0, res.stderr
 
 
+def test_the_state_directory_and_what_the_service_creates_are_private():
+    """Issue 39 (4): another local user read the queue (tasks' env) and the output."""
+    text = (REPO / "conf" / "jobq-supervisor.service").read_text().splitlines()
+    assert "UMask=0077" in text and "StateDirectoryMode=0700" in text
+    assert not any(line.startswith("LogsDirectory=") for line in text)  # else: its mode too
+    ini = (REPO / "conf" / "worker.ini").read_text().splitlines()
+    assert "task-umask = 0022" in ini  # the tasks keep systemd's usual umask
+
+
 def test_stop_timeout_exceeds_kill_timeout():
     text = (REPO / "conf" / "jobq-supervisor.service").read_text()
     stop = int(text.split("TimeoutStopSec=")[1].split()[0])
