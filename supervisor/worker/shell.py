@@ -12,6 +12,7 @@ import ctypes
 import fcntl
 import os
 import re
+import string
 import subprocess
 from collections.abc import Sequence
 from typing import IO
@@ -227,15 +228,18 @@ def _popen(argv: list[str], env: dict[str, str], cwd: str | None, user: int | No
     )
 
 
-# Runs as ``bash --noprofile --norc -c ENV_PRELUDE jobq-env FD CMD``, with only builtins: drops
-# the launchers' variables, exports each NUL-separated NAME=VALUE read from FD, closes FD and
-# execs ``bash -c CMD``.  Exported functions (``BASH_FUNC_name%%``) are defined and exported
-# again, as bash would import them; other names a shell cannot export are skipped (the
-# supervisor drops them before, see environment_fd).  ``exec`` lowers SHLVL by one, so a numeric
-# one is raised first: the task's shell sees the same SHLVL as without launchers.  Values are
-# never evaluated, except an exported function's body, which is the task's code anyway.
+# Runs as ``bash --noprofile --norc -c ENV_PRELUDE jobq-env FD CMD``, with only builtins and no
+# fork (a task's RLIMIT_NPROC counts the user's other processes): drops the launchers' exported
+# variables (every name, listed by its first character, with the export attribute), exports
+# each NUL-separated NAME=VALUE read from FD, closes FD and execs ``bash -c CMD``.  Exported
+# functions (``BASH_FUNC_name%%``) are defined and exported again, as bash would import them;
+# other names a shell cannot export are skipped (the supervisor drops them before, see
+# environment_fd).  ``exec`` lowers SHLVL by one, so a numeric one is raised first: the task's
+# shell sees the same SHLVL as without launchers.  Values are never evaluated, except an
+# exported function's body, which is the task's code anyway.
+_ALL_NAMES = " ".join(f"${{!{c}@}}" for c in string.ascii_letters + "_")
 ENV_PRELUDE = (
-    'for v in $(compgen -e); do unset -v "$v"; done; '
+    f'for v in {_ALL_NAMES}; do [[ ${{!v@a}} == *x* ]] && unset -v "$v"; done; '
     'while IFS= read -r -d "" e; do '
     'case $e in '
     'BASH_FUNC_*%%=*) n=${e%%=*}; n=${n#BASH_FUNC_}; n=${n%"%%"}; '

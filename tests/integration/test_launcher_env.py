@@ -3,6 +3,7 @@ get without them, and the launchers get none of it (issue 39 §1)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -68,3 +69,14 @@ def test_the_launcher_sees_only_the_fixed_environment_and_the_memfd_is_closed(tm
     lines = [line for line in out.decode().splitlines() if not line.startswith("ERROR: ld.so")]
     assert lines[-1] == "/nonexistent/evil.so"  # the task's own shell has it
     assert sorted(lines[:-1]) == ["0", "1", "2"], out  # no env fd left open
+
+
+@needs_prlimit
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv (RLIMIT_NPROC does not bind root)")
+def test_the_prelude_never_forks():
+    # One process allowed for the user: any fork between the switch and the task's shell fails.
+    prefix = [shutil.which("setpriv"), "--reuid=65534", "--regid=65534", "--clear-groups",
+              PRLIMIT, "--nproc=1:1", "--"]
+    out = shell_env({"PATH": "/usr/bin:/bin", "A": "1"}, "echo $A ok", prefix)
+    assert out == b"1 ok\n"
