@@ -33,6 +33,7 @@ from ..core.options import (
     usage_failed,
 )
 from ..core.settings import EXIT_UNEXPECTED, Settings
+from ..core.shown import ShownFormatter
 from ..worker.main import worker_parser
 from .actions_command import add_actions_arguments
 from .clients import Clients, open_clients
@@ -238,7 +239,9 @@ def ctl_main(argv: list[str] | None = None) -> int:
         settings = parser.settings(ns)
     except UsageError as exc:
         return usage_failed("jobq-ctl", str(exc))
-    logging.basicConfig(level=logging.WARNING, format="jobq-ctl: %(message)s")
+    handler = logging.StreamHandler()  # the dashboard's lines show ids from messages: shown
+    handler.setFormatter(ShownFormatter("jobq-ctl: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     if len(settings.queues) > 1 and ns.command != "dashboard":  # it serves each queue
         if ns.command != "status":
             return usage_failed("jobq-ctl", f"--queue: {ns.command} takes one queue (only "
