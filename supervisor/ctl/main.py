@@ -172,6 +172,16 @@ def ctl_parser() -> _Parser:
                     metavar="DURATION",
                     help="a login ends after this long without a page loaded or a button "
                          "pressed (the page's own refreshes do not count); default 30m")
+    db.add_argument("--session-max-age", type=_duration, default=None, metavar="DURATION",
+                    help="a login ends this long after it was made, however busy; default "
+                         "12h")
+    db.add_argument("--allowed-hosts", default="", metavar="NAME,NAME",
+                    help="host names the dashboard answers besides the address it is bound "
+                         "to (and loopback names when that is loopback), e.g. a reverse "
+                         "proxy's public name; any other Host header is refused (400)")
+    db.add_argument("--secure-cookies", action="store_true",
+                    help="send the login cookie over HTTPS only (behind a reverse proxy that "
+                         "terminates TLS)")
     db.add_argument("--sample-interval", type=_duration, default=15.0,
                     help=argparse.SUPPRESS)  # the depth sampler's period (tests)
     return p
