@@ -71,7 +71,7 @@ def on_other_signal(signum: int, inherited_ignored: bool, log: logging.Logger) -
     thread): SIGQUIT dumps the threads, anything else is logged and ignored."""
     if signum == DUMP_SIGNAL:
         log.warning("SIGQUIT received: stacks of every thread follow; the worker goes on\n%s",
-                    thread_stacks())
+                    thread_stacks(), extra={"multiline": True})
     elif inherited_ignored:
         log.info("%s received: ignored (the worker was started with it ignored, e.g. under "
                  "nohup)", name(signum))

@@ -33,6 +33,7 @@ from ..core.options import (
     usage_failed,
 )
 from ..core.settings import EXIT_UNEXPECTED, Settings
+from ..core.shown import ShownFormatter
 from ..worker.main import worker_parser
 from .actions_command import add_actions_arguments
 from .clients import Clients, open_clients
@@ -171,6 +172,16 @@ def ctl_parser() -> _Parser:
                     metavar="DURATION",
                     help="a login ends after this long without a page loaded or a button "
                          "pressed (the page's own refreshes do not count); default 30m")
+    db.add_argument("--session-max-age", type=_duration, default=None, metavar="DURATION",
+                    help="a login ends this long after it was made, however busy; default "
+                         "12h")
+    db.add_argument("--allowed-hosts", default="", metavar="NAME,NAME",
+                    help="host names the dashboard answers besides the address it is bound "
+                         "to (and loopback names when that is loopback), e.g. a reverse "
+                         "proxy's public name; any other Host header is refused (400)")
+    db.add_argument("--secure-cookies", action="store_true",
+                    help="send the login cookie over HTTPS only (behind a reverse proxy that "
+                         "terminates TLS)")
     db.add_argument("--sample-interval", type=_duration, default=15.0,
                     help=argparse.SUPPRESS)  # the depth sampler's period (tests)
     return p
@@ -247,7 +258,9 @@ def ctl_main(argv: list[str] | None = None) -> int:
     from ..core import file_modes
 
     file_modes.configure(settings.group_readable)
-    logging.basicConfig(level=logging.WARNING, format="jobq-ctl: %(message)s")
+    handler = logging.StreamHandler()  # the dashboard's lines show ids from messages: shown
+    handler.setFormatter(ShownFormatter("jobq-ctl: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     if len(settings.queues) > 1 and ns.command != "dashboard":  # it serves each queue
         if ns.command != "status":
             return usage_failed("jobq-ctl", f"--queue: {ns.command} takes one queue (only "

@@ -32,10 +32,11 @@ from ..ops.times import duration_text
 from .auth import NAME, Auth
 from .charts import depth_chart, depth_series, finished_chart
 from .data import DataSource, Refused, Unavailable
+from .edges import HostCheck, LoginThrottle, local_path, page_text
 from .history import History, restore, summed_per_minute
 from .prom import register as register_metrics
 from .queues import Queues
-from .sessions import DEFAULT_IDLE_TIMEOUT, Sessions
+from .sessions import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_AGE, Sessions
 from .task_views import found_or_404, id_or_400
 from .task_views import register as register_task_views
 
@@ -55,19 +56,29 @@ def create_app(data: DataSource | Sequence[DataSource],
                history: History | Mapping[str, History] | None = None,
                token: str | None = None, secret: bytes | None = None, refresh: int = 5,
                token_file: str | None = None, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-               clock: Callable[[], float] = time.monotonic) -> Flask:
+               clock: Callable[[], float] = time.monotonic, max_age: float = DEFAULT_MAX_AGE,
+               hosts: HostCheck | None = None, secure_cookies: bool = False) -> Flask:
     """The WSGI app (built on the main thread before serving starts).  ``data``: one queue's
     DataSource, or one per queue (``history``: then a History per queue name).  ``refresh``:
     seconds between an open page's refreshes (each one costs backend and store calls).
     ``token``: the operators' token, ``token_file`` the file it was read from (read again
-    per request); ``idle_timeout`` ends a session unused that long (``clock``: monotonic
-    seconds, injected by tests).  Each History is filled with what the control store kept
-    of its queue's last window (history.restore)."""
+    per request); ``idle_timeout`` ends a session unused that long, ``max_age`` any session
+    that old (``clock``: monotonic seconds, injected by tests; the login throttle's too).
+    ``hosts``: the Host names answered (default: loopback's); ``secure_cookies``: the
+    session cookie is sent over HTTPS only (behind a TLS proxy).  Each History is filled
+    with what the control store kept of its queue's last window (history.restore)."""
     app = Flask(__name__)
     app.secret_key = secret or os.urandom(32)  # sessions end when the dashboard restarts
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Strict",
                       MAX_CONTENT_LENGTH=64 * 1024)
-    auth = Auth(token, Sessions(idle_timeout, clock), token_file)
+    if secure_cookies:  # __Host-: no other site of the domain can set or shadow it
+        app.config.update(SESSION_COOKIE_SECURE=True, SESSION_COOKIE_NAME="__Host-session")
+    # Strings from messages (ids, commands, reasons) keep no control or bidi character in a
+    # page: autoescaping leaves U+202E alone, and it would reorder what follows.
+    app.jinja_env.finalize = page_text
+    (hosts or HostCheck("127.0.0.1")).install(app)
+    auth = Auth(token, Sessions(idle_timeout, clock, max_age), token_file)
+    throttle = LoginThrottle(clock=clock)
     queues = Queues([data] if isinstance(data, DataSource) else data)
     histories: Mapping[str, History] = (
         history if isinstance(history, Mapping)
@@ -220,7 +231,19 @@ def create_app(data: DataSource | Sequence[DataSource],
         name = request.form.get("name", "").strip() or "operator"
         if not NAME.fullmatch(name):
             abort(400, "a name is 1-40 letters, digits, '.', '_' or '-'")
-        if not auth.login(request.form.get("token", ""), name):
+        client = request.remote_addr or "?"
+        wait, first = throttle.attempt(client)
+        if wait:  # the token is not even compared: guessing goes no faster than the bound
+            if first:  # one line per flood, not one per request
+                log.warning("dashboard: logins from %s refused for %.0f s: too many failed "
+                            "logins (%d a minute from one address, %d from all)", client,
+                            wait, throttle.per_client, throttle.overall)
+            page = render_template("login.html", error=(
+                f"too many failed logins: try again in {wait:.0f} s"))
+            return page, 429, {"Retry-After": str(max(1, round(wait)))}
+        if auth.login(request.form.get("token", ""), name):
+            throttle.succeeded(client)
+        else:
             log.warning("dashboard: failed login as %r from %s", name, request.remote_addr)
             error = "wrong token" if auth.usable() else (
                 "no login works now: the token file is unusable (the dashboard's log says why)")
@@ -248,7 +271,7 @@ def create_app(data: DataSource | Sequence[DataSource],
             log.warning("dashboard: action %s by %s not kept in the control store (down)",
                         what, who)
         back = request.form.get("back") or ""
-        return redirect(back if _local(back) else url_for("overview"))
+        return redirect(back if local_path(back) else url_for("overview"))
 
     @app.post("/queue/<action>")
     def queue_action(action: str) -> ResponseReturnValue:
@@ -273,7 +296,3 @@ def create_app(data: DataSource | Sequence[DataSource],
     register_metrics(app, queues)  # /metrics: the fleet's gauges for Prometheus
     return app
 
-
-def _local(target: str) -> bool:
-    """Only a path on this site (no open redirect)."""
-    return target.startswith("/") and not target.startswith(("//", "/\\"))

@@ -1,7 +1,8 @@
 """``jobq-ctl dashboard``: checks the options, builds the app and serves it with waitress
 (main thread; waitress's request threads and the depth sampler run beside it).  One-line
 errors, exit 2, for a missing extra, a bad --bind, a non-loopback bind without a token, an
-unusable token file or a --session-idle-timeout of 0."""
+unusable token file, a --session-idle-timeout or --session-max-age of 0 or a malformed
+--allowed-hosts name."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import argparse
 import ipaddress
 import logging
 import queue
+import re
 import signal
 import sys
 from dataclasses import replace
@@ -25,6 +27,8 @@ EXTRA = "pip install 'jobq-supervisor[dashboard]'"
 DEFAULT_BIND = "127.0.0.1:8080"
 SAMPLE_INTERVAL = 15.0  # s between the sampler's reads (Azure: a few calls per minute)
 THREADS = 8
+# A DNS name or an address literal, as a Host header carries it without its port.
+HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9.])?|\[?[0-9a-f:.]+\]?")
 
 
 def parse_bind(text: str) -> tuple[str, int]:
@@ -35,6 +39,17 @@ def parse_bind(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise UsageError(f"--bind: expected HOST:PORT, got {text!r}")
     return host, int(port)
+
+
+def allowed_hosts(text: str) -> list[str]:
+    """``--allowed-hosts a.example,b.example`` -> the names; UsageError for one that is not
+    a host name (a scheme, a path, a port or a wildcard)."""
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    for name in names:
+        if not HOST_NAME.fullmatch(name):
+            raise UsageError(f"--allowed-hosts: {name!r} is not a host name (no scheme, "
+                             f"port or path; e.g. jobq.example.com)")
+    return names
 
 
 def is_loopback(host: str) -> bool:
@@ -76,8 +91,9 @@ def run(ns: argparse.Namespace, settings: Settings) -> int:
     from ..ops.keys import first_key
     from .app import create_app
     from .auth import read_token
+    from .edges import HostCheck
     from .history import History, Sampler
-    from .sessions import DEFAULT_IDLE_TIMEOUT
+    from .sessions import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_AGE
 
     try:
         host, port = parse_bind(ns.bind)
@@ -89,6 +105,11 @@ def run(ns: argparse.Namespace, settings: Settings) -> int:
         idle = DEFAULT_IDLE_TIMEOUT if idle is None else idle
         if idle <= 0:
             raise UsageError("--session-idle-timeout: must be more than 0")
+        max_age = getattr(ns, "session_max_age", None)
+        max_age = DEFAULT_MAX_AGE if max_age is None else max_age
+        if max_age <= 0:
+            raise UsageError("--session-max-age: must be more than 0")
+        hosts = HostCheck(host, allowed_hosts(getattr(ns, "allowed_hosts", "") or ""))
         key = first_key(ns)
     except (OSError, ValueError, UsageError) as exc:
         text = f"--token-file: {exc}" if isinstance(exc, OSError) else str(exc)
@@ -103,7 +124,8 @@ def run(ns: argparse.Namespace, settings: Settings) -> int:
     # Azure bills (and throttles) per call: an open page refreshes less often there
     app = create_app(sources, histories, token,
                      refresh=15 if settings.backend in BILLED_PER_CALL else 5,
-                     token_file=ns.token_file, idle_timeout=idle)
+                     token_file=ns.token_file, idle_timeout=idle, max_age=max_age,
+                     hosts=hosts, secure_cookies=bool(getattr(ns, "secure_cookies", False)))
     try:
         server = waitress.create_server(app, host=host, port=port, threads=THREADS,
                                         ident="jobq-dashboard")

@@ -5,8 +5,10 @@ cookie copied before a logout would still be accepted until the app's secret cha
 cookie carries only a random session id (and the CSRF token); who logged in, with which token
 (its SHA-256) and when the session was last used live here, in the dashboard process.  A
 session ends at logout, after ``idle_timeout`` seconds without a request the operator made
-(the page's own background refreshes do not count: an open tab left alone ends too), when the
-token file's token is no longer the one it was made with, and when the dashboard stops.
+(the page's own background refreshes do not count: an open tab left alone ends too), ``max_age``
+seconds after its login however busy it is (a cookie stolen from a tab in use is good for that
+long at most), when the token file's token is no longer the one it was made with, and when the
+dashboard stops.
 """
 
 from __future__ import annotations
@@ -17,32 +19,37 @@ import time
 from typing import Callable
 
 DEFAULT_IDLE_TIMEOUT = 30 * 60.0  # --session-idle-timeout's default
+DEFAULT_MAX_AGE = 12 * 3600.0  # --session-max-age's default: a working day
 
 
 class _Session:
-    __slots__ = ("who", "token_id", "seen")
+    __slots__ = ("who", "token_id", "seen", "started")
 
     def __init__(self, who: str, token_id: str, seen: float) -> None:
         self.who, self.token_id, self.seen = who, token_id, seen
+        self.started = seen
 
 
 class Sessions:
     """Live sessions by id.  ``clock``: monotonic seconds (tests inject one)."""
 
     def __init__(self, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 max_age: float = DEFAULT_MAX_AGE) -> None:
         self.idle_timeout = idle_timeout
+        self.max_age = max_age
         self._clock = clock
         self._lock = threading.Lock()
         self._live: dict[str, _Session] = {}
 
     def start(self, who: str, token_id: str) -> str:
-        """A new session's id (a login).  Sessions idle past the timeout are forgotten here:
-        only someone who has the token can add one, so this is all the pruning needed."""
+        """A new session's id (a login).  Sessions idle past the timeout or older than the
+        maximum age are forgotten here: only someone who has the token can add one, so this
+        is all the pruning needed."""
         sid = secrets.token_urlsafe(32)
         now = self._clock()
         with self._lock:
-            for old in [k for k, s in self._live.items() if now - s.seen > self.idle_timeout]:
+            for old in [k for k, s in self._live.items() if self._ended(s, now)]:
                 del self._live[old]
             self._live[sid] = _Session(who, token_id, now)
         return sid
@@ -60,12 +67,21 @@ class Sessions:
             if found.token_id != token_id:
                 del self._live[sid]
                 return None, "the token changed"
-            if now - found.seen > self.idle_timeout:
+            why = self._ended(found, now)
+            if why:
                 del self._live[sid]
-                return None, f"idle for more than {self.idle_timeout:g} s"
+                return None, why
             if active:
                 found.seen = now
             return found.who, ""
+
+    def _ended(self, found: _Session, now: float) -> str:
+        """Why ``found`` has timed out at ``now``, or "" (lock held)."""
+        if now - found.started > self.max_age:
+            return f"older than the maximum age ({self.max_age:g} s)"
+        if now - found.seen > self.idle_timeout:
+            return f"idle for more than {self.idle_timeout:g} s"
+        return ""
 
     def end(self, sid: str) -> str | None:
         """End one session (logout); its login, if it was live."""

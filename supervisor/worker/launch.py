@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Callable
 
 from ..backends.base import Lease
 from ..core.settings import Settings
+from ..core.shown import shown
 from ..fleet.output.base import AttemptKey
 from .events import WAKE, Event, TaskStart
 from .keeper import LeaseKeeper
 from .lifeline import Lifeline
-from .logs import escape_controls, log_fast
+from .logs import log_fast
 from .metrics import Metrics
 from .output_pump import OutputPump, TaskOutput
 from .process import task_environment
@@ -318,9 +319,8 @@ def _task_id(lease: Lease) -> str:
 
 
 def _short(text: str, limit: int = 200) -> str:
-    """A command for the "started" line: control characters written as ``\\n``, ``\\x1b``
-    ..., as a task's output lines are (``escape_controls``), so that none can hide the task
-    id on a terminal."""
-    if not text.isprintable():
-        text = escape_controls(text)
+    """A command for the "started" line: control and format characters written as ``\\n``,
+    ``\\x1b``, ``\\u202e`` ... (``shown``), so that none can hide the task id on a terminal
+    or reorder the line; escaped before it is cut, so the cut never splits an escape."""
+    text = shown(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."

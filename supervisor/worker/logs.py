@@ -21,6 +21,7 @@ import threading
 import time
 from typing import TextIO
 
+from ..core.shown import ShownFormatter, shown
 from ..core.threads import start_thread
 
 MAX_BATCH = 256  # lines per write: a burst is written in pieces, never held back
@@ -96,10 +97,11 @@ def _escaped(match: re.Match[str]) -> str:
     return _CONTROLS[ord(match.group())]
 
 
-class TextFormatter(logging.Formatter):
+class TextFormatter(ShownFormatter):
     """``TIME LEVEL [TASK]| text`` lines; a task's output line has its control characters
     escaped (``escape_controls``): the output store and a task's log file keep the bytes as
-    printed."""
+    printed.  The task id and the record's string arguments come from messages: ``shown``
+    (core/shown.py), so that none writes a line of its own or reorders one."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(message)s")
@@ -111,6 +113,8 @@ class TextFormatter(logging.Formatter):
         (writer thread)."""
         if not text.isprintable():
             text = escape_controls(text)
+        if not task_id.isprintable():
+            task_id = shown(task_id)
         second = int(created)
         if second != self._second:
             self._second = second
@@ -119,6 +123,12 @@ class TextFormatter(logging.Formatter):
         return (f"{self._second_text},{int((created - second) * 1000):03d} INFO    "
                 f"[{task_id}]| {text}")
 
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        # a task's output line keeps its tabs and format characters, as format_output's does
+        if record.args and getattr(record, "stream", None) != "output":
+            return super().formatMessage(record)
+        return logging.Formatter.formatMessage(self, record)
+
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         task_id = getattr(record, "task_id", None)
@@ -126,6 +136,8 @@ class TextFormatter(logging.Formatter):
         if output and not text.isprintable():
             text = escape_controls(text)
         if task_id:
+            if not isinstance(task_id, str) or not task_id.isprintable():
+                task_id = shown(str(task_id))
             head, _, rest = text.partition(record.levelname)
             pad = " " * max(0, 7 - len(record.levelname))
             sep = "|" if output else ""

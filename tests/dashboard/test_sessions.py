@@ -180,3 +180,47 @@ def test_in_a_browser_the_cookie_it_held_before_log_out_is_refused(env, dashboar
     browser.get(d.url + "/")
     assert browser.find_elements("id", "pause") == [] and browser.find_elements("id",
                                                                                 "login-link")
+
+
+def test_a_session_ends_at_its_maximum_age_however_active(env, served):
+    env.push("true")
+    now = [1000.0]
+    data = DataSource("default", lambda: SqliteBackend(str(env.db), "default", "dash"),
+                      lambda: SqliteControlStore(str(env.db)))
+    url = served(create_app(data, token=TOKEN, idle_timeout=600, max_age=3600,
+                            clock=lambda: now[0]))
+    browser = Client(url)
+    assert browser.login()[0] == 200
+    for _ in range(7):  # a page every 500 s: never idle
+        now[0] += 500
+        assert _logged_in(browser.request("/")[1])
+    csrf = browser.csrf()
+    now[0] += 101  # 3601 s after the login
+    status, body = browser.pause(csrf)
+    assert status == 403 and ENDED in body, body
+    assert _paused(env) is False and not _logged_in(browser.request("/")[1])
+    assert browser.login()[0] == 200, "a new login starts a new age"
+    assert browser.pause(browser.csrf())[0] == 200 and _paused(env) is True
+
+
+def test_secure_cookies_are_sent_over_https_only(env):
+    data = DataSource("default", lambda: SqliteBackend(str(env.db), "default", "dash"),
+                      lambda: SqliteControlStore(str(env.db)))
+    plain = create_app(data, token=TOKEN).test_client().get("/login")
+    assert "Secure" not in plain.headers["Set-Cookie"]
+    client = create_app(data, token=TOKEN, secure_cookies=True).test_client()
+    cookie = client.get("/login", base_url="https://localhost").headers["Set-Cookie"]
+    assert cookie.startswith("__Host-session=") and "; Secure" in cookie
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Domain" not in cookie
+
+
+@pytest.mark.parametrize("args,line", [
+    (("--session-max-age", "0"), "--session-max-age: must be more than 0"),
+    (("--allowed-hosts", "https://jobq.example.com"),
+     "--allowed-hosts: 'https://jobq.example.com' is not a host name (no scheme, port or "
+     "path; e.g. jobq.example.com)"),
+])
+def test_bad_session_and_host_options_are_refused_with_one_line(env, args, line):
+    res = env.ctl("dashboard", *args, check=False)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [f"jobq-ctl: error: dashboard: {line}"]

@@ -220,6 +220,28 @@ def test_control_characters_of_an_output_line_are_escaped_by_both_paths(formatte
     assert line.replace("\t", " ").isprintable()
 
 
+
+FORGED_ID = "x\n2030-01-01 00:00:00,000 ERROR   [admin] fake\x1b[2K\u202e"
+
+
+@pytest.mark.parametrize("formatter", [logs.TextFormatter, logs.JsonFormatter])
+def test_a_task_id_or_argument_from_a_message_writes_no_line_of_its_own(formatter):
+    """Issue 39 §5: the id and a string argument (a command) on every path, escaped."""
+    fmt = formatter()
+    output = fmt.format_output(1_700_000_000.0, "jobq.task", FORGED_ID, "out")
+    record = logs._record(1_700_000_000.0, "jobq.worker", logging.ERROR, "refused: %s",
+                          ("cmd\n2030 FAKE\u202e",), {"task_id": FORGED_ID})
+    line = fmt.format(record)
+    for text in (output, line):
+        assert "\n" not in text and "\x1b" not in text and "\u202e" not in text
+    if formatter is logs.TextFormatter:
+        shown_id = "[x\\n2030-01-01 00:00:00,000 ERROR   [admin] fake\\x1b[2K\\u202e]"
+        assert output.endswith(f" {shown_id}| out")
+        assert line.endswith(f"ERROR   {shown_id} refused: cmd\\n2030 FAKE\\u202e")
+    else:
+        assert json.loads(line)["task_id"] == FORGED_ID, "JSON escapes, and keeps, it all"
+
+
 PIECES = r"""
 import logging, os, sys
 from supervisor.worker import logs, output_pump as output
