@@ -72,10 +72,11 @@ def wipe_argv_secrets(argv: list[str] | None = None) -> bool:
             # becomes as many "*" as it had characters.  Its length shows; nothing else.
             wiped = [redact(w.decode("utf-8", "surrogateescape"), same_length=True).encode(
                 "utf-8", "surrogateescape").ljust(len(w), b"*") for w in words]
-            if wiped == words:
+            new = b"\0".join(wiped) + b"\0"
+            if wiped == words or len(new) != len(current):  # never write past arg_end
                 return False
             mem.seek(start)
-            mem.write(b"\0".join(wiped) + b"\0")
+            mem.write(new)
     except OSError:
         return False
     return True
