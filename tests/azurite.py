@@ -48,9 +48,34 @@ def blob_connection_string(port: int, key: str = ACCOUNT_KEY) -> str:
             f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT}")
 
 
+NPM_DONE_VAR = "JOBQ_TEST_NPM_DONE"
+NPM_WAIT = 300.0  # s: scripts/test's npm install of Azurite, from a fresh clone
+
+
+def _await_install() -> None:
+    """Wait for scripts/test's npm install of Azurite, which runs beside the first tests: it
+    writes npm's exit status to $JOBQ_TEST_NPM_DONE when done.  A failed install fails the
+    test that needs Azurite (as it failed the run before)."""
+    import pytest
+
+    done = os.environ.get(NPM_DONE_VAR)
+    if not done:
+        return
+    deadline = time.monotonic() + NPM_WAIT
+    while not os.path.exists(done):
+        if time.monotonic() > deadline:
+            pytest.fail(f"npm install of Azurite still running after {NPM_WAIT:g}s")
+        time.sleep(0.2)
+    status = Path(done).read_text().strip()
+    if status != "0":
+        pytest.fail(f"npm install of Azurite failed (exit status {status}; scripts/test's log)")
+
+
 def service_binary(service: str) -> str | None:
     """``azurite-<service>``: $AZURITE_<SERVICE>_BIN, else beside $AZURITE_QUEUE_BIN, else in
-    <repo>/.azurite (where scripts/test installs it); None when not installed."""
+    <repo>/.azurite (where scripts/test installs it); None when not installed.  Waits for
+    scripts/test's install first."""
+    _await_install()
     env = os.environ.get(f"AZURITE_{service.upper()}_BIN")
     if env:
         return env
