@@ -107,7 +107,6 @@ def test_rlimits_without_a_task_user(env, library):
     check_only_the_task(seen, os.getuid())
 
 
-@pytest.mark.serial
 def test_systemd_scope_with_a_task_user(env, library, task_user, tmp_path_factory):  # noqa: F811
     manager = SystemdManager(tmp_path_factory.mktemp("systemd"),
                              shared=(tmp_path_factory.getbasetemp(), library[0].parent))

@@ -1,10 +1,10 @@
 """Issue 7, acceptance 4 with cgroups: task limits applied by ``systemd-run --scope``.
 
 Against a real systemd manager (tests/systemd_manager.py: PID 1 of private namespaces, started
-once for this module).  The supervisor runs inside its namespaces (nsenter), because
-systemd-run tells the manager its own pid; the test itself looks from the host, through the
-task markers.  Skipped, with the reason, where no such manager can start (not root, no
-systemd).
+once per pytest process that runs this module's tests).  The supervisor runs inside its
+namespaces (nsenter), because systemd-run tells the manager its own pid; the test itself
+looks from the host, through the task markers.  Skipped, with the reason, where no such
+manager can start (not root, no systemd).
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from tests.conftest import marked_processes, wait_for
 from tests.integration.helpers import database_held, death_time
 from tests.systemd_manager import SystemdManager, Unavailable
 
-# serial: a private systemd manager (one per module, not per worker) and memory hogs
-pytestmark = [pytest.mark.serial, pytest.mark.timeout(90)]
+# A private systemd manager per pytest process that runs tests of this module; managers side
+# by side share nothing (their own namespaces, cgroups, /run and /tmp).
+pytestmark = pytest.mark.timeout(90)
 
 # Touches every page, so the memory is resident (a cgroup counts that, not address space).
 HOG = f"{sys.executable} -c 'b = bytearray(300 * 1024 * 1024); b[::4096] = b\"x\" * len(b[::4096])'"
@@ -129,6 +130,7 @@ def test_group_leader_sigterm_forwarding_and_scope_removal(env, manager):
     wait_for(lambda: not scopes(manager), 10, what="scope gone")
 
 
+@pytest.mark.timing  # the task must die before locked_until
 def test_lock_loss_kills_the_task_in_its_scope(env, manager):
     [tid] = env.push('if [ "$JOBQ_ATTEMPT" = 1 ]; then sleep 60 & sleep 60; true; fi')
     sup, _ = start(env, manager, "--lock-duration", "6", "--renew-interval", "1",

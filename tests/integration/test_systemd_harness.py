@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import wait_for
 from tests.systemd_manager import STUB_UNITS, SystemdManager, Unavailable
 
-pytestmark = [pytest.mark.serial, pytest.mark.timeout(90)]
+pytestmark = pytest.mark.timeout(90)
 
 UNIT = Path(__file__).resolve().parents[2] / "conf" / "jobq-supervisor.service"
 
