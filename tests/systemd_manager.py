@@ -35,6 +35,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -222,6 +224,24 @@ class SystemdManager:
                         raise
                     time.sleep(0.05)
         self.cgroups.clear()
+
+
+@contextmanager
+def running_manager(tmp_path_factory, *shared: Path) -> Iterator[SystemdManager]:
+    """A started manager that sees the test session's base temp (and ``shared``), stopped at
+    the end; a pytest skip with the reason where none can start (a fixture's body)."""
+    import pytest
+
+    m = SystemdManager(tmp_path_factory.mktemp("systemd"),
+                       shared=(tmp_path_factory.getbasetemp(), *shared))
+    try:
+        m.start()
+    except Unavailable as exc:
+        pytest.skip(f"no private systemd manager: {exc}")
+    try:
+        yield m
+    finally:
+        m.stop()
 
 
 def _under_tmp(paths: list[Path]) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_security import TEST_USER, task_user  # noqa: F401 (fixture)
-from tests.systemd_manager import SystemdManager, Unavailable
+from tests.systemd_manager import running_manager
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -108,16 +108,8 @@ def test_rlimits_without_a_task_user(env, library):
 
 
 def test_systemd_scope_with_a_task_user(env, library, task_user, tmp_path_factory):  # noqa: F811
-    manager = SystemdManager(tmp_path_factory.mktemp("systemd"),
-                             shared=(tmp_path_factory.getbasetemp(), library[0].parent))
-    try:
-        manager.start()
-    except Unavailable as exc:
-        pytest.skip(f"no private systemd manager: {exc}")
-    try:
+    with running_manager(tmp_path_factory, library[0].parent) as manager:
         seen = run_task(env, library, "--task-user", TEST_USER, "--task-limits", "systemd",
                         "--task-memory-limit", "1G", "--task-cpu-limit", "60",
                         prefix=tuple(manager.enter()))
-    finally:
-        manager.stop()
     check_only_the_task(seen, task_user.pw_uid)

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import marked_processes, wait_for
 from tests.integration.helpers import database_held, death_time
-from tests.systemd_manager import SystemdManager, Unavailable
+from tests.systemd_manager import running_manager
 
 # A private systemd manager per pytest process that runs tests of this module; managers side
 # by side share nothing (their own namespaces, cgroups, /run and /tmp).
@@ -31,14 +31,8 @@ HOG = f"{sys.executable} -c 'b = bytearray(300 * 1024 * 1024); b[::4096] = b\"x\
 
 @pytest.fixture(scope="module")
 def manager(tmp_path_factory):
-    m = SystemdManager(tmp_path_factory.mktemp("systemd"),
-                       shared=(tmp_path_factory.getbasetemp(),))
-    try:
-        m.start()
-    except Unavailable as exc:
-        pytest.skip(f"no private systemd manager: {exc}")
-    yield m
-    m.stop()
+    with running_manager(tmp_path_factory) as m:
+        yield m
 
 
 def start(env, manager, *args: str):

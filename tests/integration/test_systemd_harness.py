@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
-from tests.systemd_manager import STUB_UNITS, SystemdManager, Unavailable
+from tests.systemd_manager import STUB_UNITS, running_manager
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -23,14 +23,8 @@ UNIT = Path(__file__).resolve().parents[2] / "conf" / "jobq-supervisor.service"
 
 @pytest.fixture
 def manager(tmp_path_factory):
-    m = SystemdManager(tmp_path_factory.mktemp("systemd"),
-                       shared=(tmp_path_factory.getbasetemp(),))
-    try:
-        m.start()
-    except Unavailable as exc:
-        pytest.skip(f"no private systemd manager: {exc}")
-    yield m
-    m.stop()
+    with running_manager(tmp_path_factory) as m:
+        yield m
 
 
 def loaded(manager, kind: str) -> set[str]:
