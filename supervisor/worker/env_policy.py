@@ -54,39 +54,39 @@ HARMLESS: frozenset[str] = frozenset({
 
 @dataclass(frozen=True)
 class EnvPolicy:
-    """The refused variable names and allowed working directories; immutable after start."""
+    """The refused variable names and allowed working directories; immutable after start.
+    The default (no allow-list, no keys) refuses nothing."""
 
-    enforced: bool = False
-    refused: tuple[str, ...] = REFUSED
+    refused: re.Pattern[str] | None = None  # REFUSED and --refused-env; None: not enforced
     allowed: frozenset[str] = frozenset()
     allowed_patterns: tuple[str, ...] = ()
     cwd_patterns: tuple[str, ...] = ()
-    _refused_re: re.Pattern[str] | None = None
 
     @classmethod
     def from_settings(cls, enforced: bool, allowed_env: Sequence[str] = (),
                       refused_env: Sequence[str] = (), allowed_cwd: Sequence[str] = (),
                       own_dir: str | None = None) -> EnvPolicy:
-        """The policy of a worker (main thread, at start).  ``own_dir`` (default: the
-        current directory) is the one ``cwd`` allowed when ``allowed_cwd`` is empty."""
-        refused = tuple(dict.fromkeys((*REFUSED, *refused_env)))
+        """The policy of a worker (main thread, at start; a worker without a fence compiles
+        nothing).  ``own_dir`` (default: the current directory) is the one ``cwd`` allowed
+        when ``allowed_cwd`` is empty."""
+        if not enforced:
+            return cls()
+        refused = dict.fromkeys((*REFUSED, *refused_env))
         # A name the operator refuses on purpose is refused even if it looks harmless.
         exact = (HARMLESS - set(refused_env)) | frozenset(
             n for n in allowed_env if not _is_pattern(n))
         patterns = tuple(n for n in allowed_env if _is_pattern(n))
         dirs = tuple(os.path.realpath(d) if not _is_pattern(d) else d
                      for d in (allowed_cwd or (own_dir or os.getcwd(),)))
-        regex = re.compile("|".join(fnmatch.translate(p) for p in refused))
-        return cls(enforced=enforced, refused=refused, allowed=exact,
-                   allowed_patterns=patterns, cwd_patterns=dirs, _refused_re=regex)
+        return cls(refused=re.compile("|".join(fnmatch.translate(p) for p in refused)),
+                   allowed=exact, allowed_patterns=patterns, cwd_patterns=dirs)
 
     def refusal(self, env: Mapping[str, str], cwd: str | None) -> str | None:
         """Why a message's ``env``/``cwd`` may not be used, or None (main thread)."""
-        if not self.enforced:
+        if self.refused is None:
             return None
-        regex = self._refused_re
         for name in env:
-            if regex is not None and regex.fullmatch(name) and not self._allowed(name):
+            if self.refused.fullmatch(name) and not self._allowed(name):
                 return f"environment variable {name!r} not allowed (--allowed-env)"
         if cwd is not None and not self.cwd_allowed(cwd):
             return f"working directory {cwd!r} not allowed (--allowed-cwd)"
