@@ -32,6 +32,8 @@ SECTION = "jobq-supervisor"
 PATH_ATTR = "jobq_path"
 # The attribute of the --config option's action (config_flag.py finds the file by it).
 CONFIG_ATTR = "jobq_config"
+# An option of the command line only (``--check-config``): no INI key, as --version.
+CLI_ONLY_ATTR = "jobq_cli_only"
 _HEADER = re.compile(r"\[([^\[\]]*)\]\s*(?:[#;].*)?")
 # A value as configargparse reads it: text, or a list for ``key = [a, b]``
 IniValue = Union[str, list[str]]
@@ -139,7 +141,7 @@ def ini_options(actions: list[argparse.Action]) -> dict[str, argparse.Action]:
     out: dict[str, argparse.Action] = {}
     for action in actions:
         if isinstance(action, (argparse._HelpAction, argparse._VersionAction)) or getattr(
-                action, CONFIG_ATTR, False):
+                action, CONFIG_ATTR, False) or getattr(action, CLI_ONLY_ATTR, False):
             continue
         for option in action.option_strings:
             if option.startswith("--"):

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 import configargparse
 
-from .config_file import CONFIG_ATTR, PATH_ATTR, IniFile, ini_options
+from .config_file import CLI_ONLY_ATTR, CONFIG_ATTR, PATH_ATTR, IniFile, ini_options
 from .config_flag import config_before_command, config_path
 from .settings import (
     BACKENDS,
@@ -133,8 +133,10 @@ class _Parser(configargparse.ArgParser):
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
         path = kwargs.pop("path", False)
+        cli_only = kwargs.pop("cli_only", False)
         action: argparse.Action = super().add_argument(*args, **kwargs)
         setattr(action, PATH_ATTR, path)
+        setattr(action, CLI_ONLY_ATTR, cli_only)
         if "default" not in kwargs and action.dest in SETTINGS_DEFAULTS:
             action.default = SETTINGS_DEFAULTS[action.dest]
         return action

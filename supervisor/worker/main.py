@@ -65,6 +65,10 @@ def worker_parser() -> _Parser:
                     ["-c", "--config"],
                     "INI config file; keys are the long option names")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--check-config", action="store_true", cli_only=True,
+                   help="check the configuration as a worker would at start (settings, keys, "
+                        "task log directory, that this user may write the SQLite queue), print "
+                        "one line and exit: 0 when it would start, 2 when not; opens no queue")
     add_backend_options(p)
     p.add_argument("-n", "--num-workers", type=int, help="tasks run at once")
     p.add_argument("--lock-duration", type=_duration,
@@ -217,6 +221,7 @@ def _fail_usage(prog: str, message: str) -> int:
 
 
 SWITCH_INTERVAL = 0.0002
+CHECK_CONFIG = "--check-config"  # a command-line flag only: never from the INI file or env
 
 
 def worker_entry() -> NoReturn:
@@ -268,6 +273,14 @@ def worker_main(argv: list[str] | None = None) -> int:
     problem = make_task_log_dir(settings) or check_task_output(settings)
     if problem:
         return _fail_usage("jobq-supervisor", problem)
+    if CHECK_CONFIG in argv:
+        from .config_check import backend_problem, summary
+
+        problem = backend_problem(settings)
+        if problem:
+            return _fail_usage("jobq-supervisor", problem)
+        print(summary(settings))
+        return EXIT_OK
     if settings.lock_file:
         from .lockfile import AlreadyRunning, acquire
 

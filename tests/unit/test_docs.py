@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from supervisor.core.config_file import CLI_ONLY_ATTR
 from supervisor.worker.main import worker_parser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -15,6 +16,8 @@ def _options() -> list[str]:
     names = []
     for action in worker_parser()._actions:
         longs = [o for o in action.option_strings if o.startswith("--")]
+        if getattr(action, CLI_ONLY_ATTR, False):  # --check-config: no key of the file
+            continue
         if longs and longs[0] not in ("--help", "--version"):
             names.append(longs[0][2:])
     return names
