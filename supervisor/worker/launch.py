@@ -12,7 +12,6 @@ import logging
 import math
 import os
 import queue
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -286,14 +285,12 @@ class Launcher:
         proc = job.proc
         assert proc is not None and proc.popen.stdout is not None
         lease, task, max_attempts = job.context.lease, job.context.task, job.context.max_attempts
-        log_file = None
-        if self.s.task_log_dir:
-            # The id comes from the message: never let it name a path outside the directory.
-            safe_id = re.sub(r"[^A-Za-z0-9_-]", "_", task.id)[:128]
-            log_file = os.path.join(self.s.task_log_dir, f"{safe_id}.{lease.attempt}.log")
+        task_logs = self.output_pump.task_logs  # --task-log-dir
+        log_file = None if task_logs is None else task_logs.claim(task.id, lease.attempt)
         name = lease.queue
         output = TaskOutput(task.id, proc.popen.stdout, self._output_closed, task_log, log_file,
-                            key=AttemptKey(name, task.id, lease.attempt))
+                            key=AttemptKey(name, task.id, lease.attempt),
+                            log_file_done=None if task_logs is None else task_logs.release)
         log_fast(log, logging.INFO, "started pid=%d pgid=%d (attempt %d of %d)%s: %s", proc.pid,
                  proc.pgid, lease.attempt, max_attempts,
                  "" if name == self.s.queue else f" queue={name}", _short(task.cmd),

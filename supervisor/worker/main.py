@@ -114,7 +114,9 @@ def worker_parser() -> _Parser:
                    help="with several --queue names: strict = a free slot takes from the first "
                         "queue that has work (default); round-robin = the queues take turns")
     p.add_argument("--task-log-dir", metavar="DIR", path=True,
-                   help="also write each task's output to DIR/<task id>.<attempt>.log")
+                   help="also write each task's output to DIR/<task id>.<attempt>.log; such "
+                        "files older than --task-output-retention are deleted (hourly; never "
+                        "a running task's, never other names)")
     p.add_argument("--task-output", choices=TASK_OUTPUT_MODES,
                    help="task output: store = the output store (jobq-ctl logs) and the log; "
                         "local = the log only; off = neither; auto = store when there is one")
@@ -124,7 +126,8 @@ def worker_parser() -> _Parser:
     p.add_argument("--task-output-max", type=_size,
                    help="bytes of output stored per attempt; the rest is cut with a marker")
     p.add_argument("--task-output-retention", type=_duration,
-                   help="stored output older than this is purged")
+                   help="stored output and --task-log-dir files older than this are "
+                        "purged (default 7d; must be positive)")
     p.add_argument("--worker-id", help="name of this worker in logs and task records "
                                        "(default when empty: HOST:PID:6 random hex digits)")
     p.add_argument("--lock-file", metavar="PATH", path=True,

@@ -24,6 +24,7 @@ from typing import IO, TYPE_CHECKING, Callable
 
 from ..core.threads import Flag, start_thread
 from .logs import OutputAccount, output_sink
+from .task_logs import TaskLogDir
 
 if TYPE_CHECKING:
     from ..core.settings import Settings
@@ -39,7 +40,8 @@ class TaskOutput:
 
     def __init__(self, task_id: str, pipe: IO[bytes], on_eof: Callable[[], None],
                  logger: logging.Logger, log_file: str | None = None,
-                 key: AttemptKey | None = None) -> None:
+                 key: AttemptKey | None = None,
+                 log_file_done: Callable[[str], None] | None = None) -> None:
         self.task_id = task_id
         self.key = key  # the attempt in the output store
         self.shipper: OutputShipper | None = None  # set by OutputPump.add
@@ -48,6 +50,7 @@ class TaskOutput:
         self.on_eof = on_eof
         self.log = logger
         self.log_file = log_file
+        self.log_file_done = log_file_done  # the file is closed: the purge may take it
         self.closed = Flag()
         self.account = OutputAccount(logger.name, task_id)
         self._tail = bytearray()
@@ -105,6 +108,8 @@ class TaskOutput:
         if sink is not None:
             sink.marker(self.account)  # before on_eof: the count precedes "finished"
         self._close_file()
+        if self.log_file and self.log_file_done is not None:
+            self.log_file_done(self.log_file)
         if self.shipper is not None and self.key is not None:
             self.shipper.end(self.key)
         try:
@@ -145,8 +150,10 @@ class OutputPump:
     """The pump thread and its registry.  ``add`` is called by the spawner threads (by the
     main thread if that failed), ``flush`` by the main thread."""
 
-    def __init__(self, shipper: OutputShipper | None = None, mode: str = "local") -> None:
+    def __init__(self, shipper: OutputShipper | None = None, mode: str = "local",
+                 task_logs: TaskLogDir | None = None) -> None:
         self.shipper = shipper
+        self.task_logs = task_logs  # --task-log-dir: file names, and their purge thread
         self.mode = mode  # --task-output as resolved: store, local or off
         self._selector = selectors.DefaultSelector()
         self._new: collections.deque[TaskOutput] = collections.deque()
@@ -157,14 +164,16 @@ class OutputPump:
 
     @classmethod
     def for_worker(cls, settings: Settings) -> OutputPump:
-        """The pump, with the output-store thread unless output is not stored (main
-        thread)."""
+        """The pump, with the output-store thread unless output is not stored, and with
+        ``--task-log-dir`` its purge thread (main thread)."""
         from ..fleet.shipper import OutputShipper
 
         shipper = OutputShipper.for_worker(settings)
         mode = "store" if shipper is not None else (
             "off" if settings.task_output == "off" else "local")
-        return cls(shipper, mode)
+        task_logs = (TaskLogDir(settings.task_log_dir, settings.task_output_retention)
+                     if settings.task_log_dir else None)
+        return cls(shipper, mode, task_logs)
 
     def describe(self) -> str:
         """``--task-output`` as resolved, and where the store is, for the start-up line."""
@@ -173,6 +182,8 @@ class OutputPump:
     def start(self) -> None:
         if self.shipper is not None:
             self.shipper.start()  # opens the store on its own thread: no task waits for it
+        if self.task_logs is not None:
+            self.task_logs.start()
         self._thread = start_thread(self._run, "output-pump", bulk=True)
 
     def add(self, output: TaskOutput) -> None:
@@ -203,6 +214,8 @@ class OutputPump:
             self._thread.join(timeout)
         if self.shipper is not None:  # after the pump: its last reads and ends are in
             self.shipper.stop()
+        if self.task_logs is not None:
+            self.task_logs.stop()
 
     def _poke(self) -> None:
         try:

@@ -5,10 +5,13 @@ file (the time a task ended), never from sleeping."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import time
 
 import pytest
 
+from supervisor.worker.task_logs import log_name
 from tests.integration.helpers import one_usage_line
 
 pytestmark = pytest.mark.timeout(90)
@@ -90,3 +93,34 @@ def test_prune_with_retention_0_needs_older_than(env):
     one_usage_line(res, "--older-than")
     res = env.ctl("prune", "--older-than", "0", env={"JOBQ_RETENTION": "0"})
     assert res.stdout == "pruned 0 succeeded task(s) older than 0s\n"  # it never ran
+
+
+def test_task_logs_of_an_earlier_run_go_and_a_running_tasks_file_stays(env):
+    """--task-log-dir (issue 40): the worker's purge deletes a log past
+    --task-output-retention that an earlier run left, keeps a younger one and an operator's
+    file, and keeps the file of a task running here although the task aged it itself
+    before the purge ran (the test knows it did: the earlier run's file was still there)."""
+    logs = env.tmp / "logs"
+    logs.mkdir()
+    old, young = time.time() - 3 * DAY, time.time() - DAY
+    for name, mtime in (("earlier.1.log", old), ("young.1.log", young), ("notes.txt", old)):
+        (logs / name).write_text(f"{name}\n")
+        os.utime(logs / name, (mtime, mtime))
+    earlier, flag = logs / "earlier.1.log", env.tmp / "aged-before-the-purge"
+    [task] = env.push(
+        "echo run-marker; "
+        f"for i in $(seq 1200); do LOG=$(grep -l '^run-marker$' {logs}/*.log) && break; "
+        "sleep 0.05; done; "
+        f"touch -d @{old:.0f} \"$LOG\"; "
+        f"if [ -e {earlier} ]; then : > {flag}; fi; "
+        f"for i in $(seq 1200); do [ -e {earlier} ] || break; sleep 0.05; done; "
+        "echo done")
+    sup = env.supervisor("--exit-when-empty", "--task-log-dir", "logs",
+                         "--task-output-retention", "2d")
+    assert sup.wait(80) == 0, sup.log()
+    assert env.state(task) == "succeeded"
+    assert flag.exists(), "the task started after the first purge: nothing was shown"
+    assert "task-log-dir: deleted 1 task log(s) older than 2d" in sup.log()
+    mine = log_name(task, 1)
+    assert {p.name for p in logs.iterdir()} == {"young.1.log", "notes.txt", mine}
+    assert (logs / mine).read_text() == "run-marker\ndone\n"
