@@ -10,7 +10,9 @@ emptied the host's /tmp:
   service's default dependencies name (``STUB_UNITS``); no generators;
 * a private tmpfs on /run, and one on /tmp showing only ``shared`` host directories (the test's
   base temp, this checkout, the interpreter);
-* /var and /etc as overlays: the host's files, but every write or removal stays private.
+* /var, /etc and /opt as overlays: the host's files, but every write or removal stays
+  private; the unit directory is also /etc/systemd/system in there (what an installer puts
+  there is a unit of this manager).
 
 Its cgroups live in a fresh sub-cgroup of ours in every
 mounted hierarchy, remounted inside the namespace so that systemd sees them as its root; the
@@ -67,13 +69,17 @@ for path in "${shared[@]}"; do
     mount --bind "/run/jobq-test/host-tmp/${path#/tmp/}" "$path"
 done
 umount -l /run/jobq-test/host-tmp
-# /var and /etc as the host has them, but every write or removal stays in here.
-for dir in var etc; do
+# /var, /etc and /opt as the host has them, but every write or removal stays in here (an
+# install: a venv in /opt, a user, /etc/jobq).
+for dir in var etc opt; do
     mkdir -p "/run/jobq-test/$dir/upper" "/run/jobq-test/$dir/work"
     mount -t overlay "jobq-test-$dir" \
         -o "lowerdir=/$dir,upperdir=/run/jobq-test/$dir/upper,workdir=/run/jobq-test/$dir/work" \
         "/$dir"
 done
+# What an installer writes to /etc/systemd/system lands in the manager's unit directory.
+mkdir -p /etc/systemd/system
+mount --bind "$units" /etc/systemd/system
 mount --bind /proc/sys /proc/sys
 mount -o remount,bind,ro /proc/sys
 mount --bind /dev/null /dev/console 2>/dev/null || true
