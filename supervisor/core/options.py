@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from functools import partial
 from typing import Any, NoReturn
@@ -207,19 +207,23 @@ def _env_names(text: str) -> tuple[str, ...]:
     return names
 
 
-def _with_env_config(prog: str, argv: list[str]) -> list[str]:
+def _with_env_config(prog: str, argv: list[str], env: Mapping[str, str]) -> list[str]:
     """JOBQ_CONFIG as if given as ``--config`` (configargparse reads no env var for it), so a
     missing file is the same one-line exit 2; a ``--config`` flag wins.  jobq-ctl's ``-c`` is
     push's command, not the config file."""
-    path = os.environ.get("JOBQ_CONFIG")
+    path = env.get("JOBQ_CONFIG")
     short = prog == "jobq-supervisor"
     given = any(a == "--config" or a.startswith("--config=")
                 or (short and a.startswith("-c") and not a.startswith("--")) for a in argv)
     return ["--config", path, *argv] if path and not given else argv
 
 
-def _parse(parser: _Parser, argv: list[str]) -> argparse.Namespace:
-    argv = config_before_command(parser, _with_env_config(parser.prog, argv))
+def _parse(parser: _Parser, argv: list[str],
+           env: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """``argv``, ``env`` (default: this process's environment) and the config file they
+    name, parsed; a reload parses the start's argv and environment again (worker/reload.py)."""
+    env = os.environ if env is None else env
+    argv = config_before_command(parser, _with_env_config(parser.prog, argv, env))
     path = config_path(parser, argv)
     text = None
     if path and not {"-h", "--help"} & set(argv):  # help reads no file, as before
@@ -232,7 +236,7 @@ def _parse(parser: _Parser, argv: list[str]) -> argparse.Namespace:
         except OSError as exc:
             raise UsageError(f"--config: cannot read {path}: {exc.strerror}") from None
         parser.ini_file.path = path
-    return parser.parse_args(argv, config_file_contents=text)
+    return parser.parse_args(argv, config_file_contents=text, env_vars=env)
 
 
 def jobq_parser(prog: str, description: str, config_flags: list[str], config_help: str,

@@ -1,6 +1,7 @@
 """The worker's state and what moves it: stop signals (SIGTERM, SIGINT, SIGHUP, SIGXCPU),
 SIGUSR1 drain (or a drain/stop command from the control thread), Azure Scheduled Events,
-``--time-limit``, ``--idle-timeout`` and ``--max-consecutive-failures``.
+``--time-limit``, ``--idle-timeout`` and ``--max-consecutive-failures``; and what does not:
+SIGUSR2, a reload (worker/reload.py), only while running.
 
 Main thread only.  A transition never signals a task itself: it sets a request on each running
 task (``stop_reason``, ``kill_reason``) and wakes the watchdog, the one thread that signals.
@@ -17,7 +18,13 @@ import time
 from typing import Callable
 
 from ..core.settings import EXIT_FAILURES, EXIT_OK, Settings
-from ..core.signals import DRAIN_SIGNAL, STOP_ONCE_SIGNALS, STOP_SIGNALS, on_other_signal
+from ..core.signals import (
+    DRAIN_SIGNAL,
+    RELOAD_SIGNAL,
+    STOP_ONCE_SIGNALS,
+    STOP_SIGNALS,
+    on_other_signal,
+)
 from ..core.signals import name as signal_name
 from .events import Event, PreemptEvent, ScheduledEventChanged
 from .keeper import LeaseKeeper
@@ -51,8 +58,10 @@ class Lifecycle:
 
     def __init__(self, settings: Settings, notifier: Notifier, watchdog: Watchdog,
                  events: queue.SimpleQueue[Event],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 reload: Callable[[], None] | None = None) -> None:
         self.s = settings
+        self.reload = reload  # SIGUSR2 while running (worker/reload.py's Reloader.reload)
         self.started_at = clock()
         self.notifier = notifier
         self.watchdog = watchdog
@@ -84,8 +93,13 @@ class Lifecycle:
                   inherited_ignored: bool = False) -> None:
         """A signal to the supervisor, drained from the signal queue (main thread); what each
         does: core/signals.py.  ``inherited_ignored``: the worker was started with it ignored."""
-        if inherited_ignored or signum not in (*STOP_SIGNALS, *STOP_ONCE_SIGNALS,
-                                               DRAIN_SIGNAL, signal.SIGCHLD):
+        if signum == RELOAD_SIGNAL and not inherited_ignored and self.reload is not None:
+            if self.state is State.RUNNING:
+                self.reload()
+            else:  # the unit is on its way down (or the VM is): nothing to reload into
+                log.warning("SIGUSR2 received: reload ignored while %s", self.state.value)
+        elif inherited_ignored or signum not in (*STOP_SIGNALS, *STOP_ONCE_SIGNALS,
+                                                 DRAIN_SIGNAL, signal.SIGCHLD):
             on_other_signal(signum, inherited_ignored, log)
         elif signum in STOP_ONCE_SIGNALS:  # not counted: a SIGTERM after it is no "second"
             if self.state is not State.STOPPING:

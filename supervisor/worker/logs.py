@@ -419,8 +419,15 @@ def setup_logging(level: str, fmt: str) -> None:
     handler = _QueueHandler(records)
     root.handlers[:] = [handler]
     _FAST[:] = [(handler, records, OutputSink(records, writer))]
-    root.setLevel(level.upper())
+    set_level(level)
     logging.captureWarnings(True)
     threading.excepthook = _thread_died
+
+
+def set_level(level: str) -> None:
+    """The log threshold, at start and on a reload (main thread).  logging's per-logger
+    caches are cleared by setLevel, so every thread sees it at its next line."""
+    root = logging.getLogger()
+    root.setLevel(level.upper())
     # The Azure SDKs log every HTTP request at INFO.
     logging.getLogger("azure").setLevel(max(logging.WARNING, root.level))

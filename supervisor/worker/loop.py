@@ -12,7 +12,7 @@ The parts it drives live beside it: worker/launch.py (lease -> running task), wo
 (what
 happens to a lease once its task is over), worker/lifecycle.py
 (running/preempting/draining/stopping),
-worker/reporting.py (systemd, metrics file, summary).
+worker/reporting.py (systemd, metrics file, summary), worker/reload.py (SIGUSR2).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from .pacing import ReceivePacing
 from .preemption import SignalQueue
 from .process import set_child_subreaper
 from .reaping import Reaper, ready_to_settle
+from .reload import Reloader
 from .reporting import Reporter
 from .settlement import Settlement
 from .spawner import SpawnJob
@@ -58,7 +59,8 @@ CHANGE_PROBE_EVERY = 0.1
 class Worker:
     def __init__(self, settings: Settings, backend: Backend,
                  clock: Callable[[], float] = time.monotonic,
-                 guard: TaskGuard | None = None, signals: SignalQueue | None = None) -> None:
+                 guard: TaskGuard | None = None, signals: SignalQueue | None = None,
+                 reread: Callable[[str], Settings] | None = None) -> None:
         self.s = settings
         # signature/allow-list checks, task user, resource limits (worker/task_guard.py)
         self.guard = guard if guard is not None else TaskGuard.from_settings(settings)
@@ -85,7 +87,10 @@ class Worker:
                                  lock_lost_behavior=settings.lock_lost_behavior, clock=clock,
                                  exclude_pids=self._helper_pids)
         self.notifier = Notifier()
-        self.lifecycle = Lifecycle(settings, self.notifier, self.watchdog, self.events, clock)
+        # ``reread``: the start's command line parsed again, for a reload (worker/main.py)
+        self.reloader = Reloader(settings, reread, self.notifier, lambda: self.ready_sent)
+        self.lifecycle = Lifecycle(settings, self.notifier, self.watchdog, self.events, clock,
+                                   reload=self.reloader.reload)
         self.idle_since = clock()
         self.next_receive = clock()
         self.pacing = ReceivePacing(settings.poll_interval, self.clock)  # back-off; hold when dry

@@ -13,6 +13,8 @@ import logging
 import os
 import queue
 import sys
+from collections.abc import Mapping
+from functools import partial
 from typing import NoReturn
 
 from .. import __version__
@@ -46,7 +48,8 @@ from ..core.settings import (
     Settings,
 )
 
-__all__ = ["UsageError", "parse_worker_settings", "worker_main", "worker_parser"]
+__all__ = ["UsageError", "parse_worker_settings", "reread_settings", "worker_main",
+           "worker_parser"]
 
 def _per_backend(index: int, otherwise: str) -> str:
     """``sqlite 2700, storage-queue 600 ...`` from LOCK_DEFAULTS, for help texts."""
@@ -63,7 +66,9 @@ def _durations(p: argparse.ArgumentParser, *options: tuple[str, str]) -> None:
 def worker_parser() -> _Parser:
     p = jobq_parser("jobq-supervisor", "Run shell tasks from a queue under renewed leases.",
                     ["-c", "--config"],
-                    "INI config file; keys are the long option names")
+                    "INI config file; keys are the long option names; re-read on SIGUSR2 "
+                    "(systemctl reload): a new log-level applies at once, the rest at the "
+                    "next restart")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--check-config", action="store_true", cli_only=True,
                    help="check the configuration as a worker would at start (settings, keys, "
@@ -211,6 +216,16 @@ def parse_worker_settings(argv: list[str]) -> Settings:
     return parser.settings(_parse(parser, argv))
 
 
+def reread_settings(argv: list[str], env: Mapping[str, str], worker_id: str) -> Settings:
+    """The start's command line and environment parsed again, with the config file as it is
+    now: a reload (worker/reload.py; main thread).  Raises UsageError as a start would.  A
+    worker id left empty keeps the one made at start, not a new random one."""
+    parser = worker_parser()
+    ns = _parse(parser, argv, env)
+    ns.worker_id = ns.worker_id or worker_id
+    return parser.settings(ns)
+
+
 def _fail_usage(prog: str, message: str) -> int:
     """The one-line error of exit status 2: with ``--log-format json`` (once the settings are
     read and the log is set up) a JSON log record, as every other line of the stream."""
@@ -256,6 +271,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     from .loop import Worker
 
     argv = sys.argv[1:] if argv is None else argv
+    env = dict(os.environ)  # what a reload parses again, whatever changes os.environ later
     try:
         settings = parse_worker_settings(argv)
     except UsageError as exc:
@@ -313,7 +329,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     from .metrics import MetricsUnavailable
 
     try:
-        worker = Worker(settings, backend, guard=guard, signals=signals)
+        worker = Worker(settings, backend, guard=guard, signals=signals,
+                        reread=partial(reread_settings, list(argv), env))
     except MetricsUnavailable as exc:
         signals.restore()
         backend.close()

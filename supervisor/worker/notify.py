@@ -1,9 +1,10 @@
 """systemd's sd_notify protocol over $NOTIFY_SOCKET, stdlib only.
 
 One datagram per message on an AF_UNIX SOCK_DGRAM socket (``READY=1``, ``STATUS=...``,
-``WATCHDOG=1``, ``STOPPING=1``).  Without NOTIFY_SOCKET every call is a no-op, so the worker
-calls these unconditionally.  Sending never raises: systemd being gone (or the socket being
-unwritable) must not stop the worker, so failures are logged at DEBUG only.
+``WATCHDOG=1``, ``STOPPING=1``, ``RELOADING=1``).  Without NOTIFY_SOCKET every call is a
+no-op, so the worker calls these unconditionally.  Sending never raises: systemd being gone
+(or the socket being unwritable) must not stop the worker, so failures are logged at DEBUG
+only.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Mapping
 
 log = logging.getLogger("jobq.notify")
@@ -66,6 +68,11 @@ class Notifier:
     def watchdog(self) -> bool:
         """Keep-alive ping (main thread: a stuck main loop must stop the pings)."""
         return self.send("WATCHDOG=1")
+
+    def reloading(self) -> bool:
+        """A reload began (main thread); ``READY=1`` ends it.  ``MONOTONIC_USEC``: when, on
+        CLOCK_MONOTONIC, as sd_notify(3) asks (systemd 253's Type=notify-reload checks it)."""
+        return self.send(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
 
     def stopping(self) -> bool:
         """Shutdown began (main thread)."""

@@ -61,7 +61,7 @@ def test_sighup_and_sigxcpu_stop_like_sigterm(env, sig):
 
 
 def test_signals_meaning_nothing_are_logged_and_the_worker_goes_on(env):
-    """SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGPWR, SIGSTKFLT and real-time signals
+    """SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGPWR, SIGSTKFLT and real-time signals
     each used to kill the worker: now one line each, the task runs on untouched; SIGQUIT
     logs the threads' stacks; a SIGHUP after all that still stops cleanly."""
     sup, procs = _running(env)

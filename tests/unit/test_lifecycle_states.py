@@ -3,8 +3,9 @@
 running -> draining (SIGUSR1) / stopping (SIGTERM, SIGINT, SIGHUP; a second one asks for
 kills; SIGXCPU, never a second) /
 preempting (Scheduled Events; a cancelled event resumes); and the stops that --time-limit,
---idle-timeout and --max-consecutive-failures cause.  A fake clock, a fake notifier and
-watchdog (they record what they were told), a real Settings and a real event queue.
+--idle-timeout and --max-consecutive-failures cause; a reload (SIGUSR2) moves none.  A fake
+clock, a fake notifier and watchdog (they record what they were told), a real Settings and a
+real event queue.
 """
 
 from __future__ import annotations
@@ -130,13 +131,38 @@ def test_repeated_sigxcpu_never_kills() -> None:
     assert (h.lc.state, h.lc.stop_reason) == (State.STOPPING, "SIGXCPU received")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGUSR2, signal.SIGALRM, signal.SIGPWR, signal.SIGQUIT,
+@pytest.mark.parametrize("sig", [signal.SIGALRM, signal.SIGPWR, signal.SIGQUIT,
                                  signal.SIGRTMIN + 3])
 def test_signals_meaning_nothing_change_nothing(sig: int, caplog: Any) -> None:
     h = Harness()
     h.lc.on_signal(sig, h.active)
     assert h.lc.state is State.RUNNING and h.untouched() and h.watchdog.wakes == 0
     assert "received" in caplog.text
+
+
+# ---------------------------------------------------------------------------- reload
+def test_sigusr2_reloads_a_running_worker_and_changes_nothing_else() -> None:
+    """Issue 40: ``systemctl reload`` (SIGUSR2) used to be a drain; now it is a reload."""
+    h = Harness()
+    reloads: list[int] = []
+    h.lc.reload = lambda: reloads.append(1)
+    h.lc.on_signal(signal.SIGUSR2, h.active)
+    h.lc.on_signal(signal.SIGUSR2, h.active)
+    assert reloads == [1, 1]
+    assert h.lc.state is State.RUNNING and h.untouched() and h.watchdog.wakes == 0
+    assert h.notifier.stopping_sent == 0
+
+
+@pytest.mark.parametrize("first", [signal.SIGUSR1, signal.SIGTERM])
+def test_a_draining_or_stopping_worker_ignores_a_reload(first: int, caplog: Any) -> None:
+    h = Harness()
+    reloads: list[int] = []
+    h.lc.reload = lambda: reloads.append(1)
+    h.lc.on_signal(first, h.active)
+    state = h.lc.state
+    h.lc.on_signal(signal.SIGUSR2, h.active)
+    assert reloads == [] and h.lc.state is state
+    assert f"SIGUSR2 received: reload ignored while {state.value}" in caplog.text
 
 
 def test_a_sighup_inherited_ignored_stays_ignored(caplog: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +52,16 @@ def test_each_message_is_one_datagram_with_exact_bytes(request, socket_fixture) 
     assert sock.recv(4096) == b"STOPPING=1"
     assert n.send("EXTEND_TIMEOUT_USEC=5000000")
     assert sock.recv(4096) == b"EXTEND_TIMEOUT_USEC=5000000"
+
+
+def test_reloading_says_when_on_the_monotonic_clock(receiver) -> None:
+    """sd_notify(3): RELOADING=1 comes with MONOTONIC_USEC, CLOCK_MONOTONIC in microseconds."""
+    sock, path = receiver
+    before = time.monotonic_ns() // 1000
+    assert Notifier(path).reloading()
+    head, stamp = sock.recv(4096).decode().split("\n")
+    assert head == "RELOADING=1" and stamp.startswith("MONOTONIC_USEC=")
+    assert before <= int(stamp.split("=")[1]) <= time.monotonic_ns() // 1000
 
 
 def test_status_keeps_to_one_line(receiver) -> None:

@@ -46,3 +46,11 @@ def test_stop_timeout_exceeds_kill_timeout():
     from supervisor.core.settings import parse_duration
 
     assert stop > parse_duration(kill) + 30
+
+
+def test_reload_is_never_a_stop():
+    """Issue 40: ``systemctl reload`` drained the worker (SIGUSR1) and left the unit down; it
+    re-reads the configuration (SIGUSR2, worker/reload.py)."""
+    text = (REPO / "conf" / "jobq-supervisor.service").read_text().splitlines()
+    assert [ln for ln in text if ln.startswith("ExecReload=")] == [
+        "ExecReload=/bin/kill -USR2 $MAINPID"]
