@@ -56,7 +56,7 @@ BACKEND_ARGS = {
 # server's faults stay within it (renewals retry and the tasks live on).
 FAULTS = {"sqlite": [], "azurite": [],
           "postgres": ["blackhole", "freeze-supervisor", "freeze-server", "restart-server"]}
-OUTAGE = 6.0  # s: a black-holed link, a frozen supervisor
+OUTAGE = 5.0  # s: a black-holed link, a frozen supervisor (past the 4 s lease)
 SERVER_FREEZE = 1.5  # s
 DEAD_WITHIN = 1.0  # s from a supervisor's SIGKILL to the last of its tasks' processes gone
 
@@ -129,7 +129,9 @@ def test_chaos_sigkill_supervisors(queue):
             report = parse_runs(log)
             return all(any(r.end is not None for r in report.runs.get(i, [])) for i in ids)
 
-        actions = ["kill"] * rng.randint(4, 6) + FAULTS[name]
+        # PostgreSQL's run lasts as long as its schedule (the driver tops the work up): the
+        # fewest kills the checks below ask for, beside its four other faults
+        actions = ["kill"] * (4 if FAULTS[name] else rng.randint(4, 6)) + FAULTS[name]
         rng.shuffle(actions)
         happened: list[tuple[str, float]] = []
         dead_after: list[float] = []
@@ -137,7 +139,7 @@ def test_chaos_sigkill_supervisors(queue):
             if name in TOP_UP and _pending(name, e) < TOP_UP[name][0]:
                 more = [heartbeat_cmd(log, rng.randint(3, 10)) for _ in range(TOP_UP[name][1])]
                 ids += e.ctl("push", "--file", "-", input="\n".join(more) + "\n").stdout.split()
-            _hold(rng.uniform(1.5, 3.5))
+            _hold(rng.uniform(1.0, 2.5))  # tasks last 0.3-1 s: each action finds some running
             if done():
                 break
             at = round(time.monotonic() - t0, 1)
