@@ -137,9 +137,11 @@ def main(argv: list[str]) -> int:
     try:
         unit = args.unit.read_text() if args.unit.exists() else ""
         ini = args.config.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        print(f"install-service: cannot read {exc.filename or args.config}: {exc}",
-              file=sys.stderr)
+    except OSError as exc:
+        print(f"install-service: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except UnicodeDecodeError:
+        print(f"install-service: {args.config} is not UTF-8 text", file=sys.stderr)
         return 2
     env, workdir = unit_environment(unit)
     if not env:  # a unit of this release's kind, or none: the file means what it says
