@@ -67,10 +67,13 @@ def test_jobq_ctl_workers_shows_the_build(env) -> None:
     head = checkout_head()
     shown = f"{__version__}+g{head[:12]}"
     sup = env.supervisor("-n", "1", "--heartbeat-interval", "1", "--control-interval", "1")
+
+    def records() -> list | None:  # None until the worker made the file and its record
+        res = env.ctl("workers", "--json", check=False)
+        return json.loads(res.stdout) if res.returncode == 0 else None
+
     try:
-        wait_for(lambda: json.loads(env.ctl("workers", "--json").stdout), 60,
-                 what="the worker's record")
-        [record] = json.loads(env.ctl("workers", "--json").stdout)
+        [record] = wait_for(records, 60, what="the worker's record")
         assert record["version"] == shown
         header, row = env.ctl("workers").stdout.splitlines()[:2]
         column = header.index("VERSION")
