@@ -25,12 +25,11 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
 BUILT_FROM = "BUILT_FROM"  # the file setup.py writes into the build, beside this module
-HEX = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")  # a SHA-1 or SHA-256 object name
+HEX_DIGITS = frozenset("0123456789abcdef")
 SHOWN = 12  # hex digits of the commit in the version (as ``git describe`` at this size)
 
 
@@ -50,7 +49,7 @@ def build_commit() -> str | None:
     try:
         with open(os.path.join(here, BUILT_FROM), encoding="ascii") as f:
             baked = f.read().strip()
-        return baked if HEX.fullmatch(baked) else None
+        return baked if _is_name(baked) else None
     except FileNotFoundError:
         pass
     except (OSError, ValueError):
@@ -88,7 +87,7 @@ def _git_dir(root: str) -> str | None:
 
 def _from_files(git_dir: str) -> str | None:
     head = _read(os.path.join(git_dir, "HEAD"))
-    if HEX.fullmatch(head):  # a detached HEAD
+    if _is_name(head):  # a detached HEAD
         return head
     if not head.startswith("ref:"):
         return None
@@ -101,12 +100,12 @@ def _from_files(git_dir: str) -> str | None:
             name = _read(os.path.join(where, ref))
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             continue
-        return name if HEX.fullmatch(name) else None
+        return name if _is_name(name) else None
     try:
         with open(os.path.join(common, "packed-refs"), encoding="utf-8") as f:
             for line in f:
                 name, _, packed = line.rstrip("\n").partition(" ")
-                if packed == ref and HEX.fullmatch(name):
+                if packed == ref and _is_name(name):
                     return name
     except FileNotFoundError:
         pass
@@ -125,7 +124,12 @@ def _from_git(root: str) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     name = done.stdout.strip()
-    return name if done.returncode == 0 and HEX.fullmatch(name) else None
+    return name if done.returncode == 0 and _is_name(name) else None
+
+
+def _is_name(text: str) -> bool:
+    """A SHA-1 or SHA-256 object name (no regex: compiling one costs every start)."""
+    return len(text) in (40, 64) and HEX_DIGITS.issuperset(text)
 
 
 def _read(path: str) -> str:
