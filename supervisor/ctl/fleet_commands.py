@@ -56,10 +56,10 @@ def cmd_workers(ns: argparse.Namespace, backend: Backend | None, store: ControlS
         print(f"no live workers on queue {ns.queue}"
               + (f" ({len(lost)} lost: --all shows them)" if lost else ""))
         return 0
-    print(f"{'WORKER':32} {'HOST':20} {'PID':>7}  {'VERSION':9} {'STATE':9} {'SLOTS':>5}  "
+    print(f"{'WORKER':32} {'HOST':20} {'PID':>7}  {'VERSION':19} {'STATE':9} {'SLOTS':>5}  "
           f"{'STARTED':20}  HEARTBEAT")
     for r in shown:
-        print(f"{r.id:32} {r.host:20} {r.pid:>7}  {r.version:9} {worker_state(r, now):9} "
+        print(f"{r.id:32} {r.host:20} {r.pid:>7}  {r.version:19} {worker_state(r, now):9} "
               f"{f'{r.slots_used}/{r.slots_total}':>5}  {iso(r.started):20}  "
               f"{iso(r.heartbeat)} ({duration_text(now - r.heartbeat)} ago)")
         for t in r.tasks:

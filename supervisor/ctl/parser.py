@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from .. import __version__
+from ..core.build import VersionAction
 from ..core.options import _duration, _Parser, add_backend_options, jobq_parser
 from ..worker.main import worker_parser
 from .actions_command import add_actions_arguments
@@ -22,7 +22,7 @@ def ctl_parser() -> _Parser:
     # the INI file is the worker's: its keys, checked as the worker checks them; jobq-ctl
     # passes over those it has no use for
     p.ini_owner = worker_parser
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--version", action=VersionAction)
     add_backend_options(p)
     # also here, so JOBQ_SIGNING_KEY_FILE and a shared worker INI apply (sub-parsers read
     # neither); push and the control commands sign with the first key: list the newest first

@@ -12,7 +12,7 @@ import socket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, Protocol, Union
 
-from .. import __version__
+from ..core.build import version
 from .control.records import CMD_CHARS, Cancel, TaskInfo, WorkerRecord
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class Registration:
         if state == "running" and paused:
             state = "paused"
         return WorkerRecord(id=self.worker_id, queue=self.queue, host=self.host,
-                            pid=os.getpid(), version=__version__, state=state,
+                            pid=os.getpid(), version=version(), state=state,
                             slots_used=len(infos), slots_total=slots,
                             started=self.started_wall, heartbeat=wall,
                             interval=self.interval, tasks=tuple(infos),

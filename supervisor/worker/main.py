@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import NoReturn
 
-from .. import __version__
+from ..core.build import VersionAction
 from ..core.options import (
     UsageError,
     _duration,
@@ -69,7 +69,7 @@ def worker_parser() -> _Parser:
                     "INI config file; keys are the long option names; re-read on SIGUSR2 "
                     "(systemctl reload): a new log-level applies at once, the rest at the "
                     "next restart")
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--version", action=VersionAction)
     p.add_argument("--check-config", action="store_true", cli_only=True,
                    help="check the configuration as a worker would at start (settings, keys, "
                         "task log directory, that this user may write the SQLite queue), print "

@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 from typing import NamedTuple
 
+from ...core.build import version as build_version
 from ...core.settings import POSTGRES_SCHEMA_NAME, Settings
 from ..base import BackendConfigError, BackendError, QueueNotFound
 from .connect import APP_CTL, Conn, connect, failure, one_line, psycopg
@@ -247,9 +248,12 @@ def read_version(conn: Conn, schema: str) -> int:
 
 
 def _newer(schema: str, version: int) -> BackendConfigError:
+    """A schema a newer build migrated: this build refuses it, one line, exit 2 (as SQLite's
+    backends/sqlite/versions.py; docs/production.rst "Downgrades")."""
     return BackendConfigError(
-        f"PostgreSQL: schema {schema} is at version {version}, newer than this "
-        f"jobq-supervisor knows ({LATEST}): upgrade jobq-supervisor on this host")
+        f"PostgreSQL: schema {schema} has version {version}; this build ({build_version()}) "
+        f"knows up to {LATEST}: upgrade jobq-supervisor here, or see docs/production.rst "
+        f'"Downgrades"')
 
 
 def migrate(conn: Conn, schema: str) -> tuple[int, int]:

@@ -28,6 +28,7 @@ from ...core.task import Task, parse_or_body
 from ..base import BackendBase, BackendConfigError, BackendError, FailedRecord, QueueStatus
 from ..common import command_of, held_until
 from . import queues as sqlite_queues
+from . import versions
 from .admin import SqliteAdmin, oldest_pending_age
 from .db import (
     connect,
@@ -125,7 +126,7 @@ class SqliteBackend(BackendBase):
             target = path
             if create:
                 self._conn = connect(path, busy_timeout)
-                set_up(self._conn)
+                set_up(self._conn, path)
                 self._check_writable()
                 if serve:
                     sqlite_queues.record_served(self._conn, queue, worker_id, time.time())
@@ -134,6 +135,7 @@ class SqliteBackend(BackendBase):
                 if not has_jobs:
                     raise BackendError(f"SQLite database {path} holds no jobq queue (no jobs "
                                        f"table)")
+                versions.check(self._conn, path)  # reads as this build knows: refused
             # a read-only command changes no schema: an older database has no priorities
             missing = {name for name, _ in missing_columns(self._conn)}
             self.priorities_known = "priority" not in missing

@@ -12,6 +12,7 @@ import time
 from urllib.parse import quote
 
 from . import queues as sqlite_queues
+from . import versions
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -65,10 +66,12 @@ CREATE INDEX IF NOT EXISTS jobs_done ON jobs (queue, updated_at) WHERE status = 
 """
 
 
-def set_up(conn: sqlite3.Connection) -> None:
-    """Create the table, add the columns an older database lacks, create the indexes (at
-    open, main thread).  The check and the ALTERs are one write transaction: two workers
-    opening an old database at once add each column once."""
+def set_up(conn: sqlite3.Connection, path: str) -> None:
+    """Refuse a newer schema, create the table, add the columns an older database lacks,
+    create the indexes, stamp the version (at open, main thread; backends/sqlite/versions.py).
+    The check and the ALTERs are one write transaction: two workers opening an old database
+    at once add each column once."""
+    versions.check(conn, path)  # before any change: a newer build's schema is left as it is
     conn.executescript(SCHEMA)
     if missing_columns(conn):
         conn.execute("BEGIN IMMEDIATE")
@@ -81,6 +84,7 @@ def set_up(conn: sqlite3.Connection) -> None:
         conn.execute("COMMIT")
     conn.executescript(INDEXES)
     sqlite_queues.set_up(conn)  # the queues table (backends/sqlite/queues.py)
+    versions.stamp(conn, path)
 
 
 def missing_columns(conn: sqlite3.Connection) -> list[tuple[str, str]]:

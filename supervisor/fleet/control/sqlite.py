@@ -18,6 +18,8 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from ...backends.base import BackendConfigError
+from ...backends.sqlite import versions
 from ...backends.sqlite.db import open_existing, read_only_may_help, use_wal
 from .base import ControlConfigError, ControlStoreError
 from .record_table import Dialect, RecordTableStore, Row
@@ -61,6 +63,16 @@ DIALECT = Dialect(
 )
 
 
+def _check_version(conn: sqlite3.Connection, path: str) -> None:
+    """ControlConfigError (exit 2) when the file's schema is newer than this build knows
+    (backends/sqlite/versions.py): the queue's own check, for the dashboard and the worker's
+    control thread, which may open the store without the backend."""
+    try:
+        versions.check(conn, path)
+    except BackendConfigError as exc:
+        raise ControlConfigError(str(exc)) from None
+
+
 class SqliteControlStore(RecordTableStore[sqlite3.Connection]):
     """Control records in ``path`` (normally the queue's database file)."""
 
@@ -88,12 +100,16 @@ class SqliteControlStore(RecordTableStore[sqlite3.Connection]):
             # consistent; a power cut may lose the last records).  An fsync holds the write
             # lock for milliseconds, and the main loop's settlements wait for that lock.
             self._conn.execute("PRAGMA synchronous=NORMAL")
+            _check_version(self._conn, path)  # before it adds a table to a newer schema
             self._conn.executescript(SCHEMA)
         except sqlite3.Error as exc:
             self._conn.close()
             if create or not read_only_may_help(exc):
                 raise ControlStoreError(f"control store {path}: {exc}") from None
             self._conn = self._read_only(path, busy_timeout, exc)
+        except ControlConfigError:
+            self._conn.close()
+            raise
 
     @staticmethod
     def _read_only(path: str, busy_timeout: float, first: sqlite3.Error) -> sqlite3.Connection:
@@ -104,6 +120,11 @@ class SqliteControlStore(RecordTableStore[sqlite3.Connection]):
         if not found:  # no worker wrote here yet: nothing to read
             conn.close()
             raise ControlStoreError(f"control store {path}: {first}")
+        try:
+            _check_version(conn, path)
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def __repr__(self) -> str:
