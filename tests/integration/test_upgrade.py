@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor import __version__
 from tests.conftest import wait_for
 from tests.systemd_manager import SystemdManager, running_manager
 
@@ -101,6 +102,11 @@ def _active(manager: SystemdManager) -> str:
 def test_an_old_install_upgraded_as_documented_serves_the_same_queue(manager, tmp_path):
     old = _checkout(OLD, tmp_path / "old")
     new = _checkout(None, tmp_path / "new")
+    # The copy's commit, as a checkout names it (a detached HEAD): the new build shows it.
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, check=True,
+                          capture_output=True, text=True).stdout.strip()
+    (new / ".git").mkdir()
+    (new / ".git" / "HEAD").write_text(head + "\n")
     cache = _uv_cache()
     uv = Path(sys.prefix) / "bin" / "uv"
     work = tmp_path / "uv-overlay"
@@ -179,6 +185,9 @@ def test_an_old_install_upgraded_as_documented_serves_the_same_queue(manager, tm
     after = _ctl(manager, *ctl, "push", "-c", "echo after-upgrade").split()[-1]
     wait_for(lambda: _states(manager).get(after) == "succeeded/1", 60,
              what="a task pushed with --config after the upgrade")
+    [worker] = [w for w in json.loads(_ctl(manager, *ctl, "workers", "--json"))
+                if w["state"] == "running"]
+    assert worker["version"] == f"{__version__}+g{head[:12]}", worker
     assert "No such file" in subprocess.run(
         [*manager.enter(), "ls", "/etc/jobq/jobq.db"], capture_output=True, text=True).stderr
     assert _active(manager) == "active"
