@@ -33,7 +33,7 @@ def test_the_state_directory_and_what_the_service_creates_are_private():
     """Issue 39 (4): another local user read the queue (tasks' env) and the output."""
     text = (REPO / "conf" / "jobq-supervisor.service").read_text().splitlines()
     assert "UMask=0077" in text and "StateDirectoryMode=0700" in text
-    assert not any(line.startswith("LogsDirectory=") for line in text)  # else: its mode too
+    assert "LogsDirectory=jobq" in text and "LogsDirectoryMode=0700" in text  # task logs
     ini = (REPO / "conf" / "worker.ini").read_text().splitlines()
     assert "task-umask = 0022" in ini  # the tasks keep systemd's usual umask
 
