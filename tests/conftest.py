@@ -48,35 +48,16 @@ def command(name: str) -> list[str]:
             f"sys.exit({func}())"]
 
 
-# How often wait_for asks when the caller names no interval: every 50 ms for the first second,
-# then every 100 ms, and every 200 ms after 5 s of waiting.  A condition is a /proc scan, a
-# query or an HTTP call to an emulator, and the parallel phase computes (2 cores, ~95% busy):
-# a long wait at 20 polls a second costs the machine more than it tells.  A test marked
-# ``timing`` keeps 50 ms throughout (``FAST_POLL``): its bounds are measured by these polls.
-POLL_STEPS = ((1.0, 0.05), (5.0, 0.1), (float("inf"), 0.2))
-FAST_POLL = False  # set per test by pytest_runtest_setup below
-
-
-def wait_for(cond: Callable[[], object], timeout: float = 30.0,
-             interval: float | None = None, what: str = "condition") -> object:
-    start = time.monotonic()
-    deadline = start + timeout
+def wait_for(cond: Callable[[], object], timeout: float = 30.0, interval: float = 0.05,
+             what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
     while True:
         value = cond()
         if value:
             return value
-        now = time.monotonic()
-        if now > deadline:
+        if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        if interval is not None or FAST_POLL:
-            time.sleep(interval or POLL_STEPS[0][1])
-        else:
-            time.sleep(next(step for until, step in POLL_STEPS if now - start < until))
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    global FAST_POLL
-    FAST_POLL = item.get_closest_marker("timing") is not None
+        time.sleep(interval)
 
 
 @pytest.fixture
@@ -478,6 +459,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     seed = os.environ.get(SHUFFLE_VAR)
     if seed:
         _shuffle(items, seed)
+
+
+@pytest.fixture(autouse=True)
+def _niced_when_beside_timing(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A ``beside_timing`` test runs at nice 10, and so does what it starts: beside the timing
+    tests it takes the CPU they leave idle, not theirs.  Only where the niceness can be
+    restored afterwards (root: CAP_SYS_NICE), as the xdist worker runs other tests next."""
+    if request.node.get_closest_marker("beside_timing") is None or os.geteuid() != 0:
+        yield
+        return
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    os.setpriority(os.PRIO_PROCESS, 0, max(before, 10))
+    try:
+        yield
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, before)
 
 
 class _SpreadHeavy:

@@ -181,7 +181,7 @@ def test_memory_limit_failure_names_the_limit(env):
     assert "MemoryError" in row["output_tail"]
 
 
-@pytest.mark.serial  # a CPU budget: the busy loop needs the CPU to itself
+@pytest.mark.serial  # a CPU budget: the busy loop needs a core, not the parallel phase
 def test_cpu_limit_kills_a_busy_loop(env):
     t0 = time.monotonic()
     # ulimit -c 0: SIGXCPU's default action dumps core where the system allows it
