@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import sqlite3
@@ -461,50 +460,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         _shuffle(items, seed)
 
 
-@pytest.fixture(autouse=True)
-def _niced_when_beside_timing(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A ``beside_timing`` test runs at nice 10, and so does what it starts: beside the timing
-    tests it takes the CPU they leave idle, not theirs.  Only where the niceness can be
-    restored afterwards (root: CAP_SYS_NICE), as the xdist worker runs other tests next."""
-    if request.node.get_closest_marker("beside_timing") is None or os.geteuid() != 0:
-        yield
-        return
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    os.setpriority(os.PRIO_PROCESS, 0, max(before, 10))
-    try:
-        yield
-    finally:
-        os.setpriority(os.PRIO_PROCESS, 0, before)
-
-
-class _SpreadHeavy:
-    @pytest.hookimpl(trylast=True)  # after -m and -k deselected: the shares are of the rest
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        _spread_heavy(items)
-
-
-def _spread_heavy(items: list[pytest.Item]) -> None:
-    """The ``beside_timing`` tests (long: an install, a browser) first, one at the head of each
-    xdist worker's share: pytest-xdist's worksteal hands each worker a contiguous share of the
-    collection and steals from a share's tail, so each starts at once on a worker of its own
-    instead of one ending the phase alone, late.  The same order in every worker (they
-    collect alike), as xdist requires."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
-    heavy = [item for item in items if item.get_closest_marker("beside_timing")]
-    if workers < 2 or not heavy:
-        return
-    rest = iter([item for item in items if not item.get_closest_marker("beside_timing")])
-    out: list[pytest.Item] = []
-    left = len(items)
-    for share in range(workers):  # xdist's sizes: what is left over the workers left
-        size = left // (workers - share)
-        left -= size
-        mine = heavy[share::workers][:size]
-        out += mine + list(itertools.islice(rest, size - len(mine)))
-    out += [item for item in heavy if item not in out] + list(rest)
-    items[:] = out
-
-
 def _shuffle(items: list[pytest.Item], seed: str) -> None:
     import random
 
@@ -534,12 +489,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                                                              "serial")}
     for item in session.items:
         marks = {m.name for m in item.iter_markers()}
-        marks |= {"timing"} if "beside_timing" in marks else set()
         phase = next((p for p in ("serial", "stress", "timing") if p in marks), "parallel")
         phases[phase][item.nodeid.split("::")[0]] = None
     for phase, files in phases.items():
         Path(out, phase).write_text("".join(f"{f}\n" for f in files))
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(_SpreadHeavy(), "jobq-spread-heavy")

@@ -60,7 +60,6 @@ def _ours(tmp: Path) -> list[psutil.Process]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.beside_timing  # a browser and a server for every page: CPU, no time bound
 def test_a_run_writes_every_screenshot_and_leaves_nothing_running(tmp_path):
     need_browser()
     out = tmp_path / "shots"

@@ -21,7 +21,7 @@ from supervisor import __version__
 from supervisor.core import build
 from tests.conftest import command, wait_for
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.beside_timing]  # installs a build
+pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[2]
 # what a build needs of the checkout (setup.cfg's metadata reads README.rst)
 SOURCE = ("setup.py", "setup.cfg", "pyproject.toml", "README.rst", "supervisor")

@@ -29,8 +29,7 @@ from supervisor import __version__
 from tests.conftest import wait_for
 from tests.systemd_manager import SystemdManager, running_manager
 
-# an install twice (~25 CPU-s): beside the timing tests, on the CPU they leave idle
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow, pytest.mark.beside_timing]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 OLD = "105b74bf8d13e7332a1b4df7b4892fbf3bc01338"  # main of 2026-11-24
