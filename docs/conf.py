@@ -21,6 +21,9 @@ root_doc = "index"
 exclude_patterns = ["_build"]
 nitpicky = True
 highlight_language = "none"
+# Smart quotes and ellipses, but no dashes: "--queue-order" in a help text became an en dash
+# ("–queue-order"), and an option copied from the page did not work.
+smartquotes_action = "qe"
 
 html_theme = "alabaster"
 html_title = f"jobq-supervisor {release}"
