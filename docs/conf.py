@@ -18,7 +18,7 @@ version = release = __version__
 
 extensions = ["jobq_reference"]
 root_doc = "index"
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "_fragments"]  # included by pages, no pages of their own
 nitpicky = True
 highlight_language = "none"
 # Smart quotes and ellipses, but no dashes: "--queue-order" in a help text became an en dash
