@@ -15,9 +15,10 @@ from types import ModuleType
 import pytest
 
 from supervisor.core.config_file import ini_options
+from supervisor.core.options import _parse
 from supervisor.ctl.commands import COMMANDS
 from supervisor.ctl.main import ctl_parser
-from supervisor.worker.main import worker_parser
+from supervisor.worker.main import parse_worker_settings, worker_parser
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER_INI = REPO / "conf" / "worker.ini"
@@ -26,6 +27,9 @@ WORKER_INI = REPO / "conf" / "worker.ini"
 # sqlite-path: the service's StateDirectory, /var/lib/jobq; task-umask: the tasks keep 0022
 # under the service's UMask=0077
 SET_ON_PURPOSE = {"sqlite-path", "task-umask"}
+# conf/worker-postgres.ini: a PostgreSQL host's keys, set to what such a host runs with
+POSTGRES_INI = REPO / "conf" / "worker-postgres.ini"
+SET_FOR_POSTGRES = {"backend", "postgres-url", "num-workers"}
 
 
 def _generator() -> ModuleType:
@@ -162,7 +166,7 @@ def _ini_lines(text: str) -> list[tuple[int, bool, str, str]]:
     return out
 
 
-def ini_problems(text: str) -> list[str]:
+def ini_problems(text: str, on_purpose: frozenset[str] = frozenset()) -> list[str]:
     """What in a worker.ini text is not the worker parser's: a key that is no option, a set
     value that is not the option's default, a commented-out value that is not its default
     (when the option has one: otherwise the line is an example)."""
@@ -173,7 +177,7 @@ def ini_problems(text: str) -> list[str]:
         if action is None:
             problems.append(f"line {number}: {key} is no option of jobq-supervisor")
             continue
-        if key in SET_ON_PURPOSE:
+        if key in SET_ON_PURPOSE or key in on_purpose:
             continue
         has_default = action.default not in (None, "", (), [], argparse.SUPPRESS)
         if commented and not has_default:
@@ -195,6 +199,18 @@ def test_worker_ini_keys_and_defaults_are_the_parsers():
     text = WORKER_INI.read_text()
     assert len(_ini_lines(text)) > 50
     assert ini_problems(text) == []
+
+
+def test_postgres_worker_ini_keys_and_defaults_are_the_parsers():
+    """Issue 41 (7): the PostgreSQL example is checked like the SQLite one, and both commands
+    read it as a PostgreSQL configuration."""
+    text = POSTGRES_INI.read_text()
+    assert ini_problems(text, frozenset(SET_FOR_POSTGRES)) == []
+    settings = parse_worker_settings(["--config", str(POSTGRES_INI)])
+    assert (settings.backend, settings.num_workers) == ("postgres", 4)
+    assert settings.postgres_url.startswith("postgresql://jobq_worker@")
+    ns = _parse(ctl_parser(), ["--config", str(POSTGRES_INI), "status"])
+    assert (ns.backend, ns.postgres_schema) == ("postgres", "jobq")
 
 
 def test_worker_ini_check_finds_a_wrong_key_and_a_wrong_default():
