@@ -17,6 +17,16 @@ if TYPE_CHECKING:
     from ..fleet.control.base import ControlStore
 
 CMD_SHOWN = 60  # characters of a command on a line
+RESULT_SHOWN = 24  # ... of the exit status or reason ("exit 3", "cancelled by ...")
+
+
+def _result(exit_status: int | None, reason: str | None) -> str:
+    """``exit 3``, else the reason's start, else ``-`` (a task that has not ended)."""
+    if exit_status is not None:
+        return f"exit {exit_status}"
+    if not reason:
+        return "-"
+    return reason if len(reason) <= RESULT_SHOWN else reason[:RESULT_SHOWN - 3] + "..."
 
 
 def add_tasks_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,10 +68,14 @@ def cmd_tasks(ns: argparse.Namespace, backend: Backend, store: ControlStore | No
         return 0
     if note:
         print(f"jobq-ctl: note: {note}", file=sys.stderr)
+    if rows:
+        print(f"{'ID':32}  {'STATE':9}  {'ATT':>3}  {'PUSHED':20}  {'ENDED':20}  "
+              f"{'WORKER':20}  {'RESULT':{RESULT_SHOWN}}  COMMAND")
     for r in rows:
         cmd = r.cmd if len(r.cmd) <= CMD_SHOWN else r.cmd[:CMD_SHOWN - 3] + "..."
-        print(f"{r.id}  {r.state:9}  {r.attempt:>2}  {iso(r.created):20}  "
-              f"{r.worker or '-':20}  {cmd}")
+        ended = iso(r.ended) if r.ended is not None else "-"
+        print(f"{r.id}  {r.state:9}  {r.attempt:>3}  {iso(r.created):20}  {ended:20}  "
+              f"{r.worker or '-':20}  {_result(r.exit_status, r.reason):{RESULT_SHOWN}}  {cmd}")
     if after is not None:
         print(f"jobq-ctl: more: the same command with --after '{after}'", file=sys.stderr)
     return 0

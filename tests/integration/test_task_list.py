@@ -5,6 +5,7 @@ test's process, and ``jobq-ctl tasks`` once as a user runs it."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -103,7 +104,10 @@ def test_pages_follow_one_another_by_keyset(tasks):
 def test_jobq_ctl_tasks(env):
     ids = env.push("echo a", "echo b", "echo c")
     out = env.ctl("tasks", "--limit", "2")
-    assert [line.split()[0] for line in out.stdout.splitlines()] == ids[:0:-1]
+    header, *lines = out.stdout.splitlines()
+    assert header.split() == ["ID", "STATE", "ATT", "PUSHED", "ENDED", "WORKER", "RESULT",
+                              "COMMAND"]
+    assert [line.split()[0] for line in lines] == ids[:0:-1]
     assert "--after" in out.stderr
     cursor = out.stderr.split("--after '")[1].split("'")[0]
     page = json.loads(env.ctl("tasks", "--json", "--after", cursor).stdout)
@@ -116,3 +120,21 @@ def test_jobq_ctl_tasks(env):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip() == ("jobq-ctl: error: tasks: --after: 'page-2' is not a cursor a "
                                   "page of this queue printed")
+
+
+def test_jobq_ctl_tasks_text_shows_push_and_end_times_and_how_each_ended(env):
+    """Issue 41 (7): docs/fleet.rst promised push and end times and the exit status or reason;
+    the lines had neither."""
+    [ok, bad, waiting] = env.push("true", "exit 3", "sleep 1")
+    env.ctl("cancel", waiting)
+    env.supervisor("--exit-when-empty", "--max-attempts", "1").wait(60)
+    header, *lines = env.ctl("tasks").stdout.splitlines()
+    columns = {name: header.index(name) for name in ("ENDED", "RESULT", "COMMAND")}
+    row = {line.split()[0]: line for line in lines}
+    for tid, result, cmd in ((ok, "exit 0", "true"), (bad, "exit 3", "exit 3"),
+                             (waiting, "cancelled", "sleep 1")):
+        line = row[tid]
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ",
+                            line[columns["ENDED"]:].split()[0]), line
+        assert line[columns["RESULT"]:].startswith(result), line
+        assert line[columns["COMMAND"]:] == cmd, line
