@@ -16,16 +16,21 @@ author = "the jobq-supervisor authors"
 copyright = "the jobq-supervisor authors"  # noqa: A001  (Sphinx's name)
 version = release = __version__
 
-extensions = ["jobq_reference"]
+extensions = ["jobq_reference", "sphinx_copybutton"]
 root_doc = "index"
 exclude_patterns = ["_build", "_fragments"]  # included by pages, no pages of their own
 nitpicky = True
-highlight_language = "none"
+highlight_language = "bash"  # most blocks are commands
+# ... and the others (tables of figures, output, INI text) are highlighted as well as bash's
+# lexer can, in its relaxed mode: a block that is no shell is no error.
+suppress_warnings = ["misc.highlighting_failure"]
 # Smart quotes and ellipses, but no dashes: "--queue-order" in a help text became an en dash
 # ("–queue-order"), and an option copied from the page did not work.
 smartquotes_action = "qe"
 
-html_theme = "alabaster"
+# Furo: code blocks scroll instead of being clipped at 80 columns, a copy button on each
+# (sphinx_copybutton), a page a phone can read.
+html_theme = "furo"
 html_title = f"jobq-supervisor {release}"
 html_static_path: list[str] = []
 
