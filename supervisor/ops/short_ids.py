@@ -3,7 +3,7 @@ every ``jobq-ctl`` command that takes a task id (logs, result, cancel, requeue) 
 dashboard's search.  The caller's thread (jobq-ctl's main thread, a dashboard request
 thread), on the clients it already has open.
 
-Where a prefix is looked up (docs/fleet.rst, "Short task ids"):
+Where a prefix is looked up (docs/fleet-internals.rst, "Short task ids"):
 
 * the queue, where it indexes its tasks by id (``QueueAdmin.ids_starting``: SQLite and
   PostgreSQL, a range of the index on the ids) -- every task it keeps;

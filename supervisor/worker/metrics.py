@@ -91,7 +91,7 @@ class Metrics:
             [*names, "operation"], registry=self.registry)
         self._labels = labels
         self._running = gauge("jobq_tasks_running", "Tasks running now.")
-        # Autoscaling signals (docs/fleet.rst, "The fleet layer"): this worker's load
+        # Autoscaling signals (docs/fleet-internals.rst, "The fleet layer"): this worker's load
         # from the main thread, the queue's from the sampler thread (worker/sampler.py).
         self._slots_busy = gauge("jobq_slots_busy", "Slots running a task now.")
         self._slots_total = gauge("jobq_slots_total", "Slots of this worker (-n).")

@@ -8,7 +8,7 @@ no task id can reach outside its directory.
 Files, not rows in the queue's database: the database's one write lock belongs to the data
 plane (receive, renew, settle of every supervisor on the host), and a task printing megabytes
 a second would hold it for its flushes.  Appending to a file takes no lock anyone else waits
-for, and an operator can ``tail -f`` it too.  Measured: docs/fleet.rst, "Task output".
+for, and an operator can ``tail -f`` it too.  Measured: docs/fleet-internals.rst, "Task output".
 
 Writer: the worker's output-store thread; readers: jobq-ctl, the dashboard.
 """
