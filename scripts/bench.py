@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -52,6 +53,17 @@ def paired_medians(pairs: list[tuple[float, float]]) -> tuple[float, float, floa
     """(reference, measurement) pairs -> medians of each and of the per-pair ratios."""
     return (statistics.median(r for r, _ in pairs), statistics.median(m for _, m in pairs),
             statistics.median(m / r for r, m in pairs))
+
+
+def alternated(b: Bench, measure: Callable[[bool], float]) -> list[tuple[float, float]]:
+    """(reference, measurement) pairs of ``measure(False)`` and ``measure(True)``, the two
+    swapping places each pair: the VM's spawn rate drifts by more than the few per cent an
+    on/off figure is about, and a fixed order would hand that drift to one side."""
+    pairs = []
+    for i in range(3 if b.quick else 2 * b.runs):
+        got = {on: measure(on) for on in ((False, True) if i % 2 == 0 else (True, False))}
+        pairs.append((got[False], got[True]))
+    return pairs
 
 
 def fig_sqlite_throughput(b: Bench) -> None:
@@ -100,13 +112,9 @@ def fig_overhead(b: Bench) -> None:
 
 
 def fig_control_plane(b: Bench) -> None:
-    # Off and on alternate, swapping places each pair, and the ratio is taken per pair: the
-    # VM's spawn rate drifts by more than the 5 % this figure is about.
-    pairs = []
-    for i in range(3 if b.quick else 2 * b.runs):
-        order = ("off", "auto") if i % 2 == 0 else ("auto", "off")
-        tp = {mode: sqlite_throughput(b.tmp, b.n, ("--control", mode)) for mode in order}
-        pairs.append((tp["off"], tp["auto"]))
+    # Off and on alternate (alternated), and the ratio is taken per pair.
+    pairs = alternated(b, lambda on: sqlite_throughput(
+        b.tmp, b.n, ("--control", "auto" if on else "off")))
     off, on, ratio = paired_medians(pairs)
     idle = {}
     for mode in ("off", "auto"):
@@ -136,12 +144,8 @@ def fig_control_plane(b: Bench) -> None:
 def fig_lifeline_feed(b: Bench) -> None:
     # The lifeline's deadline feed (kill before expiry with a frozen supervisor) on and off,
     # alternating and swapping places each pair, the ratio taken per pair, as above.
-    pairs = []
-    for i in range(3 if b.quick else 2 * b.runs):
-        order = ("0", "1") if i % 2 == 0 else ("1", "0")
-        tp = {on: sqlite_throughput(b.tmp, b.n, env={"JOBQ_LIFELINE_DEADLINES": on})
-              for on in order}
-        pairs.append((tp["0"], tp["1"]))
+    pairs = alternated(b, lambda on: sqlite_throughput(
+        b.tmp, b.n, env={"JOBQ_LIFELINE_DEADLINES": "1" if on else "0"}))
     off, on, ratio = paired_medians(pairs)
     b.results.update(lifeline_feed_off=off, lifeline_feed_on=on, lifeline_feed_ratio=ratio,
                      lifeline_feed_ratios=[a / o for o, a in pairs])
@@ -190,12 +194,9 @@ def fig_output_rate(b: Bench) -> None:
 
 
 def fig_output_store(b: Bench) -> None:
-    # As the control plane's figure: modes alternate, swapping places, ratio per pair.
-    pairs = []
-    for i in range(3 if b.quick else 2 * b.runs):
-        order = ("local", "store") if i % 2 == 0 else ("store", "local")
-        tp = {mode: sqlite_throughput(b.tmp, b.n, ("--task-output", mode)) for mode in order}
-        pairs.append((tp["local"], tp["store"]))
+    # As the control plane's figure: modes alternate, ratio per pair.
+    pairs = alternated(b, lambda store: sqlite_throughput(
+        b.tmp, b.n, ("--task-output", "store" if store else "local")))
     local, store, ratio = paired_medians(pairs)
     rate = store_rate(sys.executable, b.tmp, 100 if b.quick else 500)
     b.results.update(output_store_throughput_local=local, output_store_throughput_store=store,

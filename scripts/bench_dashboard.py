@@ -53,8 +53,8 @@ def _fill(db: Path) -> None:
             "locked_until=? WHERE id=?",
             [(f"w-{i % WORKERS:02d}", now, now + 3600, task_id) for i, task_id in enumerate(ids)])
     conn.close()
-    from supervisor.fleet.control import SqliteControlStore
     from supervisor.fleet.control.records import TaskInfo, WorkerRecord
+    from supervisor.fleet.control.sqlite import SqliteControlStore
 
     store = SqliteControlStore(str(db))
     try:

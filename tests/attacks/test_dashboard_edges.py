@@ -17,7 +17,7 @@ from supervisor.core.task import Task
 from supervisor.dashboard.app import create_app
 from supervisor.dashboard.data import DataSource
 from supervisor.dashboard.edges import OVERALL, PER_CLIENT, WINDOW, HostCheck
-from supervisor.fleet.control import SqliteControlStore
+from supervisor.fleet.control.sqlite import SqliteControlStore
 from tests.dashboard.conftest import TOKEN, dashboard, served  # noqa: F401 (fixtures)
 from tests.dashboard.pages import client_login, csrf_of
 

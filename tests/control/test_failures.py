@@ -14,8 +14,9 @@ import pytest
 
 from supervisor.backends.sqlite.backend import SqliteBackend
 from supervisor.core.task import Task
-from supervisor.fleet.control import Cancel, ControlStoreError, SqliteControlStore
+from supervisor.fleet.control import Cancel, ControlStoreError
 from supervisor.fleet.control.base import UniqueClaim
+from supervisor.fleet.control.sqlite import SqliteControlStore
 
 from .conftest import QUEUE, free_port, table_connection_string
 

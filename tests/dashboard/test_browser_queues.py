@@ -57,7 +57,7 @@ def test_two_queues_overview_and_pausing_one_queue(env, dashboard, browser):
 
 def _worker_saw_pause(env) -> bool:
     """The worker's record on queue low says paused (its control thread saw the flag)."""
-    from supervisor.fleet.control import SqliteControlStore
+    from supervisor.fleet.control.sqlite import SqliteControlStore
 
     store = SqliteControlStore(str(env.db), busy_timeout=10.0)
     try:

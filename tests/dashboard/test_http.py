@@ -16,9 +16,9 @@ import pytest
 from supervisor.backends.base import BackendError
 from supervisor.dashboard.app import create_app
 from supervisor.dashboard.data import DataSource
-from supervisor.fleet.control import SqliteControlStore
 from supervisor.fleet.control.base import ControlStoreError
 from supervisor.fleet.control.records import WorkerRecord
+from supervisor.fleet.control.sqlite import SqliteControlStore
 from tests.dashboard.conftest import TOKEN, Unreachable, control_store, data_source
 from tests.dashboard.pages import client_login, csrf_of, get
 

@@ -15,7 +15,7 @@ from supervisor.backends.sqlite.backend import SqliteBackend
 from supervisor.dashboard.app import create_app
 from supervisor.dashboard.data import DataSource
 from supervisor.dashboard.history import History
-from supervisor.fleet.control import SqliteControlStore
+from supervisor.fleet.control.sqlite import SqliteControlStore
 from tests.dashboard.conftest import TOKEN
 from tests.dashboard.pages import csrf_of, get
 

@@ -17,7 +17,7 @@ import pytest
 from supervisor.backends.sqlite.backend import SqliteBackend
 from supervisor.dashboard.app import create_app
 from supervisor.dashboard.data import DataSource
-from supervisor.fleet.control import SqliteControlStore
+from supervisor.fleet.control.sqlite import SqliteControlStore
 from tests.conftest import wait_for
 from tests.dashboard.conftest import TOKEN, login
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from supervisor.core.signing import load_key
-from supervisor.fleet.control import Cancel, Command, QueueFlag, SqliteControlStore, new_seq
+from supervisor.fleet.control import Cancel, Command, QueueFlag, new_seq
 from supervisor.fleet.control.base import ControlStore
 from supervisor.fleet.control.signing import sign
+from supervisor.fleet.control.sqlite import SqliteControlStore
 from tests.conftest import marked_processes, term_stamp, wait_for
 
 pytestmark = pytest.mark.timeout(90)

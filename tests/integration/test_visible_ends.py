@@ -22,7 +22,7 @@ import pytest
 from supervisor.backends.sqlite.backend import SqliteBackend
 from supervisor.dashboard.app import create_app
 from supervisor.dashboard.data import DataSource
-from supervisor.fleet.control import SqliteControlStore
+from supervisor.fleet.control.sqlite import SqliteControlStore
 from supervisor.fleet.output.files import FileOutputStore, output_dir
 from tests.conftest import command, marked_processes, wait_for
 from tests.integration.captured import Captured

@@ -218,8 +218,8 @@ def test_notify_off_listens_never(schema: str) -> None:
 
 def test_stores_without_push_offer_no_watch(tmp_path: Path) -> None:
     """SQLite's store is polled only (base.Watchable is PostgreSQL's alone)."""
-    from supervisor.fleet.control import SqliteControlStore
     from supervisor.fleet.control.base import Watchable
+    from supervisor.fleet.control.sqlite import SqliteControlStore
 
     store = SqliteControlStore(tmp_path / "q.db")
     try:

@@ -1,8 +1,9 @@
 """The package's layers and its one thread helper, read from the source (docs/architecture.rst,
 "Modules"): every import between two of our modules -- at the top, inside a function or under
-``TYPE_CHECKING`` alike -- goes down the layers, no module imports itself round a circle, and
-no module but ``core/threads.py`` creates a thread (there every thread gets a name and the
-supervisor's signals blocked, so a signal always lands on the main thread).
+``TYPE_CHECKING`` alike -- goes down the layers, no module imports itself round a circle (one
+through a module ``__getattr__`` that imports lazily included: ``imports_of``), and no module
+but ``core/threads.py`` creates a thread (there every thread gets a name and the supervisor's
+signals blocked, so a signal always lands on the main thread).
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ class Import:
 
     source: str
     target: str
-    path: Path
+    path: str  # as the report shows it: relative to the package's parent
     line: int
 
     def where(self) -> str:
-        return f"{self.path.relative_to(PACKAGE.parent)}:{self.line}"
+        return f"{self.path}:{self.line}"
 
 
 @functools.cache
@@ -52,17 +53,17 @@ def parsed(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), str(path))
 
 
-def module_name(path: Path) -> str:
+def module_name(path: Path, package: Path = PACKAGE) -> str:
     """``supervisor/backends/sqlite/lease.py`` -> ``supervisor.backends.sqlite.lease``; a
     package's ``__init__.py`` is the package."""
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
 def all_modules(package: Path = PACKAGE) -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(package.rglob("*.py"))}
+    return {module_name(p, package): p for p in sorted(package.rglob("*.py"))}
 
 
 def short(module: str) -> str:
@@ -76,12 +77,26 @@ def package_of(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
-def imports_of(module: str, path: Path, modules: dict[str, Path]
+def lazy_getattr(path: Path) -> bool:
+    """Whether the module defines a module-level ``__getattr__`` (PEP 562) that imports."""
+    return any(isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
+               and any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(node))
+               for node in parsed(path).body)
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path],
+               lazy: frozenset[str] = frozenset(), package: Path = PACKAGE
                ) -> tuple[list[Import], list[str]]:
     """Every import of our package in ``path`` wherever it stands (ast.walk: function
     bodies and ``if TYPE_CHECKING:`` blocks included), resolved to the module it loads; and
-    the imports that name no module of ours (a stale path after a move)."""
+    the imports that name no module of ours (a stale path after a move).
+
+    ``from pkg import name`` loads the submodule ``pkg.name`` when there is one -- and also
+    ``pkg`` itself when ``pkg`` is in ``lazy`` (it has a module-level ``__getattr__`` that
+    imports): Python asks ``pkg`` for ``name`` first, so the lazy imports of its
+    ``__getattr__`` (edges of ``pkg``) may run there, and a circle through them must show."""
     here = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    shown = str(path.relative_to(package.parent))
     found: list[Import] = []
     unresolved: list[str] = []
     for node in ast.walk(parsed(path)):
@@ -97,24 +112,27 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]
             # ``from pkg import name``: the submodule ``pkg.name`` when there is one
             targets = [f"{origin}.{a.name}" if f"{origin}.{a.name}" in modules else origin
                        for a in node.names]
+            if origin in lazy:
+                targets.append(origin)
         for target in targets:
             if target != ROOT and not target.startswith(ROOT + "."):
                 continue  # not ours
             if target not in modules:
-                unresolved.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} "
+                unresolved.append(f"{shown}:{node.lineno} "
                                   f"imports {target}, which is no module of the package")
             elif target != module:
-                found.append(Import(module, target, path, node.lineno))
+                found.append(Import(module, target, shown, node.lineno))
     return sorted(set(found), key=lambda i: (i.line, i.target)), unresolved
 
 
 def import_graph(package: Path = PACKAGE) -> tuple[dict[str, list[Import]], list[str]]:
     """module -> its imports of our other modules, and every unresolved import."""
     modules = all_modules(package)
+    lazy = frozenset(m for m, path in modules.items() if lazy_getattr(path))
     graph: dict[str, list[Import]] = {}
     unresolved: list[str] = []
     for module, path in modules.items():
-        graph[module], lost = imports_of(module, path, modules)
+        graph[module], lost = imports_of(module, path, modules, lazy, package)
         unresolved += lost
     return graph, unresolved
 
@@ -254,3 +272,35 @@ def test_threads_are_started_only_by_core_threads() -> None:
                     "supervisor's signals blocked nor always a name: use "
                     "core.threads.start_thread (or start_fast):\n  " + "\n  ".join(problems),
                     pytrace=False)
+
+
+def test_a_lazy_module_getattr_hides_no_circle(tmp_path: Path) -> None:
+    """The shape that once hid a circle in fleet/control/: the package's ``__getattr__``
+    imports a store lazily, the store imports a table module, and the table module takes its
+    siblings through the package (``from . import base``), which may run that ``__getattr__``.
+    """
+    package = tmp_path / ROOT
+    control = package / "fleet" / "control"
+    control.mkdir(parents=True)
+    for folder in (package, package / "fleet"):
+        (folder / "__init__.py").write_text("")
+    (control / "__init__.py").write_text(
+        "from .base import Seam\n\n\n"
+        "def __getattr__(name):\n"
+        "    if name == 'Store':\n"
+        "        from .store import Store\n\n"
+        "        return Store\n"
+        "    raise AttributeError(name)\n")
+    (control / "base.py").write_text("class Seam: ...\n")
+    (control / "store.py").write_text("from .table import Table\n\n\nclass Store(Table): ...\n")
+    (control / "table.py").write_text("from . import base\n\n\nclass Table(base.Seam): ...\n")
+    graph, unresolved = import_graph(package)
+    assert unresolved == []
+    circles = import_circles(graph)
+    assert len(circles) == 1, circles
+    assert circles[0].startswith("fleet.control, fleet.control.store, fleet.control.table "
+                                 "import each other"), circles
+    # without the __getattr__ the same imports are no circle
+    (control / "__init__.py").write_text("from .base import Seam\n")
+    parsed.cache_clear()
+    assert import_circles(import_graph(package)[0]) == []

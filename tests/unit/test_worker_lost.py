@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from supervisor.ctl.result_command import cmd_result
-from supervisor.fleet.control import SqliteControlStore
 from supervisor.fleet.control.base import LOST_AFTER
 from supervisor.fleet.control.records import ResultRecord, WorkerRecord
+from supervisor.fleet.control.sqlite import SqliteControlStore
 from supervisor.ops import fleet as ops_fleet
 from supervisor.ops.results import LOST_GRACE, shown_state
 

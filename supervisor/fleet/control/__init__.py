@@ -1,15 +1,14 @@
 """The fleet layer's control store: worker records, cancels, queue flags, commands for one
-worker and result records, in SQLite (the queue's own file) or Azure Table Storage.
+worker and result records, in SQLite (the queue's own file), PostgreSQL or Azure Table Storage.
 
 ``base`` is the seam (``ControlStore``, ``ControlSnapshot``, ``ControlStoreError``, the key
 layout); ``records`` the versioned JSON documents; ``signing`` the HMAC signatures on
-cancel/flag/command records.  See docs/architecture.rst.  The Azure store is imported from
-``supervisor.fleet.control.azure_table`` only where it is used (it needs azure-data-tables), and
-the SQLite store at its first use (a worker that imports ``records`` for its results does
-not need ``sqlite3``).
+cancel/flag/command records.  See docs/architecture.rst.  The stores themselves are imported
+from their own modules (``sqlite``, ``postgres``, ``azure_table``, or ``open`` to pick one):
+this package re-exports only what every store stands on, so importing it never imports a store
+(a worker that imports ``records`` for its results needs neither ``sqlite3`` nor an SDK) and no
+store module reaches back into it round a circle.
 """
-
-from typing import TYPE_CHECKING
 
 from .base import (
     ControlConfigError,
@@ -33,17 +32,5 @@ from .records import (
 __all__ = [
     "Cancel", "Command", "ControlConfigError", "ControlSnapshot", "ControlStore",
     "ControlStoreError", "PurgeCounts", "QueueFlag", "RecordError", "ResultRecord",
-    "SqliteControlStore", "TaskInfo", "WorkerRecord", "new_seq", "worker_state",
+    "TaskInfo", "WorkerRecord", "new_seq", "worker_state",
 ]
-
-if TYPE_CHECKING:
-    from .sqlite import SqliteControlStore
-
-
-def __getattr__(name: str) -> object:
-    """``SqliteControlStore``, imported when first asked for (PEP 562)."""
-    if name == "SqliteControlStore":
-        from .sqlite import SqliteControlStore
-
-        return SqliteControlStore
-    raise AttributeError(name)
