@@ -17,7 +17,7 @@ overrides the file's ``backend``; at its precedence or above they conflict.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from .settings import BACKENDS, SettingsError

@@ -127,7 +127,8 @@ def _fields(line: str) -> list[str] | None:
     short line."""
     if not line.strip() or line.lstrip().startswith("#"):
         return None
-    fields, current, escaped = [], "", False
+    fields: list[str] = []
+    current, escaped = "", False
     for ch in line:
         if escaped:
             current += ch
