@@ -216,8 +216,10 @@ class Env:
         SqliteBackend(str(self.db), queue, "test-worker", serve=True).close()
 
     def supervisor(self, *args: str, env: dict[str, str] | None = None,
-                   name: str | None = None, **kw) -> Supervisor:
-        sup = Supervisor(self.tmp, self.base_args() + list(args),
+                   name: str | None = None, base: bool = True, **kw) -> Supervisor:
+        """A worker on this test's queue; ``base=False``: without ``base_args`` (a worker of
+        another backend, whose options the queue's own would contradict: exit 2)."""
+        sup = Supervisor(self.tmp, (self.base_args() if base else []) + list(args),
                          {**self.secret_env(), **(env or {})},
                          name or f"sup{len(self.sups)}", **kw)
         self.sups.append(sup)

@@ -193,6 +193,9 @@ class Backend(Protocol):
     # Seconds after a lost lease's lock expiry until the message is visible again
     # (SQLite: its reaper's delay; Azure: 0).  --exit-when-empty waits that long.
     lost_lease_return_delay: float
+    # How a lease nobody settles (lock lost, deadline passed) comes back, for log lines:
+    # "the message becomes visible again when its visibility timeout ends".
+    lost_lease_return: str
     # Holding a received lease a moment is cheap: the worker may receive ahead for short
     # tasks (worker/receive_ahead.py).  Default False.
     receive_ahead: bool
@@ -352,6 +355,7 @@ class BackendBase:
     no_retry_delay: str | None = None
     requeue_chunk: int | None = None
     location: str | None = None
+    lost_lease_return: str = "the broker hands the message out again once its lock expires"
 
     def admin(self) -> QueueAdmin | None:
         """No index of tasks by id."""

@@ -66,6 +66,7 @@ class MultiQueueBackend(BackendBase):
         self.name = first.name
         every = list(backends.values())
         self.lost_lease_return_delay = max(b.lost_lease_return_delay for b in every)
+        self.lost_lease_return = first.lost_lease_return  # one kind of backend for every queue
         self.receive_ahead = all(b.receive_ahead for b in every)
         self.change_probe = all(b.change_probe for b in every)
         self.quick_settle = all(b.quick_settle for b in every)

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 import configargparse
 
+from .backend_choice import GivenStore, Sources, choose_backend, given_options
 from .config_file import CLI_ONLY_ATTR, CONFIG_ATTR, PATH_ATTR, IniFile, ini_options
 from .config_flag import config_before_command, config_path
 from .settings import (
@@ -106,9 +107,12 @@ class _Parser(configargparse.ArgParser):
         return {**own, **ini_options(self.ini_owner()._actions)} if self.ini_owner else own
 
     def settings(self, ns: argparse.Namespace) -> Settings:
-        """``Settings`` of the parsed ``ns``; a value it refuses that came from the INI file
-        is named by file, line and key (UsageError)."""
+        """``Settings`` of the parsed ``ns``, on the backend its options name
+        (core/backend_choice.py); a value it refuses that came from the INI file is named by
+        file, line and key (UsageError)."""
         try:
+            ns.backend = choose_backend(ns, Sources(
+                self.get_source_to_settings_dict(), self.ini_file.origins, given_options(ns)))
             return Settings.from_namespace(ns)
         except SettingsError as exc:
             if exc.option is not None and exc.option in self._from_ini():
@@ -257,31 +261,35 @@ def add_backend_options(p: argparse.ArgumentParser, suppress: bool = False) -> N
     """Options shared by both commands (on jobq-ctl sub-commands with SUPPRESS defaults,
     so that they do not hide the values given before the sub-command)."""
     kw: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
-    p.add_argument("--backend", choices=BACKENDS, help="queue backend", **kw)
+    # a backend's own options (and --backend) mark that they were given: backend_choice.py
+    own = {**kw, "action": GivenStore}
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="queue backend; without it, the one whose options are given "
+                        "(--postgres-url: postgres), by default sqlite", **own)
     p.add_argument("--queue", help="queue name; a worker takes a comma-separated list "
                    "(high,default,low: see --queue-order); of jobq-ctl's commands only "
                    "status takes several", **kw)
-    p.add_argument("--sqlite-path", help="SQLite database file", path=True, **kw)
+    p.add_argument("--sqlite-path", help="SQLite database file", path=True, **own)
     p.add_argument("--connection-string",
                    help="Azure connection string (secret: prefer env JOBQ_CONNECTION_STRING)",
-                   **kw)
+                   **own)
     p.add_argument("--account-url",
-                   help="Storage account queue URL, with DefaultAzureCredential", **kw)
+                   help="Storage account queue URL, with DefaultAzureCredential", **own)
     p.add_argument("--namespace",
                    help="Service Bus namespace NAME.servicebus.windows.net, with "
-                        "DefaultAzureCredential", **kw)
+                        "DefaultAzureCredential", **own)
     p.add_argument("--postgres-url",
                    help="PostgreSQL: libpq connection string, URI or key=value, TLS by its "
                         "sslmode (secret when it holds a password: prefer env "
                         "JOBQ_POSTGRES_URL or ~/.pgpass); empty: libpq's PG* variables",
-                   **kw)
+                   **own)
     p.add_argument("--postgres-schema",
-                   help="PostgreSQL: the schema of jobq's tables (default jobq)", **kw)
+                   help="PostgreSQL: the schema of jobq's tables (default jobq)", **own)
     p.add_argument("--postgres-notify", choices=POSTGRES_NOTIFY_MODES,
                    help="PostgreSQL: wake idle workers, and the control thread on a cancel, "
                         "pause, drain or stop, by LISTEN/NOTIFY (default on); off "
                         "behind PgBouncer in transaction mode (poll only, no prepared "
-                        "statements)", **kw)
+                        "statements)", **own)
     p.add_argument("--control", choices=CONTROL_MODES,
                    help="fleet control store (workers, cancels, pause, drain): auto = the "
                         "queue's SQLite file, or Table Storage in the Storage Queue's account "

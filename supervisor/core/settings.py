@@ -28,6 +28,8 @@ POSTGRES_NOTIFY_MODES = ("on", "off")
 # --postgres-schema: a plain lower-case SQL identifier, the same quoted or not (pg_* are
 # the server's own)
 POSTGRES_SCHEMA_NAME = re.compile(r"(?!pg_)[a-z_][a-z0-9_]{0,62}")
+# The longest queue name: Storage Queue's limit, kept by every backend alike
+QUEUE_NAME_MAX = 63
 # How a worker's several queues take turns (backends/multi.py)
 QUEUE_ORDERS = ("strict", "round-robin")
 LOCK_LOST_BEHAVIORS = ("sigkill", "sigterm")
@@ -246,8 +248,13 @@ class Settings:
                 raise bad("queue", f"empty queue name in {self.queue!r}")
             if name in names[:i]:
                 raise bad("queue", f"queue {name!r} named twice in {self.queue!r}")
-            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", name):
-                raise bad("queue", f"invalid queue name {name!r} (letters, digits, . _ -)")
+            if len(name) > QUEUE_NAME_MAX:
+                raise bad("queue", f"queue name {name[:20] + '...'!r} is {len(name)} "
+                          f"characters long: at most {QUEUE_NAME_MAX}")
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+                raise bad("queue", f"invalid queue name {name!r} (letters, digits, . _ -, "
+                          f"starting with a letter or digit; at most {QUEUE_NAME_MAX} "
+                          "characters)")
         if self.queue_order not in QUEUE_ORDERS:
             raise bad("queue-order", f"must be one of {', '.join(QUEUE_ORDERS)}")
         if self.backend == "storage-queue" and bool(self.connection_string) == bool(

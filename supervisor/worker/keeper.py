@@ -84,9 +84,12 @@ class LeaseKeeper:
                  renew_interval: float, clock: Callable[[], float] = time.monotonic,
                  on_lost: Callable[[], None] | None = None,
                  on_renewal: Callable[[float, bool], None] | None = None,
-                 sleep: Callable[[float], None] | None = None) -> None:
+                 sleep: Callable[[float], None] | None = None,
+                 comes_back: str = "the broker will hand the message out again") -> None:
         """``sleep``: how a settlement retry waits (tests pass their fake clock's advance);
-        by default the keeper's own wake-up queue, so that ``finish`` still wakes it."""
+        by default the keeper's own wake-up queue, so that ``finish`` still wakes it.
+        ``comes_back``: how the backend gets back a lease nobody settles, for the log line."""
+        self.comes_back = comes_back
         self.lease = lease
         self._retry_sleep: Callable[[float], None] = sleep or self._sleep
         self.task_id = task_id
@@ -347,8 +350,7 @@ class LeaseKeeper:
                 f"not settled: the lease was lost ({self.lost_reason})" if self.lost_reason
                 else "not settled: the lease deadline passed before the settlement could be "
                      "tried"))
-        log.warning("%s; the broker will hand the message out again", reason,
-                    extra={"task_id": self.task_id})
+        log.warning("%s; %s", reason, self.comes_back, extra={"task_id": self.task_id})
 
     def _unsettle(self, why: Unsettled, reason: str) -> str:
         """The settlement will not happen, ``why`` in ``reason`` (keeper thread, or the main

@@ -160,7 +160,7 @@ class Launcher:
         keeper = self._keeper(lease, task_id, held.t_sent)
         if verdict == LOST:
             log.warning("received ahead, not started: its lease deadline passed while it was "
-                        "held; not settled, the broker hands it out again",
+                        "held; not settled: %s", self.settlement.backend.lost_lease_return,
                         extra={"task_id": task_id})
         else:
             log.debug("received ahead, not started: back to the queue (%s)", why,
@@ -179,7 +179,8 @@ class Launcher:
     def _keeper(self, lease: Lease, task_id: str, t_sent: float) -> LeaseKeeper:
         return LeaseKeeper(lease, task_id, t_sent=t_sent, granted=lease.lock_duration,
                            renew_interval=self.s.renew_every, clock=self.clock,
-                           on_lost=self.watchdog.wake, on_renewal=self.metrics.renewal)
+                           on_lost=self.watchdog.wake, on_renewal=self.metrics.renewal,
+                           comes_back=self.settlement.backend.lost_lease_return)
 
     def dispatch(self, lease: Lease, t_sent: float) -> None:
         """Submit a spawn for ``lease``, or dead-letter it if it must not run (main thread)."""

@@ -24,7 +24,7 @@ class Ended(enum.Enum):
     DEAD_LETTERED = "dead_lettered"  # DeadLetter without a run: a bad or refused message
     REQUEUED = "requeued"  # Release, attempt not counted: preempted, or the worker stopped
     CANCELLED = "cancelled"  # DeadLetter: a cancel, before or while it ran
-    LOCK_LOST = "lock_lost"  # nothing settled: the message comes back through the broker
+    LOCK_LOST = "lock_lost"  # nothing settled: it comes back as Backend.lost_lease_return says
     RETURNED = "returned"  # Release, attempt not counted: received, never started
     EXPIRED = "expired"  # nothing settled: held ahead past its lease deadline, never started
 
@@ -35,7 +35,9 @@ class Ended(enum.Enum):
 
 
 class Unsettled(enum.Enum):
-    """Why a settlement did not happen (the message comes back through the broker)."""
+    """Why a settlement did not happen (the message comes back as the backend's
+    ``lost_lease_return`` says: a lock that lapses on Azure, a pass of ours on SQLite and
+    PostgreSQL)."""
 
     REFUSED = "refused"  # the broker refused the settlement call (LeaseLost)
     LEASE_LOST = "lease lost"  # lost, or its deadline passed, before a call could succeed

@@ -221,8 +221,9 @@ class Settlement:
             for keeper in self.completer.take_retries():
                 keeper.start()
         # A keeper whose lease deadline passed will not settle (and may be stuck in a hung
-        # call): its message comes back through the broker, so nobody waits for it -- but
-        # how it ended is still counted once it is done (``_settled``).
+        # call): its message comes back by the backend's own means (``lost_lease_return``),
+        # so nobody waits for it -- but how it ended is still counted once it is done
+        # (``_settled``).
         still = []
         for k in self.settling:
             if k.done.is_set():
@@ -349,8 +350,8 @@ class Settlement:
         extra = {"task_id": rt.task_id, "exit_status": rc, "duration": round(duration, 3),
                  "attempt": rt.attempt}
         if rt.lock_loss_handled or keeper.lost():
-            log.error("finished after lock loss (%s, %.1fs, %s); not settled: the message "
-                      "comes back through the broker", status, duration, of, extra=extra)
+            log.error("finished after lock loss (%s, %.1fs, %s); not settled: %s", status,
+                      duration, of, self.backend.lost_lease_return, extra=extra)
             self.settle(keeper, None, Ended.LOCK_LOST, self.results.ended(
                 rt.task_id, rt.attempt, "lock-lost", max_attempts=max_attempts, rc=rc,
                 reason=keeper.lost_reason or "lock lost", started=rt.started))

@@ -73,7 +73,7 @@ def test_another_user_does_not_see_the_postgres_password_in_ps(shared):
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         url = f"postgresql://jobq:{password}@127.0.0.1:{silent.getsockname()[1]}/q"
-        sup = shared.supervisor("--backend", "postgres", "--postgres-url", url)
+        sup = shared.supervisor("--backend", "postgres", "--postgres-url", url, base=False)
 
         def seen_by_nobody() -> str:
             res = as_nobody("ps", "-ww", "-o", "args=", "-p", str(sup.pid))

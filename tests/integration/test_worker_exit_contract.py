@@ -67,7 +67,8 @@ def _last_line(log: str) -> str:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
                                  signal.SIGXCPU])
 def test_stop_signal_during_start_up_retry_is_a_stop(env, sig):
-    sup = env.supervisor("--backend", "storage-queue", "--connection-string", UNREACHABLE)
+    sup = env.supervisor("--backend", "storage-queue", "--connection-string", UNREACHABLE,
+                         base=False)
     sup.wait_log("retrying in 2s")  # in the pause after the second refused attempt
     sup.signal(sig)
     assert sup.wait(30) == 0
@@ -78,7 +79,8 @@ def test_stop_signal_during_start_up_retry_is_a_stop(env, sig):
 
 def test_other_signals_during_start_up_retry_are_logged(env):
     """Issue 25: SIGUSR2 and the like used to kill a worker still opening its backend."""
-    sup = env.supervisor("--backend", "storage-queue", "--connection-string", UNREACHABLE)
+    sup = env.supervisor("--backend", "storage-queue", "--connection-string", UNREACHABLE,
+                         base=False)
     sup.wait_log("retrying in 2s")
     for sig in (signal.SIGUSR2, signal.SIGALRM, signal.SIGPWR):
         sup.signal(sig)

@@ -90,7 +90,7 @@ def test_connect_failures_are_one_line_without_the_password(pg_server, pg_url, c
         assert "\n" not in text and PASSWORD not in text and "Wr0ngPassw0rd" not in text
     expected = {"wrong password": "password authentication failed",
                 "missing database": 'database "no_such_db" does not exist',
-                "unreachable": "Connection refused",
+                "unreachable": "could not be reached: connection refused",
                 "TLS refused": "server does not support SSL"}[case]
     assert expected in str(fatal.value)
 

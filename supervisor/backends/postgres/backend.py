@@ -63,6 +63,9 @@ class PostgresBackend(BackendBase):
     requeue_chunk: int | None = 5000  # ids per requeue statement: one array parameter
     # A lease whose holder died comes back when its lock passed (the expired-lease pass).
     lost_lease_return_delay = 0.0
+    # there is no broker: the task's row stays running until a worker's pass takes it back
+    lost_lease_return = ("a worker's expired-lease pass takes the task back once its lock "
+                         "has expired (locked_until)")
 
     def __init__(self, db: Database, queue: str, worker_id: str, *,
                  retention: float = RETENTION_DEFAULT, reaper_interval: float = 300.0,

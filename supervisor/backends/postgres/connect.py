@@ -47,6 +47,7 @@ except ImportError as exc:  # the 'postgres' extra is not installed
         "--backend postgres needs psycopg 3 and psycopg-pool: pip install "
         "'jobq-supervisor[postgres]'") from exc
 
+from .connect_errors import describe, explain  # noqa: E402
 from .deadlines import DEADLINES, Conn  # noqa: E402 (needs psycopg, checked just above)
 from .library_log import tame  # noqa: E402
 
@@ -134,21 +135,6 @@ def _env_unset(key: str) -> bool:
     return not os.environ.get(_ENV.get(key, ""), "")
 
 
-def describe(url: str | None) -> str:
-    """Where ``url`` points, for messages: ``host:port/dbname`` as given (never a password);
-    ``the server of the PG* variables`` when the URL names no host."""
-    try:
-        d = psycopg.conninfo.conninfo_to_dict(url or "")
-    except psycopg.Error:
-        return "the server of --postgres-url"
-    host = str(d.get("host") or d.get("hostaddr") or os.environ.get("PGHOST") or "")
-    if not host:
-        return "the server of the PG* variables"
-    port = str(d.get("port") or os.environ.get("PGPORT") or "")
-    db = str(d.get("dbname") or os.environ.get("PGDATABASE") or "")
-    return f"{host}{':' + port if port else ''}{'/' + db if db else ''}"
-
-
 # -- connections and pools -----------------------------------------------------------------
 def connect(url: str | None, *, application_name: str, prepare: bool = True,
             fatal: bool = False, autocommit: bool = True) -> Conn:
@@ -162,7 +148,8 @@ def connect(url: str | None, *, application_name: str, prepare: bool = True,
         return psycopg.connect(info, autocommit=autocommit,
                                prepare_threshold=None if not prepare else 5)
     except psycopg.Error as exc:
-        raise failure(exc, f"cannot connect to {describe(url)}", url, fatal=fatal) from None
+        raise failure(exc, f"cannot connect to {describe(url)}", url, fatal=fatal,
+                      connecting=True) from None
 
 
 @dataclass
@@ -218,7 +205,7 @@ def open_pools(settings: Settings, *, for_ctl: bool) -> Pools:
     except psycopg.Error as exc:
         pools.close()
         raise failure(exc, f"cannot connect to {describe(url)}", url,
-                      fatal=not for_ctl) from None
+                      fatal=not for_ctl, connecting=True) from None
     return pools
 
 
@@ -279,13 +266,18 @@ def lost_prepared_statement(exc: BaseException) -> bool:
 
 
 def failure(exc: BaseException, what: str, url: str | None = None, *,
-            fatal: bool = False) -> BackendError | BackendConfigError:
+            fatal: bool = False, connecting: bool = False) -> BackendError | BackendConfigError:
     """The error to raise for ``exc`` met while doing ``what`` ("cannot connect to ...",
     "receive"): one redacted line starting with ``PostgreSQL: what: ``.  A statement timeout
-    says so; a lost prepared statement names the pooler and ``--postgres-notify off``.
-    ``fatal``: a configuration that can never work (BackendConfigError, exit 2); else
-    BackendError (transient)."""
-    if isinstance(exc, psycopg.errors.QueryCanceled):
+    says so; a lost prepared statement names the pooler and ``--postgres-notify off``;
+    ``connecting``: an unreachable server or a missing password in plain words
+    (connect_errors.py).  ``fatal``: a configuration that can never work
+    (BackendConfigError, exit 2); else BackendError (transient)."""
+    plain = explain(one_line(exc, url), url, CONNECT_TIMEOUT) \
+        if connecting and isinstance(exc, psycopg.OperationalError) else None
+    if plain is not None:
+        detail = redact(plain, url)
+    elif isinstance(exc, psycopg.errors.QueryCanceled):
         detail = "timed out (statement_timeout)"
     elif lost_prepared_statement(exc):
         detail = f"{one_line(exc, url)}; {POOLER_HINT}"

@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..base import BackendError
-from .connect import Conn, Pools, PoolTimeout, describe, execute, failure, psycopg
+from .connect import Conn, Pools, PoolTimeout, execute, failure, psycopg
+from .connect_errors import describe
 from .deadlines import DEADLINES
 from .schema import Tables, wake_channel
 

@@ -82,6 +82,7 @@ class ServiceBusBackend(AzureBackendState, BackendBase):
     # A lapsed lock makes the message available again; our estimate of the broker's expiry
     # can be early by a renewal's transit, and an idle receiver may hold it for a moment.
     lost_lease_return_delay = 5.0
+    lost_lease_return = "Service Bus delivers the message again when its lock expires"
     no_retry_delay: str | None = "Service Bus applies no retry delay"  # abandon is at once
     unique_tasks = True  # by message id, with the queue's duplicate detection (push)
 

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from ...core.backoff import Outage
+from ...core.settings import format_duration
 from ...core.task import Task, parse_or_body
 from ..base import BackendBase, BackendConfigError, BackendError, FailedRecord, QueueStatus
 from ..common import command_of, held_until
@@ -96,6 +97,14 @@ class SqliteBackend(BackendBase):
         self.settle_timeout = 10.0
         # A lost lease comes back when some worker's reaper sees it stale.
         self.lost_lease_return_delay = stale_lock_age + reaper_interval if reaper_interval else 0.0
+        # there is no broker: the task's row stays running until a pass takes it back
+        after = (f"{format_duration(stale_lock_age)} after" if stale_lock_age > 0
+                 else "once")
+        self.lost_lease_return = (
+            f"a worker's stale-lock reaper takes the task back {after} its lock expired (or "
+            "the dead-owner pass, once this worker is gone)" if reaper_interval else
+            "only the dead-owner pass takes the task back, once this worker is gone (the "
+            "stale-lock reaper is off: --reaper-interval 0)")
         self._next_reap = 0.0
         # Back off 5, 10, 20 ... s up to the interval itself: a database that stays
         # unwritable (or busy) logs a line per round, not one every 5 s for ever.

@@ -82,6 +82,7 @@ class StorageQueueBackend(AzureBackendState, BackendBase):
     max_receive: int | None = _PAGE
     # A lapsed visibility timeout makes the message visible; slack for a renewal in transit.
     lost_lease_return_delay = 2.0
+    lost_lease_return = "the message becomes visible again when its visibility timeout ends"
     # push --delay: the initial visibility timeout, which the service caps at 7 days
     max_delay: float | None = MAX_HIDDEN
     unique_by_control = True  # no index of messages: claims in the control store
