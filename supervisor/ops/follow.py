@@ -406,5 +406,9 @@ def run(followers: Sequence[Follower], clock: Clock, warn: Callable[[str], None]
                 warn(f"{exc}; retrying for {FAIL_FOR:g}s")
             elif now - failing_since > FAIL_FOR:
                 raise
+        if all(f.done for f in live):
+            # No sleep after the last end: that sleep was ``push --wait``'s whole lag after
+            # its result line (up to POLL_MAX; issue 41 §4)
+            return
         interval = POLL_MIN if more else min(POLL_MAX, interval * 1.5)
         clock.sleep(interval)
