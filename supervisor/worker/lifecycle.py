@@ -161,7 +161,7 @@ class Lifecycle:
                     "?" if left is None else f"{left:.0f}s", len(active),
                     "never" if wait == float("inf") else f"{wait:.0f}s")
         for rt in active:
-            if rt.stop_reason is None:
+            if rt.stop_reason is None and rt.exited_at is None:  # exited: settled as it ended
                 rt.stop_reason = "preempted"
                 rt.stop_kill_timeout = None if wait == float("inf") else wait
         self.watchdog.wake()
@@ -183,7 +183,8 @@ class Lifecycle:
         log.log(level, "stopping (%s): %d running task(s) get SIGTERM and go back to the queue",
                 reason, sum(1 for rt in active if rt.exited_at is None))
         for rt in active:
-            rt.stop_reason = rt.stop_reason or "preempted"
+            if rt.exited_at is None:  # an exited one settles by its exit status: no rerun
+                rt.stop_reason = rt.stop_reason or "preempted"
         self.watchdog.wake()
 
     def check_limits(self, now: float, idle_since: float, active: list[RunningTask]) -> None:
