@@ -18,7 +18,7 @@ import argparse
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from supervisor.core.config_file import CONFIG_ATTR, ini_options
+from supervisor.core.config_file import CLI_ONLY_ATTR, CONFIG_ATTR, ini_options
 from supervisor.core.options import _duration, _size
 from supervisor.core.settings import format_duration
 from supervisor.core.sizes import format_size
@@ -80,6 +80,8 @@ def env_var(parser: argparse.ArgumentParser, action: argparse.Action) -> str | N
     way, only at parse time), or None."""
     if getattr(action, CONFIG_ATTR, False):
         return CONFIG_ENV
+    if getattr(action, CLI_ONLY_ATTR, False):  # --check-config: the command line only
+        return None
     prefix = getattr(parser, "_auto_env_var_prefix", None)
     given = getattr(action, "env_var", None)  # set by hand, or by an earlier parse
     if given:

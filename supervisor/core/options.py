@@ -125,9 +125,19 @@ class _Parser(configargparse.ArgParser):
         return {key for source, values in self.get_source_to_settings_dict().items()
                 if source.startswith("config_file") for key in values}
 
+    def command_line_only_env(self) -> set[str]:
+        """The ``JOBQ_`` names configargparse would give the options of the command line only
+        (``--check-config``): ``_parse`` hides them, as the INI file has no key for them."""
+        prefix = getattr(self, "_auto_env_var_prefix", None) or ""
+        return {f"{prefix}{o[2:]}".replace("-", "_").upper() for a in self._actions
+                if getattr(a, CLI_ONLY_ATTR, False) for o in a.option_strings
+                if o.startswith("--")}
+
     def format_help(self) -> str:
         for a in self._actions:
             env = getattr(a, "env_var", None)
+            if getattr(a, CLI_ONLY_ATTR, False):
+                continue
             if env and a.help != argparse.SUPPRESS and f"[env var: {env}]" not in (a.help or ""):
                 a.help = f"{a.help or ''} [env var: {env}]"
         return argparse.ArgumentParser.format_help(self)
@@ -227,6 +237,8 @@ def _parse(parser: _Parser, argv: list[str],
     """``argv``, ``env`` (default: this process's environment) and the config file they
     name, parsed; a reload parses the start's argv and environment again (worker/reload.py)."""
     env = os.environ if env is None else env
+    if hidden := parser.command_line_only_env() & env.keys():
+        env = {k: v for k, v in env.items() if k not in hidden}
     argv = config_before_command(parser, _with_env_config(parser.prog, argv, env))
     path = config_path(parser, argv)
     text = None

@@ -211,19 +211,26 @@ def _add_security_options(p: _Parser) -> None:
                         "or auto: systemd when it can create scopes, else rlimits")
 
 
-def parse_worker_settings(argv: list[str]) -> Settings:
+def parse_worker(argv: list[str], env: Mapping[str, str] | None = None,
+                 worker_id: str = "") -> tuple[Settings, bool]:
+    """The settings of ``argv`` and ``env`` (default: this process's environment) and the
+    config file they name, and whether ``--check-config`` was given (main thread).  Raises
+    UsageError.  ``worker_id``: the id when the options leave it empty (a reload keeps the
+    one made at start), else a new random one."""
     parser = worker_parser()
-    return parser.settings(_parse(parser, argv))
+    ns = _parse(parser, argv, env)
+    ns.worker_id = ns.worker_id or worker_id
+    return parser.settings(ns), bool(ns.check_config)
+
+
+def parse_worker_settings(argv: list[str]) -> Settings:
+    return parse_worker(argv)[0]
 
 
 def reread_settings(argv: list[str], env: Mapping[str, str], worker_id: str) -> Settings:
     """The start's command line and environment parsed again, with the config file as it is
-    now: a reload (worker/reload.py; main thread).  Raises UsageError as a start would.  A
-    worker id left empty keeps the one made at start, not a new random one."""
-    parser = worker_parser()
-    ns = _parse(parser, argv, env)
-    ns.worker_id = ns.worker_id or worker_id
-    return parser.settings(ns)
+    now: a reload (worker/reload.py; main thread).  Raises UsageError as a start would."""
+    return parse_worker(argv, env, worker_id)[0]
 
 
 def _fail_usage(prog: str, message: str) -> int:
@@ -239,7 +246,6 @@ def _fail_usage(prog: str, message: str) -> int:
 
 
 SWITCH_INTERVAL = 0.0002
-CHECK_CONFIG = "--check-config"  # a command-line flag only: never from the INI file or env
 
 
 def worker_entry() -> NoReturn:
@@ -273,7 +279,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     env = dict(os.environ)  # what a reload parses again, whatever changes os.environ later
     try:
-        settings = parse_worker_settings(argv)
+        settings, check_only = parse_worker(argv)
     except UsageError as exc:
         return _fail_usage("jobq-supervisor", str(exc))  # the log format is not known yet
     from ..core import file_modes
@@ -292,7 +298,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     problem = make_task_log_dir(settings) or check_task_output(settings)
     if problem:
         return _fail_usage("jobq-supervisor", problem)
-    if CHECK_CONFIG in argv:
+    if check_only:
         from .config_check import backend_problem, summary
 
         problem = backend_problem(settings)

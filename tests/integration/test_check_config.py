@@ -92,3 +92,21 @@ def test_the_flag_is_not_a_key_of_the_file(tmp_path) -> None:
     res = run("jobq-supervisor", "--config", str(ini), cwd=tmp_path)
     assert res.returncode == 2
     assert "unknown key 'check-config'" in res.stderr
+
+
+def test_the_flag_abbreviated_checks_and_its_variable_does_nothing(tmp_path) -> None:
+    """Read from the parsed options, not looked for in argv: ``--check-c`` checks too (an
+    abbreviation argparse takes), and JOBQ_CHECK_CONFIG is no way to give it (a worker
+    started with it runs as any other, and makes its queue)."""
+    (tmp_path / "lib").mkdir()
+    ini = _ini(tmp_path, f"sqlite-path = {tmp_path}/lib/jobq.db\n")
+    res = run("jobq-supervisor", "--config", str(ini), "--check-c", cwd=tmp_path)
+    assert (res.returncode, res.stdout.startswith("jobq-supervisor: configuration OK")) == (
+        0, True), res
+    assert not (tmp_path / "lib" / "jobq.db").exists()
+    res = run("jobq-supervisor", "--config", str(ini), "--exit-when-empty", cwd=tmp_path,
+              env={"JOBQ_CHECK_CONFIG": "true"})
+    assert res.returncode == 0 and "configuration OK" not in res.stdout, res
+    assert "summary:" in res.stderr and (tmp_path / "lib" / "jobq.db").exists(), res
+    help_text = run("jobq-supervisor", "--help", cwd=tmp_path).stdout
+    assert "JOBQ_CHECK_CONFIG" not in help_text

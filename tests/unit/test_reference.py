@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from supervisor.core.config_file import ini_options
+from supervisor.core.config_file import CLI_ONLY_ATTR, ini_options
 from supervisor.core.options import _parse
 from supervisor.ctl.commands import COMMANDS
 from supervisor.ctl.main import ctl_parser
@@ -59,10 +59,11 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 def _env_vars_configargparse_reads(parser: argparse.ArgumentParser,
                                    argv: list[str]) -> dict[str, str]:
     """long flag -> the variable configargparse reads for it: it names them while parsing,
-    so parse (nothing from the environment, no INI file)."""
+    so parse (nothing from the environment, no INI file).  An option of the command line
+    only has none: core/options.py's ``_parse`` hides its name."""
     parser.parse_known_args(argv, env_vars={}, config_file_contents="")
     return {a.option_strings[-1]: a.env_var for a in parser._actions
-            if getattr(a, "env_var", None)}
+            if getattr(a, "env_var", None) and not getattr(a, CLI_ONLY_ATTR, False)}
 
 
 def _block(text: str, directive: str, signature_start: str) -> str:
