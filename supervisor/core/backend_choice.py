@@ -136,7 +136,7 @@ def choose_backend(ns: argparse.Namespace, sources: Sources) -> str:
     named on the command line.  Without ``--backend``: the one backend every given backend
     option belongs to, else the default."""
     label = sources.label
-    given = given_options(ns)
+    given = sources.given  # given_options(ns), read once by the caller
     owned = {dest: _owners(dest, ns) for dest in BACKEND_OPTIONS if dest in given}
     backend = str(ns.backend)
     if "backend" in given:
