@@ -68,13 +68,11 @@ def migrate(ini: str, env: dict[str, str], workdir: str, keys: set[str],
             paths: set[str]) -> tuple[str, list[str]]:
     """The file's new text and one line per change (``env``: the old unit's JOBQ_
     variables).  Only the [jobq-supervisor] section is read; comments stay as they are."""
-    wanted = {name[len("JOBQ_"):].lower().replace("_", "-"): value
-              for name, value in env.items()}
+    origin = {name[len("JOBQ_"):].lower().replace("_", "-"): name for name in env}
     notes = [f"the old unit's {name} is not an option of this release; dropped"
-             for name, key in ((n, n[len("JOBQ_"):].lower().replace("_", "-")) for n in env)
-             if key not in keys]
-    wanted = {k: (os.path.join(workdir, v) if k in paths and v and not v.startswith(("/", "~"))
-                  else v) for k, v in wanted.items() if k in keys}
+             for key, name in origin.items() if key not in keys]
+    wanted = {key: _absolute(env[name], workdir) if key in paths else env[name]
+              for key, name in origin.items() if key in keys}
     lines = ini.splitlines()
     out: list[str] = []
     section = None
@@ -97,12 +95,9 @@ def migrate(ini: str, env: dict[str, str], workdir: str, keys: set[str],
             seen.add(key)
             if value != wanted[key]:
                 notes.append(f"{key} = {value} -> {wanted[key]} (the old unit's "
-                             f"JOBQ_{key.upper().replace('-', '_')})")
+                             f"{origin[key]})")
             line = f"{indent}{key}{sep}{wanted[key]}"
-        elif key in paths and value and not value.startswith(("/", "~")):
-            parts = [p.strip() for p in value.split(",")]
-            new = ", ".join(p if p.startswith(("/", "~")) else os.path.join(workdir, p)
-                            for p in parts)
+        elif key in paths and (new := _absolute(value, workdir)) != value:
             notes.append(f"{key} = {value} -> {new} (relative to the old unit's working "
                          f"directory)")
             line = f"{indent}{key}{sep}{new}"
@@ -116,10 +111,19 @@ def migrate(ini: str, env: dict[str, str], workdir: str, keys: set[str],
             section_end = len(out)
         added = [f"{k} = {wanted[k]}" for k in missing]
         for k in missing:
-            notes.append(f"{k} = {wanted[k]} added (the old unit's "
-                         f"JOBQ_{k.upper().replace('-', '_')})")
+            notes.append(f"{k} = {wanted[k]} added (the old unit's {origin[k]})")
         out[section_end:section_end] = added
     return "\n".join(out) + "\n", notes
+
+
+def _absolute(value: str, workdir: str) -> str:
+    """``value`` (a path, or a comma-separated list of them) with each relative path made
+    absolute against ``workdir``; unchanged when none is relative."""
+    parts = [p.strip() for p in value.split(",")]
+    if all(not p or p.startswith(("/", "~")) for p in parts):
+        return value
+    return ", ".join(p if not p or p.startswith(("/", "~")) else os.path.join(workdir, p)
+                     for p in parts)
 
 
 def backup_path(config: Path) -> Path:
