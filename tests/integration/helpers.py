@@ -9,14 +9,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from tests.conftest import Supervisor, marked_processes
+from tests.conftest import Supervisor, marked_processes, wait_for
 
 # A process that records when SIGTERM reached it (wall clock), then exits after a delay.
 TERM_RECORDER = r'''
@@ -258,3 +258,19 @@ def gauges(path: Path) -> dict[str, float]:
         return {}
     return {s.name: s.value for family in text_string_to_metric_families(path.read_text())
             for s in family.samples}
+
+
+def lock_loss_line(env: Any, steal: Callable[[str], None]) -> tuple[str, str]:
+    """A worker of ``env`` (SQLite's or PostgreSQL's) running ``sleep 60`` whose lease
+    ``steal(task_id)`` gives to another worker: its "finished after lock loss" line and its
+    whole log, once it stopped (SIGTERM, exit 0)."""
+    [task_id] = env.push("sleep 60")
+    sup = env.supervisor("--lock-duration", "6", "--renew-interval", "1", "--poll-interval",
+                         "0.2")
+    wait_for(lambda: env.state(task_id) == "running", 30, what=f"task running\n{sup.log()}")
+    steal(task_id)
+    sup.wait_log("finished after lock loss", 30)
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(30) == 0, sup.log()
+    [line] = [x for x in sup.log().splitlines() if "finished after lock loss" in x]
+    return line, sup.log()

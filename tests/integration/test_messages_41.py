@@ -5,13 +5,11 @@ The PostgreSQL messages: tests/postgres/test_connect_messages.py."""
 
 from __future__ import annotations
 
-import signal
 import sqlite3
 
 import pytest
 
-from tests.conftest import wait_for
-from tests.integration.helpers import one_usage_line
+from tests.integration.helpers import lock_loss_line, one_usage_line
 from tests.integration.test_config_file_and_queues import run
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,21 +26,16 @@ def test_a_queue_name_over_63_characters_names_the_limit(tmp_path) -> None:
 
 
 def test_a_lost_lease_on_sqlite_says_the_reaper_takes_it_back(env) -> None:
-    [task_id] = env.push("sleep 60")
-    sup = env.supervisor("--lock-duration", "6", "--renew-interval", "1", "--poll-interval",
-                         "0.2")
-    wait_for(lambda: env.state(task_id) == "running", 30, what=f"task running\n{sup.log()}")
-    conn = sqlite3.connect(env.db, timeout=30)
-    try:
-        with conn:  # another worker's lease now: the next renewal is refused
-            conn.execute("UPDATE jobs SET token='stolen' WHERE id=?", (task_id,))
-    finally:
-        conn.close()
-    sup.wait_log("finished after lock loss", 30)
-    sup.signal(signal.SIGTERM)
-    assert sup.wait(30) == 0, sup.log()
-    [line] = [x for x in sup.log().splitlines() if "finished after lock loss" in x]
+    def steal(task_id: str) -> None:  # another worker's lease now: the next renewal fails
+        conn = sqlite3.connect(env.db, timeout=30)
+        try:
+            with conn:
+                conn.execute("UPDATE jobs SET token='stolen' WHERE id=?", (task_id,))
+        finally:
+            conn.close()
+
+    line, log = lock_loss_line(env, steal)
     assert "not settled: a worker's stale-lock reaper takes the task back 6s after its lock " \
            "expired (or the dead-owner pass, once this worker is gone)" in line, line
     for untrue in ("through the broker", "hands the message out", "hand the message out"):
-        assert untrue not in sup.log(), sup.log()
+        assert untrue not in log, log

@@ -8,15 +8,15 @@ line whose database field does not match names the file and the field instead of
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.conftest import command, wait_for
+from tests.conftest import command
 from tests.faults.proxy import FaultProxy
+from tests.integration.helpers import lock_loss_line
 from tests.postgres.server import PASSWORD, free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -87,17 +87,12 @@ def test_a_pgpass_line_for_another_database_is_named(tmp_path, pg_server, pg_url
 
 
 def test_a_lost_lease_on_postgres_says_the_expired_lease_pass_takes_it_back(pg) -> None:
-    [task_id] = pg.push("sleep 60")
-    sup = pg.supervisor("--lock-duration", "6", "--renew-interval", "1", "--poll-interval",
-                        "0.2")
-    wait_for(lambda: pg.state(task_id) == "running", 30, what=f"task running\n{sup.log()}")
-    with psycopg.connect(pg.url, autocommit=True) as conn:  # the next renewal is refused
-        conn.execute("UPDATE jobq.jobs SET owner='stolen' WHERE id=%s", (task_id,))
-    sup.wait_log("finished after lock loss", 30)
-    sup.signal(signal.SIGTERM)
-    assert sup.wait(30) == 0, sup.log()
-    [line] = [x for x in sup.log().splitlines() if "finished after lock loss" in x]
+    def steal(task_id: str) -> None:  # the next renewal is refused
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            conn.execute("UPDATE jobq.jobs SET owner='stolen' WHERE id=%s", (task_id,))
+
+    line, log = lock_loss_line(pg, steal)
     assert "not settled: a worker's expired-lease pass takes the task back once its lock " \
            "has expired" in line, line
     for untrue in ("through the broker", "hands the message out", "hand the message out"):
-        assert untrue not in sup.log(), sup.log()
+        assert untrue not in log, log
